@@ -1,0 +1,9 @@
+"""The one exception type for mistakes a user can make; the CLI turns it into exit code 2."""
+
+
+class SpecDecError(Exception):
+    """A user-facing error: the message says what is wrong and what to do."""
+
+
+class OtherHardwareError(SpecDecError):
+    """A profile was measured on different hardware than this machine (CLI exit code 3)."""
