@@ -154,7 +154,11 @@ def train(model, train_ids, val_ids, steps, peak_lr, batch, seed, log, teacher=N
         if step % 25 == 0 or step == steps - 1:
             log(f"  step {step:4d}/{steps} loss {loss_val:.3f} ({time.time() - t0:.0f}s)")
     model.eval()
-    return {"steps": steps, "final_train_loss": round(loss_val, 4), "val_ce": round(eval_loss(model, val_ids), 4)}
+    return {
+        "steps": steps,
+        "final_train_loss": round(loss_val, 4),
+        "val_ce": round(eval_loss(model, val_ids), 4),
+    }
 
 
 def main() -> None:
@@ -210,13 +214,20 @@ def main() -> None:
         torch.manual_seed(args.seed + 1)
         draft = make_model(name, tokenizer)
         log(f"{name}: {sum(p.numel() for p in draft.parameters()) / 1e6:.2f} M params")
-        stats = train(draft, train_ids, val_ids, args.draft_steps, 3e-3, args.batch, args.seed + 1, log, teacher=target)
+        stats = train(
+            draft, train_ids, val_ids, args.draft_steps, 3e-3, args.batch, args.seed + 1, log, teacher=target
+        )
         provenance["models"][name] = {"objective": "KL distillation from target", **stats}
         save(draft, tokenizer, args.out / name)
         log(f"{name} done: {stats}")
 
     for name, (h, layers, inter, heads) in SIZES.items():
-        provenance["models"][name]["config"] = {"hidden": h, "layers": layers, "intermediate": inter, "heads": heads}
+        provenance["models"][name]["config"] = {
+            "hidden": h,
+            "layers": layers,
+            "intermediate": inter,
+            "heads": heads,
+        }
     (args.out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     log("done")
 
