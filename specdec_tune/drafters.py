@@ -191,3 +191,22 @@ class LayerSkipDrafter(ModelDrafter):
     def __init__(self, target: Any, layers: int, name: str | None = None) -> None:
         super().__init__(truncated_view(target, layers), name or f"layer-skip-{layers}")
         self.layers = layers
+
+
+def build_drafter(spec: Any, target: Any, draft_models: dict[str, Any]) -> Drafter | None:
+    """The drafter a `profile.DraftSpec` describes (None for kind "none", the plain target).
+
+    `draft_models` maps a draft's name to its loaded model (transformers module).
+    """
+    if spec.kind == "none":
+        return None
+    if spec.kind == "model":
+        if spec.name not in draft_models:
+            raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
+        return ModelDrafter(draft_models[spec.name], spec.name)
+    if spec.kind == "prompt_lookup":
+        device = next(target.parameters()).device
+        return PromptLookupDrafter(spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name)
+    if spec.kind == "layer_skip":
+        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name)
+    raise SpecDecError(f"unknown draft kind '{spec.kind}'")

@@ -44,7 +44,7 @@ class SpecStats:
     @property
     def per_position_acceptance(self) -> list[float]:
         """P(draft token i accepted | tokens 1..i-1 accepted), for each position ever verified."""
-        return [a / r for a, r in zip(self.accepted_at, self.reached_at) if r]
+        return [a / r for a, r in zip(self.accepted_at, self.reached_at, strict=False) if r]
 
     def add(self, other: SpecStats) -> None:
         self.proposed += other.proposed
