@@ -553,3 +553,23 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def costs_to_yaml(costs: Costs, hardware: dict[str, Any]) -> str:
+    """The `specdec-tune profile --out` file: measured costs and the hardware they belong to."""
+    doc = {"schema_version": SCHEMA_VERSION, "hardware": _plain(hardware), "costs": _plain(costs)}
+    return "# specdec-tune measured costs\n" + yaml.dump(
+        doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True
+    )
+
+
+def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
+    """Read a costs file written by `specdec-tune profile --out` -> (costs, hardware)."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecDecError(f"cannot read costs file {p}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or "costs" not in doc or not isinstance(doc.get("hardware"), dict):
+        raise SpecDecError(f"{p} is not a costs file written by `specdec-tune profile --out`")
+    return _convert_dataclass(doc["costs"], Costs, "costs"), doc["hardware"]

@@ -24,7 +24,9 @@ def parse_draft(text: str) -> DraftSpec:
     """`--draft` value -> DraftSpec (the model, if any, is loaded later)."""
     text = text.strip()
     if not text:
-        raise SpecDecError("--draft needs a value: a model folder or id, prompt-lookup[:MIN-MAX], or layer-skip:K")
+        raise SpecDecError(
+            "--draft needs a value: a model folder or id, prompt-lookup[:MIN-MAX], or layer-skip:K"
+        )
     m = LOOKUP_RE.match(text)
     if m:
         lo, hi = (int(m.group(1)), int(m.group(2))) if m.group(1) else (1, 3)
@@ -66,8 +68,13 @@ def open_session(
     limit: int | None = None,
     prompt: str | None = None,
     default_drafts: bool = True,
+    lazy_drafts: bool = False,
 ) -> Session:
-    """Load models (demo pair when `target` is None), check vocabularies, encode the workload."""
+    """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
+
+    With `lazy_drafts` the draft models are loaded later (by the tuner's DrafterPool), so one that
+    fails to load fails its trials instead of the whole run.
+    """
     if max_new_tokens < 1:
         raise SpecDecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
@@ -89,7 +96,7 @@ def open_session(
     tgt = load_model(target or DEMO_TARGET, dev, dtype)
     loaded: dict[str, LoadedModel] = {}
     for s in specs:
-        if s.kind == "model":
+        if s.kind == "model" and not lazy_drafts:
             d = load_model(s.path or s.name, dev, dtype)
             check_vocab_compatible(tgt, d)
             loaded[s.name] = d
