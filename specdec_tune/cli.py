@@ -1,7 +1,8 @@
 """The `specdec-tune` command line: parse, call the library, render with rich. No logic lives here.
 
 Heavy imports (torch, transformers, optuna) happen inside the commands so `--help` is instant.
-A user mistake (SpecDecError) is one red line and exit code 2; other hardware is exit code 3.
+A user mistake (SpecDecError) is one red line and exit code 2; other hardware is exit code 3;
+an unexpected failure (a bug, out of memory) is one line and exit code 4.
 """
 
 from __future__ import annotations
@@ -86,6 +87,18 @@ def user_errors():
     except KeyboardInterrupt:
         _err_console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
+    except Exception as exc:
+        # Not a user mistake: a bug or the machine (e.g. out of memory). Exit 4 keeps it apart from
+        # check's 1 (regression); SPECDEC_DEBUG=1 shows the traceback.
+        import os
+
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        _err_console().print(
+            f"[red]internal error:[/red] {type(exc).__name__}: {exc} (SPECDEC_DEBUG=1 shows the traceback)",
+            soft_wrap=True,
+        )
+        raise typer.Exit(4) from None
 
 
 def _print_json(obj: Any) -> None:
@@ -359,7 +372,12 @@ def run(
         list[int] | None,
         typer.Option("--layer-skip", help="Repeatable: also search layer-skip with K layers."),
     ] = None,
-    trials: Annotated[int, typer.Option(help="Finished trials the study should hold.")] = 24,
+    trials: Annotated[
+        int | None,
+        typer.Option(
+            help="Finished trials the study should hold (default: 24 for tpe, the grid's size for grid)."
+        ),
+    ] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Stop starting trials after this many seconds.")
     ] = None,
@@ -400,12 +418,13 @@ def run(
     with user_errors():
         _quiet_libraries()
         from .hardware import hardware_info, hardware_slug, same_hardware, slugify
+        from .models import content_hash
         from .profile import DraftSpec, atomic_write_text, load_costs, profile_to_dict, save_profile
         from .session import open_session
         from .tuner import TuneSettings, make_profile, tune
 
         settings = TuneSettings(
-            trials=trials,
+            trials=trials or 24,
             timeout_s=timeout,
             sampler=sampler,
             seed=seed,
@@ -428,6 +447,10 @@ def run(
         out = out or Path("profiles") / slug / f"{slugify(s.target.name)}.yaml"
         _check_writable(out)
         pool = _pool(s, specs)
+        if trials is None and sampler == "grid":
+            from .tuner import grid_size
+
+            settings.trials = grid_size(specs, settings)
         costs = None
         if costs_file is not None:
             costs, costs_hw = load_costs(costs_file)
@@ -438,7 +461,7 @@ def run(
         key = {
             "hardware": slug,
             "target_slug": slugify(s.target.name),
-            "target": s.target.path,
+            "target": content_hash(s.target.path),
             "workload": s.workload.sha256,
             "prompts": len(s.case.prompts),
             "max_new_tokens": s.case.max_new_tokens,
@@ -447,7 +470,7 @@ def run(
             "repeats": repeats,
         }
         with _progress(json_out) as progress:
-            task = progress.add_task("searching", total=trials, info="")
+            task = progress.add_task("searching", total=settings.trials, info="")
 
             def on_trial(done: int, total: int, best: float | None) -> None:
                 progress.update(task, completed=done, info=f"best {best:.3f}×" if best else "")

@@ -31,9 +31,9 @@ CONTEXT_SEED = 1234
 # ----------------------------------------------------------------------------- helpers
 
 
-def _check_max_gamma(max_gamma: int) -> None:
-    if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or not 1 <= max_gamma <= MAX_GAMMA:
-        raise SpecDecError(f"max_gamma must be an integer in 1..{MAX_GAMMA}, got {max_gamma!r}")
+def _check_max_gamma(value: int, what: str = "max_gamma") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GAMMA:
+        raise SpecDecError(f"{what} must be an integer in 1..{MAX_GAMMA}, got {value!r}")
 
 
 def _check_at_least_one(value: int, what: str) -> None:
@@ -167,7 +167,6 @@ def measure_copy_bandwidth_gbps(device: str, mib: int = 256, repeats: int = 5) -
         times_ms = time_repeated(lambda: dst.copy_(src), device, repeats, warmup=1)
     moved = 2 * src.numel() * src.element_size()
     rates = [moved / (ms / 1e3) / 1e9 for ms in times_ms]
-    del src, dst
     return median(rates), spread(rates)
 
 
@@ -178,13 +177,12 @@ def measure_matmul_tflops(device: str, dtype: Any, n: int | None = None, repeats
     if n is None:
         n = 8192 if str(device).startswith("cuda") else 1024
     _check_at_least_one(n, "n")
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    # Made on the device: 2 x 8192² random numbers from the host take longer than the benchmark.
+    a = torch.rand(n, n, device=device, dtype=dtype)
+    b = torch.rand(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     with _no_gc():
         times_ms = time_repeated(lambda: torch.matmul(a, b, out=out), device, repeats, warmup=1)
-    del a, b, out
     return 2 * n**3 / (median(times_ms) / 1e3) / 1e12
 
 
@@ -222,7 +220,7 @@ def measure_t_draft_ms(drafter: Drafter, seq: list[int], repeats: int, gamma: in
     if not seq:
         raise SpecDecError("measuring a drafter needs a non-empty context")
     _check_at_least_one(repeats, "repeats")
-    _check_max_gamma(gamma)
+    _check_max_gamma(gamma, "gamma")
     device = str(getattr(drafter, "device", "cpu"))
     seq = list(seq)
     drafter.start(seq)
@@ -250,17 +248,25 @@ def _pad(values: list[float], length: int) -> list[float]:
 
 @torch.inference_mode()
 def acceptance_vector(
-    target: Any, drafter: Drafter, case: Case, max_gamma: int
+    target: Any, drafter: Drafter, case: Case, max_gamma: int, max_steps: int | None = None
 ) -> tuple[list[float], float, SpecStats]:
     """Per-position conditional acceptance from one greedy pass at gamma = max_gamma, threshold 0.
 
     Returns (vector of length max_gamma, alpha, the pass's stats). Positions the pass never
     reached reuse the last measured value (0.0 when nothing was ever verified), as
-    `costmodel.expected_tokens` does past a vector's end.
+    `costmodel.expected_tokens` does past a vector's end. With `max_steps`, prompts are taken in
+    order until that many verifications were counted: a poor draft at a large gamma spends gamma
+    draft forwards per emitted token, and a few hundred verifications pin its rates down.
     """
     _check_max_gamma(max_gamma)
-    greedy = Case(case.prompts, case.max_new_tokens, case.eos, temperature=0.0)
-    _, stats = run_pass(target, drafter, max_gamma, 0.0, greedy)
+    if max_steps is not None:
+        _check_at_least_one(max_steps, "max_steps")
+    stats = SpecStats()
+    for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
+        _, s = run_pass(target, drafter, max_gamma, 0.0, Case([prompt], [budget], case.eos, temperature=0.0))
+        stats.add(s)
+        if max_steps is not None and stats.target_forwards >= max_steps:
+            break
     return _pad(stats.per_position_acceptance, max_gamma), stats.acceptance_rate, stats
 
 
@@ -286,17 +292,22 @@ def profile_costs(
     with_bandwidth: bool = True,
     progress: Callable[[str, float], None] | None = None,
     acceptance_tokens: int = 64,
+    acceptance_steps: int | None = 256,
 ) -> Costs:
     """Measure every field of `Costs` for `target` and each drafter on `device`.
 
     Acceptance vectors come from one greedy pass over `case` with each prompt's budget capped at
-    `acceptance_tokens`. `with_bandwidth=False` skips the synthetic micro-benchmarks (copy
-    bandwidth, matmul throughput). `progress(label, fraction_done)` is called before each stage
-    and once with 1.0 at the end.
+    `acceptance_tokens`, stopping after the prompt that reaches `acceptance_steps` verifications.
+    T_target, C_ver and T_draft use a seeded random context of `context_len` tokens.
+    `with_bandwidth=False` skips the synthetic micro-benchmarks (copy bandwidth, matmul
+    throughput). `progress(label, fraction_done)` is called before each stage and once with 1.0
+    at the end.
     """
     _check_max_gamma(max_gamma)
     _check_at_least_one(repeats, "repeats")
     _check_at_least_one(acceptance_tokens, "acceptance_tokens")
+    if acceptance_steps is not None:
+        _check_at_least_one(acceptance_steps, "acceptance_steps")
     if context_len is None:
         context_len = default_context_len(case)
     _check_at_least_one(context_len, "context_len")
@@ -344,7 +355,7 @@ def profile_costs(
         next_stage()
         t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
         next_stage()
-        vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma)
+        vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps)
         draft_costs.append(DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, alpha, vector))
 
     decode_gbps = _decode_weight_bytes(target) * (1000.0 / t_target_ms) / 1e9

@@ -42,6 +42,22 @@ def parse_draft(text: str) -> DraftSpec:
     return DraftSpec(name=text if text in DEMO_DRAFTS else slugify(text), kind="model", path=text)
 
 
+def stratified(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """The first n prompts taken round-robin over categories, so a subset covers every category."""
+    if n < 1:
+        raise SpecDecError(f"--prompts must be >= 1, got {n}")
+    groups: dict[str | None, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    picked: list[Prompt] = []
+    queues = list(groups.values())
+    while len(picked) < min(n, len(prompts)):
+        for q in queues:
+            if q and len(picked) < n:
+                picked.append(q.pop(0))
+    return picked
+
+
 @dataclass
 class Session:
     target: LoadedModel
@@ -92,7 +108,9 @@ def open_session(
             raise SpecDecError("the prompt is empty: pass some text with --prompt")
         wl = Workload(name="prompt", prompts=[Prompt(text=prompt)], source="--prompt")
     else:
-        wl = load_workload(workload, limit=limit)
+        wl = load_workload(workload)
+        if limit is not None:
+            wl.prompts = stratified(wl.prompts, limit)
     tgt = load_model(target or DEMO_TARGET, dev, dtype)
     loaded: dict[str, LoadedModel] = {}
     for s in specs:

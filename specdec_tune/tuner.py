@@ -12,8 +12,10 @@ import hashlib
 import json
 import math
 import os
+import socket
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +132,11 @@ def _predicted(costs: Costs | None, draft: str, gamma: int) -> float | None:
     return None
 
 
+def grid_size(specs: list[DraftSpec], settings: TuneSettings) -> int:
+    """Trials an exhaustive grid needs: the baseline plus every (draft, gamma, threshold)."""
+    return len(_seed_configs(specs, None, TuneSettings(**{**settings.__dict__, "sampler": "grid"})))
+
+
 def _seed_configs(
     specs: list[DraftSpec], costs: Costs | None, settings: TuneSettings
 ) -> list[dict[str, Any]]:
@@ -214,6 +221,7 @@ def tune(
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     spec_by_name = {s.name: s for s in specs}
     if "none" in spec_by_name:
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
@@ -224,11 +232,7 @@ def tune(
         {**(study_key or {}), "space": space, "sampler": settings.sampler}
     )
     try:
-        storage = (
-            optuna.storages.RDBStorage(storage_url, heartbeat_interval=30, grace_period=90)
-            if storage_url.startswith(("sqlite", "postgresql", "mysql"))
-            else storage_url
-        )
+        storage = storage_url
         sampler = (
             optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
             if settings.sampler == "tpe"
@@ -238,7 +242,7 @@ def tune(
             study_name=name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True
         )
     except (ImportError, ValueError, RuntimeError) as exc:
-        raise SpecDecError(f"cannot open Optuna storage '{storage_url}': {exc}") from None
+        raise SpecDecError(f"cannot open Optuna storage '{_redact(storage_url)}': {exc}") from None
     except Exception as exc:  # sqlalchemy errors: bad URL, unreachable server, unwritable file
         raise SpecDecError(
             f"cannot open Optuna storage '{storage_url}': {exc.__class__.__name__}: {exc}"
@@ -253,12 +257,13 @@ def tune(
             f"study '{name}' in {storage_url} was made with another search space; pass --study-name"
         )
 
-    optuna.storages.fail_stale_trials(study)
+    _fail_orphans(study)
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
     while _counted(study) < settings.trials:
         if deadline is not None and time.monotonic() > deadline:
             break
         trial = study.ask()
+        trial.set_user_attr("worker", _WORKER)
         if _counted(study) + _running_before(study, trial.number) >= settings.trials:
             # Another worker took the last slot between our count and our ask.
             trial.set_user_attr("surplus", True)
@@ -268,6 +273,32 @@ def tune(
         if on_trial is not None:
             on_trial(_counted(study), settings.trials, _best_value(study))
     return summarise(study, specs, costs, name, storage_url, space)
+
+
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail_orphans(study: Any) -> None:
+    """Trials left RUNNING by a killed process on this host are marked interrupted (not counted)."""
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = str(t.user_attrs.get("worker", ""))
+        name, _, pid = worker.rpartition(":")
+        if name == host and pid.isdigit() and not _alive(int(pid)):
+            study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _best_value(study: Any) -> float | None:
@@ -480,7 +511,8 @@ def make_profile(
             num_params=target.num_params,
         ),
         workload=WorkloadInfo(
-            name=workload.name,
+            # A file workload is stored by path so `check` can load it again.
+            name=workload.source if not workload.source.startswith("builtin:") else workload.name,
             prompts=len(case.prompts),
             sha256=workload.sha256,
             max_new_tokens=budgets[-1],

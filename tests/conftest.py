@@ -65,3 +65,51 @@ def prompts():
     # A repetitive prompt so prompt lookup finds matches.
     out.append([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])
     return out
+
+
+def tiny_tokenizer(vocab: int = VOCAB):
+    """A word-level tokenizer: token id i is the word w{i}; w0 pads, the last id ends a sequence."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="w1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=f"w{vocab - 1}", pad_token="w0", unk_token="w1"
+    )
+
+
+def save_pair(folder, target, draft, vocab: int = VOCAB):
+    """Save target and draft with the tiny tokenizer as loadable model folders."""
+    tok = tiny_tokenizer(vocab)
+    paths = {}
+    for name, model in (("target", target), ("draft", draft)):
+        p = folder / name
+        model.save_pretrained(p)
+        tok.save_pretrained(p)
+        paths[name] = str(p)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, tiny_target, tiny_draft):
+    """Folders: target, draft (agrees often), other-vocab draft, and a workload JSONL."""
+    import json
+
+    root = tmp_path_factory.mktemp("models")
+    paths = save_pair(root, tiny_target, tiny_draft)
+    other = tiny_llama(layers=1, vocab=80, seed=3)
+    p = root / "other"
+    other.save_pretrained(p)
+    tiny_tokenizer(80).save_pretrained(p)
+    paths["other"] = str(p)
+    g = torch.Generator().manual_seed(11)
+    lines = []
+    for n in (6, 9, 4):
+        ids = torch.randint(2, VOCAB - 1, (n,), generator=g).tolist()
+        lines.append(json.dumps({"prompt": " ".join(f"w{i}" for i in ids), "category": "test"}))
+    wl = root / "workload.jsonl"
+    wl.write_text("\n".join(lines) + "\n")
+    paths["workload"] = str(wl)
+    return paths

@@ -1,0 +1,167 @@
+"""The command line end to end on tiny models saved to disk: results, files, and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_tune.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def tiny_args(d, *extra):
+    return ["--target", d["target"], "--workload", d["workload"], "--device", "cpu", *extra]
+
+
+def one_red_line(result) -> None:
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err, err
+    assert "Traceback" not in result.output
+
+
+def test_help_and_version():
+    r = invoke("--help")
+    assert r.exit_code == 0 and "bench" in r.output and "run" in r.output
+    r = invoke("--version")
+    assert r.exit_code == 0 and r.output.startswith("specdec-tune ")
+
+
+def test_bench_json(tiny_dirs, tmp_path):
+    out = tmp_path / "outs.jsonl"
+    r = invoke(
+        "bench",
+        *tiny_args(tiny_dirs, "--draft", tiny_dirs["draft"], "-g", "3", "-n", "12", "--repeats", "1"),
+        "--save-outputs",
+        out,
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    for key in (
+        "tokens_per_s",
+        "baseline_tokens_per_s",
+        "speedup",
+        "acceptance_rate",
+        "mean_accepted_len",
+        "per_position_acceptance",
+        "repeats",
+        "speedup_spread",
+    ):
+        assert key in res
+    assert res["mismatches"] == 0 and res["speedup"] > 0 and res["acceptance_rate"] > 0.2
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 3 and all(len(x["token_ids"]) == 12 and x["text"] for x in lines)
+
+
+def test_bench_prompt_lookup_and_layer_skip(tiny_dirs):
+    for draft in ("prompt-lookup:1-2", "layer-skip:1"):
+        r = invoke("bench", *tiny_args(tiny_dirs, "--draft", draft, "-n", "6", "--repeats", "1", "--json"))
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["mismatches"] == 0
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--draft", "/nonexistent/model"], "does not exist"),
+        (["--gamma", "0"], "gamma"),
+        (["--gamma", "65"], "gamma"),
+        (["--threshold", "1.0"], "threshold"),
+        (["--temperature", "-1"], "temperature"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--prompt", "   "], "empty"),
+        (["--device", "tpu"], "unknown device"),
+        (["--device", "cuda"], "CUDA"),
+        (["--draft", "layer-skip:9"], "layer"),
+    ],
+)
+def test_bench_bad_input_is_one_red_line(tiny_dirs, extra, needle):
+    args = [
+        "bench",
+        "--target",
+        tiny_dirs["target"],
+        "--draft",
+        tiny_dirs["draft"],
+        "--workload",
+        tiny_dirs["workload"],
+    ]
+    r = invoke(*args, "-n", "4", "--repeats", "1", *extra)
+    one_red_line(r)
+    assert needle.lower() in r.stderr.lower()
+
+
+def test_tokenizer_mismatch_is_named(tiny_dirs):
+    r = invoke("bench", *tiny_args(tiny_dirs, "--draft", tiny_dirs["other"], "-n", "4"))
+    one_red_line(r)
+    assert "tokenizer" in r.stderr and "80" in r.stderr
+
+
+def test_missing_target_says_it_never_downloads(tiny_dirs):
+    r = invoke("bench", "--target", "some-org/not-cached-model", "--device", "cpu")
+    one_red_line(r)
+    assert "never downloads" in r.stderr
+
+
+def test_bad_workload_names_the_line(tiny_dirs, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "w2 w3"}\nnot json\n')
+    r = invoke(
+        "bench",
+        "--target",
+        tiny_dirs["target"],
+        "--draft",
+        "prompt-lookup",
+        "--workload",
+        bad,
+        "--device",
+        "cpu",
+    )
+    one_red_line(r)
+    assert "line 2" in r.stderr
+
+
+def test_profile_json_and_out(tiny_dirs, tmp_path):
+    out = tmp_path / "costs.yaml"
+    r = invoke(
+        "profile",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            tiny_dirs["draft"],
+            "--draft",
+            "prompt-lookup",
+            "--max-gamma",
+            "4",
+            "--repeats",
+            "3",
+            "-n",
+            "8",
+            "--out",
+            out,
+            "--json",
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert len(res["costs"]["verify_ms"]) == 4
+    assert {d["name"] for d in res["costs"]["drafts"]} == {"draft", "prompt-lookup"}
+    assert out.is_file()
+    from specdec_tune.profile import load_costs
+
+    costs, hw = load_costs(out)
+    assert costs.t_target_ms > 0 and hw["slug"]
+
+
+@pytest.mark.parametrize(
+    "extra", [["--max-gamma", "0"], ["--max-gamma", "65"], ["--out", "/proc/nope/costs.yaml"]]
+)
+def test_profile_bad_input(tiny_dirs, extra):
+    one_red_line(invoke("profile", *tiny_args(tiny_dirs, *extra)))

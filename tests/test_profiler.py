@@ -1,0 +1,204 @@
+"""The profiler on tiny models: shapes and signs of the costs, state left clean, acceptance = engine's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_llama
+from sample_profile import make_sample_profile
+
+from specdec_tune import profiler
+from specdec_tune.costmodel import acceptance_vector_from_position_counts
+from specdec_tune.drafters import ModelDrafter, PromptLookupDrafter
+from specdec_tune.engine import SpecStats, speculative_generate
+from specdec_tune.errors import SpecDecError
+from specdec_tune.measure import Case
+from specdec_tune.profile import Costs, DraftCosts, profile_from_dict, profile_to_dict
+
+
+@pytest.fixture(autouse=True)
+def short_blocks(monkeypatch):
+    # Timing quality is not under test here; short blocks keep the suite fast.
+    monkeypatch.setattr(profiler, "MIN_BLOCK_MS", 1.0)
+
+
+def _finite_positive(values):
+    return all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values)
+
+
+def test_t_target_is_positive_with_finite_spread(tiny_target):
+    ms, spread = profiler.measure_t_target_ms(tiny_target, context_len=24, repeats=3)
+    assert _finite_positive([ms])
+    assert math.isfinite(spread) and spread >= 0
+
+
+def test_verify_curve_has_one_finite_cost_per_gamma(tiny_target):
+    curve, spread = profiler.measure_verify_curve_ms(tiny_target, context_len=24, max_gamma=6, repeats=2)
+    assert len(curve) == 6
+    assert _finite_positive(curve)
+    assert math.isfinite(spread) and spread >= 0
+
+
+def test_forward_timing_leaves_the_cache_as_it_found_it(tiny_target):
+    with torch.inference_mode():
+        cache, kw, new_ids = profiler._warm_cache(tiny_target, context_len=20, extra=5)
+    profiler._forward_samples_ms(tiny_target, cache, kw, new_ids, [1, 3, 5], repeats=2)
+    assert cache.get_seq_length() == 20
+    # Same length is not enough: the kept keys/values must still be those of the context.
+    x = torch.tensor([new_ids[:1]])
+    with torch.inference_mode():
+        after = tiny_target(input_ids=x, **kw).logits
+        _, fresh_kw, _ = profiler._warm_cache(tiny_target, context_len=20, extra=5)
+        expected = tiny_target(input_ids=x, **fresh_kw).logits
+    torch.testing.assert_close(after, expected)
+
+
+def test_measuring_twice_gives_the_same_shapes_and_sane_values(tiny_target):
+    first, _ = profiler.measure_verify_curve_ms(tiny_target, 16, 4, 2)
+    second, _ = profiler.measure_verify_curve_ms(tiny_target, 16, 4, 2)
+    assert len(first) == len(second) == 4
+    assert _finite_positive(first + second)
+    # Loose on purpose (shared CI cores): a leak would grow the context and the cost every call.
+    assert max(second) < 50 * max(first)
+
+
+def test_t_draft_of_a_model_rolls_its_cache_back(tiny_draft):
+    drafter = ModelDrafter(tiny_draft)
+    seq = list(range(1, 21))
+    ms = profiler.measure_t_draft_ms(drafter, seq, repeats=2, gamma=4)
+    assert _finite_positive([ms])
+    assert drafter.cached == len(seq)
+    assert drafter.cache.get_seq_length() == len(seq)
+
+
+def test_t_draft_of_prompt_lookup_with_and_without_matches():
+    repetitive = [5, 6, 7, 8] * 5
+    assert _finite_positive([profiler.measure_t_draft_ms(PromptLookupDrafter(), repetitive, 2)])
+    # No earlier match at all: it proposes nothing and is charged its overhead per call.
+    assert _finite_positive([profiler.measure_t_draft_ms(PromptLookupDrafter(), list(range(1, 30)), 2)])
+
+
+def test_t_draft_needs_a_context(tiny_draft):
+    with pytest.raises(SpecDecError, match="non-empty"):
+        profiler.measure_t_draft_ms(ModelDrafter(tiny_draft), [], 2)
+
+
+def test_acceptance_vector_matches_the_engines_own_counts(tiny_target, tiny_draft, prompts):
+    gamma, budget = 5, 16
+    case = Case(prompts, [budget] * len(prompts))
+    vector, alpha, stats = profiler.acceptance_vector(tiny_target, ModelDrafter(tiny_draft), case, gamma)
+
+    expected = SpecStats()
+    for p in prompts:
+        gen = speculative_generate(tiny_target, ModelDrafter(tiny_draft), p, gamma, max_new_tokens=budget)
+        expected.add(gen.stats)
+    assert expected.proposed > 0
+    assert stats.reached_at == expected.reached_at
+    assert stats.accepted_at == expected.accepted_at
+    assert alpha == expected.acceptance_rate
+    assert len(vector) == gamma
+    assert all(0.0 <= a <= 1.0 for a in vector)
+    assert vector[: len(expected.per_position_acceptance)] == expected.per_position_acceptance
+    # Padding follows the cost model's rule for positions never reached.
+    by_costmodel = acceptance_vector_from_position_counts(expected.reached_at, expected.accepted_at)
+    assert vector == by_costmodel + [by_costmodel[-1]] * (gamma - len(by_costmodel))
+
+
+def test_acceptance_vector_stops_after_max_steps(tiny_target, tiny_draft, prompts):
+    case = Case(prompts, [16] * len(prompts))
+    _, _, capped = profiler.acceptance_vector(tiny_target, ModelDrafter(tiny_draft), case, 4, max_steps=1)
+    first = speculative_generate(tiny_target, ModelDrafter(tiny_draft), prompts[0], 4, max_new_tokens=16)
+    assert capped.target_forwards == first.stats.target_forwards
+
+
+def test_acceptance_vector_of_a_drafter_that_never_proposes_is_zero(tiny_target):
+    case = Case([list(range(1, 12))], [6])
+    vector, alpha, stats = profiler.acceptance_vector(tiny_target, PromptLookupDrafter(3, 3), case, 3)
+    assert stats.proposed == 0
+    assert (vector, alpha) == ([0.0, 0.0, 0.0], 0.0)
+
+
+@pytest.mark.parametrize("max_gamma", [0, 65])
+def test_max_gamma_out_of_range_is_a_user_error(tiny_target, tiny_draft, prompts, max_gamma):
+    with pytest.raises(SpecDecError, match=r"1\.\.64"):
+        profiler.measure_verify_curve_ms(tiny_target, 16, max_gamma, 1)
+    with pytest.raises(SpecDecError, match=r"1\.\.64"):
+        profiler.acceptance_vector(tiny_target, ModelDrafter(tiny_draft), Case(prompts, [4] * 5), max_gamma)
+    with pytest.raises(SpecDecError, match=r"1\.\.64"):
+        profiler.profile_costs(tiny_target, {}, Case(prompts, [4] * 5), "cpu", max_gamma=max_gamma)
+
+
+def test_context_longer_than_the_model_allows_is_a_user_error(tiny_target):
+    with pytest.raises(SpecDecError, match="max_position_embeddings"):
+        profiler.measure_verify_curve_ms(tiny_target, 510, 8, 1)
+
+
+def test_copy_bandwidth_and_matmul_throughput_are_positive():
+    gbps, spread = profiler.measure_copy_bandwidth_gbps("cpu", mib=8, repeats=2)
+    assert _finite_positive([gbps])
+    assert math.isfinite(spread) and spread >= 0
+    assert _finite_positive([profiler.measure_matmul_tflops("cpu", torch.float32, n=128, repeats=2)])
+
+
+def test_default_context_len():
+    assert profiler.default_context_len(Case([[1] * 40, [1] * 60, [1] * 100], [64, 128, 32])) == 92
+    assert profiler.default_context_len(Case([[1]], [2])) == 16
+
+
+def test_decode_weight_bytes_counts_a_tied_embedding_once():
+    untied = tiny_llama(layers=1)  # its config does not tie the LM head to the embedding
+    total = sum(p.numel() * p.element_size() for p in untied.parameters())
+    embedding = untied.get_input_embeddings().weight
+    assert profiler._decode_weight_bytes(untied) == total - embedding.numel() * embedding.element_size()
+    untied.lm_head.weight = untied.get_input_embeddings().weight
+    tied_total = sum(p.numel() * p.element_size() for p in untied.parameters())
+    assert profiler._decode_weight_bytes(untied) == tied_total
+
+
+def test_profile_costs_fills_every_field_and_reports_progress(tiny_target, tiny_draft, prompts):
+    case = Case(prompts, [12] * len(prompts))
+    drafters = {"draft": ModelDrafter(tiny_draft), "lookup": PromptLookupDrafter()}
+    calls = []
+    costs = profiler.profile_costs(
+        tiny_target,
+        drafters,
+        case,
+        "cpu",
+        max_gamma=4,
+        repeats=2,
+        progress=lambda label, done: calls.append((label, done)),
+        acceptance_tokens=8,
+    )
+    assert isinstance(costs, Costs)
+    assert costs.context_len == profiler.default_context_len(case)
+    assert len(costs.verify_ms) == 4 and _finite_positive(costs.verify_ms)
+    assert _finite_positive([costs.t_target_ms])
+    for value in (costs.copy_bandwidth_gbps, costs.decode_bandwidth_gbps, costs.roofline_share):
+        assert _finite_positive([value])
+    assert _finite_positive([costs.matmul_tflops])
+    assert costs.roofline_share == pytest.approx(costs.decode_bandwidth_gbps / costs.copy_bandwidth_gbps)
+    assert [d.name for d in costs.drafts] == ["draft", "lookup"]
+    for d in costs.drafts:
+        assert isinstance(d, DraftCosts)
+        assert len(d.acceptance_vector) == 4
+        assert d.c == pytest.approx(d.t_draft_ms / costs.t_target_ms)
+
+    fractions = [f for _, f in calls]
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert fractions == sorted(fractions)
+    assert any("lookup" in label for label, _ in calls)
+
+    # A profile carrying these costs passes the schema's validation, through YAML-able data.
+    data = profile_to_dict(make_sample_profile(costs=costs))
+    assert profile_from_dict(data).costs.verify_ms == data["costs"]["verify_ms"]
+
+
+def test_profile_costs_without_bandwidth_skips_the_micro_benchmarks(tiny_target, prompts):
+    costs = profiler.profile_costs(
+        tiny_target, {}, Case(prompts, [4] * 5), "cpu", max_gamma=2, repeats=1, with_bandwidth=False
+    )
+    assert costs.copy_bandwidth_gbps is None and costs.matmul_tflops is None
+    assert costs.roofline_share is None
+    assert _finite_positive([costs.decode_bandwidth_gbps])
