@@ -231,30 +231,25 @@ def tune(
     name = settings.study_name or study_name_for(
         {**(study_key or {}), "space": space, "sampler": settings.sampler}
     )
-    try:
-        storage = storage_url
-        sampler = (
-            optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
-            if settings.sampler == "tpe"
-            else optuna.samplers.RandomSampler(seed=settings.seed)
-        )
-        study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True
-        )
-    except (ImportError, ValueError, RuntimeError) as exc:
-        raise SpecDecError(f"cannot open Optuna storage '{_redact(storage_url)}': {exc}") from None
-    except Exception as exc:  # sqlalchemy errors: bad URL, unreachable server, unwritable file
-        raise SpecDecError(
-            f"cannot open Optuna storage '{storage_url}': {exc.__class__.__name__}: {exc}"
-        ) from None
-    stored_space = study.user_attrs.get("space")
-    if stored_space is None:
-        study.set_user_attr("space", space)
+    sampler = (
+        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
+        if settings.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=settings.seed)
+    )
+    study = _open_study(name, storage_url, sampler)
+    # The study remembers what it measures; a worker with other settings must not mix into it.
+    identity = json.loads(json.dumps({"space": space, "key": study_key or {}}, default=str))
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
         for params in _seed_configs(specs, costs, settings):
             study.enqueue_trial(params, skip_if_exists=True)
-    elif stored_space != json.loads(json.dumps(space)):
+    elif stored != identity:
+        keys = {*stored["key"], *identity["key"]}
+        diff = sorted(k for k in keys if stored["key"].get(k) != identity["key"].get(k)) or ["search space"]
         raise SpecDecError(
-            f"study '{name}' in {storage_url} was made with another search space; pass --study-name"
+            f"study '{name}' in {_redact(storage_url)} was made with other settings ({', '.join(diff)}); "
+            "pass another --study-name or the same settings"
         )
 
     _fail_orphans(study)
@@ -299,6 +294,34 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _open_study(name: str, storage_url: str, sampler: Any) -> Any:
+    """Create or load the study; retried because workers starting together race on a new database."""
+    import optuna
+
+    last: Exception | None = None
+    for attempt in range(5):
+        try:
+            storage: Any = storage_url
+            if storage_url.startswith("sqlite"):
+                # Wait for another process's write lock instead of failing at once.
+                storage = optuna.storages.RDBStorage(
+                    storage_url, engine_kwargs={"connect_args": {"timeout": 60}}
+                )
+            return optuna.create_study(
+                study_name=name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True
+            )
+        except (ImportError, ValueError) as exc:
+            last = exc
+            break
+        except Exception as exc:  # sqlalchemy: a schema race, a bad URL, an unreachable server
+            last = exc
+            time.sleep(0.2 * (attempt + 1))
+    first = str(last).splitlines()[0] if str(last) else ""
+    raise SpecDecError(
+        f"cannot open Optuna storage '{_redact(storage_url)}': {type(last).__name__}: {first}"
+    ) from None
 
 
 def _best_value(study: Any) -> float | None:
