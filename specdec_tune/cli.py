@@ -57,8 +57,21 @@ def _main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="torch CPU threads (default: torch's choice). Part of a CPU profile's hardware slug.",
+            envvar="SPECDEC_THREADS",
+        ),
+    ] = None,
 ) -> None:
-    pass
+    if threads is not None:
+        if threads < 1:
+            _err_console().print(f"[red]error:[/red] --threads must be >= 1, got {threads}")
+            raise typer.Exit(2)
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _err_console() -> Any:

@@ -9,6 +9,7 @@ is told by `commit` how much of what it saw was accepted.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from typing import Any
 
@@ -19,7 +20,12 @@ from .errors import SpecDecError
 
 def cache_kwarg(model: Any) -> str:
     """transformers >= 5.x (recent) calls the KV cache argument `cache`, earlier `past_key_values`."""
-    params = inspect.signature(model.forward).parameters
+    return _cache_kwarg_of(type(model))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
