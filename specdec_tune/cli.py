@@ -100,6 +100,8 @@ def user_errors():
     except KeyboardInterrupt:
         _err_console().print("[red]interrupted[/red]")
         raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
     except Exception as exc:
         # Not a user mistake: a bug or the machine (e.g. out of memory). Exit 4 keeps it apart from
         # check's 1 (regression); SPECDEC_DEBUG=1 shows the traceback.

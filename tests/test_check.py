@@ -1,0 +1,122 @@
+"""`specdec-tune check`: passes on an unchanged setup, catches planted regressions, refuses other hardware."""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+import yaml
+from test_cli import invoke, tiny_args
+
+from specdec_tune import drafters
+
+
+@pytest.fixture(scope="module")
+def stored_profile(tiny_dirs, tmp_path_factory):
+    """A profile tuned on the tiny pair with one model draft (so the best config uses it)."""
+    root = tmp_path_factory.mktemp("check")
+    out = root / "tiny.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            tiny_dirs["draft"],
+            "--trials",
+            "4",
+            "--max-gamma",
+            "3",
+            "-n",
+            "16",
+            "--repeats",
+            "1",
+            "--no-profile",
+            "--storage",
+            f"sqlite:///{root / 'db.sqlite'}",
+            "--out",
+            out,
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(out.read_text())
+    # Pin the best config to the model draft, so the planted regressions below hit what is checked.
+    doc["best"]["config"] = {
+        "draft": {
+            "name": "draft",
+            "kind": "model",
+            "path": tiny_dirs["draft"],
+            "ngram_min": None,
+            "ngram_max": None,
+            "layers": None,
+        },
+        "gamma": 3,
+        "threshold": 0.0,
+    }
+    pinned = root / "pinned.yaml"
+    pinned.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # Store what this config measures here, as `run` would have.
+    r = invoke("check", pinned, "--json", "--tolerance", "0.5", "--repeats", "1")
+    measured = {i["metric"]: i["measured"] for i in json.loads(r.stdout)["items"]}
+    doc["best"]["metrics"]["speedup"] = measured["speedup"]
+    doc["best"]["metrics"]["acceptance_rate"] = measured["acceptance_rate"]
+    pinned.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return pinned
+
+
+def test_unchanged_setup_passes(stored_profile, tmp_path):
+    junit = tmp_path / "check.xml"
+    r = invoke("check", stored_profile, "--tolerance", "0.5", "--repeats", "3", "--junit", junit, "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["passed"] and {i["metric"] for i in res["items"]} >= {
+        "speedup",
+        "acceptance_rate",
+        "greedy exactness",
+    }
+    suite = ET.parse(junit).getroot()
+    assert suite.get("failures") == "0" and int(suite.get("tests")) >= 4
+
+
+def test_slower_draft_is_a_regression(stored_profile, tmp_path, monkeypatch):
+    real = drafters.ModelDrafter.propose
+
+    def slow(self, *a, **k):
+        time.sleep(0.02)  # a planted regression: every drafting step got 20 ms slower
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(drafters.ModelDrafter, "propose", slow)
+    junit = tmp_path / "check.xml"
+    r = invoke("check", stored_profile, "--tolerance", "0.5", "--repeats", "1", "--junit", junit)
+    assert r.exit_code == 1, r.output
+    assert "speedup" in r.stderr and "regression" in r.stderr
+    failures = [tc for tc in ET.parse(junit).getroot().iter("testcase") if tc.find("failure") is not None]
+    assert [tc.get("name").rsplit(": ", 1)[-1] for tc in failures] == ["speedup"]
+
+
+def test_changed_acceptance_is_a_regression(stored_profile, tmp_path):
+    doc = yaml.safe_load(stored_profile.read_text())
+    doc["best"]["metrics"]["acceptance_rate"] = max(0.0, doc["best"]["metrics"]["acceptance_rate"] - 0.2)
+    p = tmp_path / "acc.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = invoke("check", p, "--tolerance", "0.9", "--repeats", "1", "--json")
+    assert r.exit_code == 1
+    bad = [i["metric"] for i in json.loads(r.stdout)["items"] if not i["ok"]]
+    assert bad == ["acceptance_rate"]
+
+
+def test_other_hardware_is_exit_3(stored_profile, tmp_path):
+    doc = yaml.safe_load(stored_profile.read_text())
+    doc["hardware"].update({"kind": "cuda", "slug": "nvidia-h200", "gpu_name": "NVIDIA H200"})
+    p = tmp_path / "gpu.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = invoke("check", p, "--repeats", "1")
+    assert r.exit_code == 3 and "nvidia-h200" in r.stderr
+    r = invoke("check", p, "--repeats", "1", "--allow-other-hardware", "--tolerance", "0.5")
+    assert r.exit_code in (0, 1)
+
+
+def test_missing_profile_is_exit_2(tmp_path):
+    r = invoke("check", tmp_path / "nope.yaml")
+    assert r.exit_code == 2 and "Traceback" not in r.output
