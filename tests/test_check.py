@@ -83,7 +83,7 @@ def test_slower_draft_is_a_regression(stored_profile, tmp_path, monkeypatch):
     real = drafters.ModelDrafter.propose
 
     def slow(self, *a, **k):
-        time.sleep(0.02)  # a planted regression: every drafting step got 20 ms slower
+        time.sleep(0.1)  # a planted regression: every drafting step got 100 ms slower
         return real(self, *a, **k)
 
     monkeypatch.setattr(drafters.ModelDrafter, "propose", slow)
