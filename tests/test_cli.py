@@ -34,6 +34,15 @@ def test_help_and_version():
     assert r.exit_code == 0 and r.output.startswith("specdec-tune ")
 
 
+def test_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from specdec_tune.cli import app; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
 def test_bench_json(tiny_dirs, tmp_path):
     out = tmp_path / "outs.jsonl"
     r = invoke(

@@ -130,6 +130,10 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     assert csv[0].startswith("number,state,draft,gamma,threshold,speedup") and len(csv) == 7
     # The stored profile is usable by the other commands.
     assert invoke("show", out).exit_code == 0
+    plots = invoke("show", out, "--plot", tmp_path / "plots")
+    assert plots.exit_code == 0, plots.output
+    pngs = sorted((tmp_path / "plots").glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
     e = invoke("export", out, "--to", "vllm")
     assert e.exit_code == 0
 
