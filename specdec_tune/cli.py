@@ -116,6 +116,16 @@ def user_errors():
         raise typer.Exit(4) from None
 
 
+@contextmanager
+def _spinner(text: str, quiet: bool):
+    """A status line on stderr while measuring (none with --json, so stdout stays clean)."""
+    if quiet:
+        yield
+        return
+    with _err_console().status(text):
+        yield
+
+
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
@@ -181,10 +191,7 @@ def bench(
         )
         spec = s.specs[0]
         drafter = build_drafter(spec, s.target.model, s.draft_modules)
-        status = None if json_out else _console().status("measuring…")
-        if status:
-            status.start()
-        try:
+        with _spinner("measuring…", json_out):
             m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
             hf = None
             if compare_hf:
@@ -202,9 +209,6 @@ def bench(
                     layers=spec.layers,
                     repeats=repeats,
                 )
-        finally:
-            if status:
-                status.stop()
         if save_outputs is not None:
             from .profile import atomic_write_text
 
@@ -530,16 +534,10 @@ def check(
         p = load_profile(profile)
         if junit is not None:
             _check_writable(junit)
-        status = None if json_out else _err_console().status("re-measuring…")
-        if status:
-            status.start()
-        try:
+        with _spinner("re-measuring…", json_out):
             report = check_profile(
                 p, str(profile), device, tolerance, acceptance_tolerance, repeats, allow_other_hardware
             )
-        finally:
-            if status:
-                status.stop()
         if junit is not None:
             atomic_write_text(junit, junit_xml(report))
         if json_out:
