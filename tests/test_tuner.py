@@ -192,3 +192,41 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
     counted = [t for t in study.trials if not t.user_attrs.get("surplus") and t.state.name != "RUNNING"]
     assert _counted(study) == 6 and len(counted) == 6
     assert len({t.number for t in counted}) == 6
+
+
+def test_grid_run_with_sampling_covers_the_whole_grid(tiny_dirs, tmp_path):
+    out = tmp_path / "grid.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            "prompt-lookup",
+            "--layer-skip",
+            "1",
+            "--sampler",
+            "grid",
+            "--max-gamma",
+            "2",
+            "--temperature",
+            "0.7",
+            "-n",
+            "6",
+            "--repeats",
+            "1",
+            "--no-profile",
+            "--storage",
+            f"sqlite:///{tmp_path / 'g.db'}",
+            "--out",
+            out,
+            "--json",
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    # baseline + lookup γ1..2 + layer-skip γ1..2 × 4 thresholds = 11 configs, each tried once.
+    assert p.search.trials == 11 and p.search.sampler == "grid"
+    assert p.workload.temperature == 0.7
+    rows = out.with_suffix(".trials.csv").read_text().splitlines()[1:]
+    configs = {tuple(row.split(",")[2:5]) for row in rows}
+    assert len(rows) == len(configs) == 11
