@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from .errors import SpecDecError
+from .leandraft import LeanLlama
+from .leandraft import supports as lean_supports
 
 
 def cache_kwarg(model: Any) -> str:
@@ -68,28 +70,39 @@ class ModelDrafter(Drafter):
 
     kind = "model"
 
-    def __init__(self, model: Any, name: str = "draft") -> None:
+    def __init__(self, model: Any, name: str = "draft", lean: bool = True) -> None:
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model)
         self.cache: Any = None
         self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
+        # Llama-family drafts skip transformers' per-call machinery (see leandraft).
+        self.lean = LeanLlama(model) if lean and lean_supports(model) else None
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.cache = new_cache(self.model)
+        if self.lean is not None:
+            self.lean.reset()
+        else:
+            self.cache = new_cache(self.model)
         self.cached = 0
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.forward(x.view(-1))
+        return self.model(
+            input_ids=x, **{self._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
+        ).logits[0, -1]
 
     @torch.inference_mode()
     def propose(self, seq, gamma, threshold, temperature, generator):
         # Feed what the draft has not seen yet (the prompt on the first call, then the last
         # accepted tokens and the target's bonus token), then one token per further step.
         x = torch.tensor([seq[self.cached :]], dtype=torch.long, device=self.device)
-        kw = {self._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
         tokens: list[torch.Tensor] = []
         qs: list[torch.Tensor] = []
         for _ in range(gamma):
-            logits = self.model(input_ids=x, **kw).logits[0, -1]
+            logits = self._logits(x)
             if temperature == 0.0:
                 tok = logits.argmax(-1, keepdim=True)
                 if threshold > 0.0:
@@ -110,7 +123,10 @@ class ModelDrafter(Drafter):
 
     def commit(self, valid_len: int) -> None:
         if self.cached > valid_len:
-            self.cache.crop(valid_len - self.cached)
+            if self.lean is not None:
+                self.lean.crop(valid_len)
+            else:
+                self.cache.crop(valid_len - self.cached)
             self.cached = valid_len
 
 

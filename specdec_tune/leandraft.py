@@ -1,0 +1,124 @@
+"""A lean decode-only forward for Llama-family draft models, used by the model drafter.
+
+A draft model is small, so a call through transformers' generic forward (mask building, cache
+objects, output dataclasses, kwargs plumbing) costs more than its matmuls. This runs the same
+weights with a preallocated KV cache and a dozen tensor ops per layer. It serves only to PROPOSE
+tokens: the target verifies every one, so its tiny numeric differences cannot change the output.
+Models it does not recognise keep transformers' forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def supports(model: Any) -> bool:
+    """Plain Llama decoders: RMSNorm, rotary embeddings of a static kind, SiLU-gated MLP, no biases."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if cfg is None or inner is None or getattr(cfg, "model_type", None) != "llama":
+        return False
+    rotary = getattr(inner, "rotary_emb", None)
+    return (
+        rotary is not None
+        and getattr(rotary, "rope_type", "default") in _STATIC_ROPE
+        and not getattr(cfg, "attention_bias", False)
+        and not getattr(cfg, "mlp_bias", False)
+        and getattr(cfg, "hidden_act", "silu") == "silu"
+        and getattr(model, "lm_head", None) is not None
+    )
+
+
+class LeanLlama:
+    """Decode-only forward over a Llama model's weights (shared, not copied) with its own KV cache."""
+
+    def __init__(self, model: Any, capacity: int = 512) -> None:
+        cfg = model.config
+        inner = model.model
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.head = model.lm_head.weight
+        self.eps = float(cfg.rms_norm_eps)
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.layers = [
+            (
+                layer.input_layernorm.weight,
+                layer.self_attn.q_proj.weight,
+                layer.self_attn.k_proj.weight,
+                layer.self_attn.v_proj.weight,
+                layer.self_attn.o_proj.weight,
+                layer.post_attention_layernorm.weight,
+                layer.mlp.gate_proj.weight,
+                layer.mlp.up_proj.weight,
+                layer.mlp.down_proj.weight,
+            )
+            for layer in inner.layers[: cfg.num_hidden_layers]
+        ]
+        self.device, self.dtype = self.embed.device, self.embed.dtype
+        self.length = 0
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        shape = (len(self.layers), self.n_kv, capacity, self.head_dim)
+        old = getattr(self, "k", None)
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        if old is not None:
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+        # The model's own rotary module makes the tables, so every static RoPE variant is right.
+        pos = torch.arange(capacity, device=self.device).unsqueeze(0)
+        cos, sin = self.model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # (capacity, head_dim)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits (vocab,) after feeding the 1-D token ids `ids` at the current position."""
+        m = ids.numel()
+        start, end = self.length, self.length + m
+        if end > self.k.shape[2]:
+            self._alloc(max(2 * self.k.shape[2], end))
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        mask = None
+        if m > 1:
+            mask = (
+                torch.arange(end, device=self.device) <= torch.arange(start, end, device=self.device)[:, None]
+            )
+        x = F.embedding(ids, self.embed)  # (m, hidden)
+        nh, nkv, hd, eps = self.n_heads, self.n_kv, self.head_dim, self.eps
+        for i, (w_in, wq, wk, wv, wo, w_post, wg, wu, wd) in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), w_in, eps)
+            q = self._rope(F.linear(h, wq).view(m, nh, hd).transpose(0, 1), cos, sin)
+            k = self._rope(F.linear(h, wk).view(m, nkv, hd).transpose(0, 1), cos, sin)
+            self.k[i, :, start:end] = k
+            self.v[i, :, start:end] = F.linear(h, wv).view(m, nkv, hd).transpose(0, 1)
+            keys, values = self.k[i, :, :end], self.v[i, :, :end]
+            attn = F.scaled_dot_product_attention(
+                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=nkv != nh
+            )[0]
+            x = x + F.linear(attn.transpose(0, 1).reshape(m, nh * hd), wo)
+            h = F.rms_norm(x, (x.shape[-1],), w_post, eps)
+            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        self.length = end
+        return F.linear(F.rms_norm(x[-1], (x.shape[-1],), self.norm, eps), self.head)
