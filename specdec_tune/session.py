@@ -7,7 +7,7 @@ Also the `--draft` syntax: a model (folder, HF id or demo name), `prompt-lookup[
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import SpecDecError
 from .hardware import resolve_device, slugify
@@ -66,7 +66,6 @@ class Session:
     workload: Workload
     case: Case
     device: str
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def draft_modules(self) -> dict[str, object]:

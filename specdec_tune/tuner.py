@@ -349,7 +349,7 @@ def _run_trial(study, trial, pool, specs, space, case, costs, settings) -> None:
         draft, gamma, threshold = _suggest(trial, specs, space)
         drafter = None if draft == "none" else pool.get(draft)
         m = measure(
-            target_of(pool),
+            pool.target,
             drafter,
             gamma,
             threshold,
@@ -386,10 +386,6 @@ def _run_trial(study, trial, pool, specs, space, case, costs, settings) -> None:
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
         study.tell(trial, state=TrialState.FAIL)
         _free_device_memory()
-
-
-def target_of(pool: DrafterPool) -> Any:
-    return pool.target
 
 
 def _free_device_memory() -> None:
