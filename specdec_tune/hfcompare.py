@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, build_drafter
 from .engine import validate_args
 from .errors import SpecDecError
 from .measure import Case, run_pass
+from .profile import DraftSpec
 from .timing import median, spread, timed
 
 KINDS = ("none", "model", "prompt_lookup", "layer_skip")
@@ -183,17 +184,12 @@ def our_drafter(
     target: Any, kind: str, draft_model: Any = None, ngram_max: int = 3, layers: int | None = None
 ) -> Drafter | None:
     """Our drafter for the same config as `hf_generate_kwargs` describes (None for kind 'none')."""
-    if kind == "none":
-        return None
-    if kind == "model":
-        if draft_model is None:
-            raise SpecDecError("kind 'model' needs a draft model; pass --draft")
-        return ModelDrafter(draft_model)
-    if kind == "prompt_lookup":
-        return PromptLookupDrafter(1, ngram_max, next(target.parameters()).device)
-    if kind == "layer_skip":
-        return LayerSkipDrafter(target, int(layers or 1))
-    raise SpecDecError(f"unknown draft kind '{kind}': use one of {', '.join(KINDS)}")
+    if kind not in KINDS:
+        raise SpecDecError(f"unknown draft kind '{kind}': use one of {', '.join(KINDS)}")
+    if kind == "model" and draft_model is None:
+        raise SpecDecError("kind 'model' needs a draft model; pass --draft")
+    spec = DraftSpec(name="draft", kind=kind, ngram_min=1, ngram_max=ngram_max, layers=layers or 1)
+    return build_drafter(spec, target, {"draft": draft_model})
 
 
 def measure_hf(
