@@ -409,6 +409,13 @@ def run(
     workload: WorkloadOpt = "demo-code",
     prompts: Prompts = 8,
     repeats: Annotated[int, typer.Option(help="Timed repeats per trial (baseline interleaved).")] = 2,
+    finalists: Annotated[
+        int,
+        typer.Option(help="After the search, re-measure this many top configs head to head (0: off)."),
+    ] = 3,
+    final_repeats: Annotated[
+        int, typer.Option("--final-repeats", help="Interleaved repeats of that final round.")
+    ] = 4,
     seed: int = 0,
     storage: Annotated[
         str | None,
@@ -449,6 +456,8 @@ def run(
             seed=seed,
             max_gamma=max_gamma,
             repeats=repeats,
+            finalists=finalists,
+            final_repeats=final_repeats,
             storage=storage,
             study_name=study_name,
         )

@@ -95,6 +95,19 @@ def run_pass(
     return outputs, stats
 
 
+@dataclass
+class Entry:
+    """One config to time: a drafter (None = plain target), gamma and confidence threshold."""
+
+    drafter: Drafter | None
+    gamma: int
+    threshold: float = 0.0
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None and self.gamma > 0
+
+
 def measure(
     target: Any,
     drafter: Drafter | None,
@@ -110,56 +123,91 @@ def measure(
 
     `on_repeat(i, speedup_so_far)` is called after each repeat (a tuner may stop early there).
     """
-    validate_args(gamma, threshold, case.temperature, min(case.max_new_tokens))
+    hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
+    return measure_many(target, [Entry(drafter, gamma, threshold)], case, repeats, warmup, seed, hook)[0]
+
+
+def measure_many(
+    target: Any,
+    entries: list[Entry],
+    case: Case,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    on_repeat: Callable[[int, list[float]], None] | None = None,
+) -> list[Measurement]:
+    """Time several configs and the plain target in one interleaved run: one Measurement each.
+
+    Every repeat runs the baseline and each config once; the order reverses on odd repeats
+    (ABBA, generalised), so a slow drift of the machine favours none of them. A config's speedup
+    is the median over repeats of its rate divided by the baseline rate of the same repeat.
+    `on_repeat(i, medians_so_far)` is called after each repeat (a tuner may stop early there).
+    """
+    if not entries:
+        raise ValueError("measure_many needs at least one entry")
+    for e in entries:
+        validate_args(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
     if repeats < 1:
         raise SpecDecError(f"repeats must be >= 1, got {repeats}")
     device = str(next(target.parameters()).device)
-    speculative = drafter is not None and gamma > 0
     warm = Case(case.prompts[:1], case.max_new_tokens[:1], case.eos, case.temperature)
     for _ in range(warmup):
         run_pass(target, None, 0, 0.0, warm, seed)
-        if speculative:
-            run_pass(target, drafter, gamma, threshold, warm, seed)
+        for e in entries:
+            if e.speculative:
+                run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed)
 
-    base_rates, spec_rates, speedups = [], [], []
-    stats = SpecStats()
+    n = len(entries)
+    base_rates: list[float] = []
+    rates: list[list[float]] = [[] for _ in entries]
+    ratios: list[list[float]] = [[] for _ in entries]
+    stats = [SpecStats() for _ in entries]
+    outs: list[list[list[int]]] = [[] for _ in entries]
     base_out: list[list[int]] = []
-    spec_out: list[list[int]] = []
+    # -1 is the baseline; plain-target entries reuse the baseline pass instead of timing it twice.
+    order = [-1, *(i for i, e in enumerate(entries) if e.speculative)]
     for r in range(repeats):
-        # ABBA order: a slow drift of the machine favours neither side.
-        order = ("base", "spec") if r % 2 == 0 else ("spec", "base")
-        for which in order:
-            if which == "base":
-                sec, (base_out, _) = timed(lambda r=r: run_pass(target, None, 0, 0.0, case, seed + r), device)
-                base_rates.append(sum(map(len, base_out)) / sec)
-            elif speculative:
-                sec, (spec_out, s) = timed(
-                    lambda r=r: run_pass(target, drafter, gamma, threshold, case, seed + r), device
-                )
-                spec_rates.append(sum(map(len, spec_out)) / sec)
-                stats.add(s)
-        if not speculative:
-            spec_rates.append(base_rates[-1])
-            spec_out = base_out
-        speedups.append(spec_rates[-1] / base_rates[-1])
+        for i in order if r % 2 == 0 else order[::-1]:
+            e = entries[i] if i >= 0 else Entry(None, 0)
+            sec, (out, s) = timed(
+                lambda e=e, r=r: run_pass(target, e.drafter, e.gamma, e.threshold, case, seed + r), device
+            )
+            rate = sum(map(len, out)) / sec
+            if i < 0:
+                base_rates.append(rate)
+                base_out = out
+            else:
+                rates[i].append(rate)
+                stats[i].add(s)
+                outs[i] = out
+        for i in range(n):
+            if not entries[i].speculative:
+                rates[i].append(base_rates[-1])
+                outs[i] = base_out
+            ratios[i].append(rates[i][-1] / base_rates[-1])
         if on_repeat is not None:
-            on_repeat(r, median(speedups))
+            on_repeat(r, [median(x) for x in ratios])
 
-    mismatches = 0
-    if case.temperature == 0.0:
-        mismatches = sum(a != b for a, b in zip(base_out, spec_out, strict=True))
-    return Measurement(
-        tokens_per_s=median(spec_rates),
-        baseline_tokens_per_s=median(base_rates),
-        speedup=median(speedups),
-        speedup_spread=spread(speedups),
-        acceptance_rate=stats.acceptance_rate,
-        mean_accepted_len=stats.mean_accepted_len if speculative else 1.0,
-        per_position_acceptance=stats.per_position_acceptance,
-        repeats=repeats,
-        tokens=sum(map(len, spec_out)),
-        mismatches=mismatches,
-        speedups=speedups,
-        stats=stats,
-        outputs=spec_out,
-    )
+    result = []
+    for i, e in enumerate(entries):
+        mismatches = 0
+        if case.temperature == 0.0:
+            mismatches = sum(a != b for a, b in zip(base_out, outs[i], strict=True))
+        result.append(
+            Measurement(
+                tokens_per_s=median(rates[i]),
+                baseline_tokens_per_s=median(base_rates),
+                speedup=median(ratios[i]),
+                speedup_spread=spread(ratios[i]),
+                acceptance_rate=stats[i].acceptance_rate,
+                mean_accepted_len=stats[i].mean_accepted_len if e.speculative else 1.0,
+                per_position_acceptance=stats[i].per_position_acceptance,
+                repeats=repeats,
+                tokens=sum(map(len, outs[i])),
+                mismatches=mismatches,
+                speedups=ratios[i],
+                stats=stats[i],
+                outputs=outs[i],
+            )
+        )
+    return result

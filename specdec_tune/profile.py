@@ -88,6 +88,9 @@ class Metrics:
     per_position_acceptance: list[float] = field(default_factory=list)
     repeats: int = 1
     predicted_speedup: float | None = None  # the cost model's prediction, when it has one
+    # Set when the final round re-measured this config: its speedup in the search trial, which
+    # the final-round `speedup` above replaces (the search value of a winner is biased upwards).
+    search_speedup: float | None = None
 
 
 @dataclass
@@ -152,6 +155,8 @@ class SearchInfo:
     storage: str
     seed: int
     space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
+    finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
+    final_repeats: int = 0  # interleaved repeats of that final round
 
 
 @dataclass
@@ -368,6 +373,8 @@ def _validate(p: Profile) -> None:
     for i, alt in enumerate(p.alternatives):
         _validate_result(alt, f"alternatives[{i}]")
     _validate_metrics(p.baseline, "baseline")
+    _at_least(p.search.finalists, 0, "search.finalists")
+    _at_least(p.search.final_repeats, 0, "search.final_repeats")
     if p.costs is not None:
         c = p.costs
         _positive(c.t_target_ms, "costs.t_target_ms")
@@ -422,6 +429,8 @@ def _validate_metrics(m: Metrics, path: str) -> None:
     for i, a in enumerate(m.per_position_acceptance):
         _probability(a, f"{path}.per_position_acceptance[{i}]")
     _at_least(m.repeats, 1, f"{path}.repeats")
+    if m.search_speedup is not None:
+        _at_least(m.search_speedup, 0.0, f"{path}.search_speedup")
 
 
 def _at_least(value: float, low: float, path: str) -> None:

@@ -96,9 +96,13 @@ def _best_table(p: Profile) -> Table:
         t.add_row("config", f"[bold green]{cfg.label}[/]")
         drafter = cfg.draft.label + (f"  {cfg.draft.path}" if cfg.draft.path else "")
         t.add_row("drafter", f"{cfg.draft.kind}: {drafter}")
+    where = "final round" if m.search_speedup is not None else "search trial"
     t.add_row(
-        "speedup", f"[bold]{_x(m.speedup)}[/] (spread ±{m.speedup_spread * 100:.1f}%, {m.repeats} repeats)"
+        "speedup",
+        f"[bold]{_x(m.speedup)}[/] ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
     )
+    if m.search_speedup is not None:
+        t.add_row("speedup in the search", f"{_x(m.search_speedup)} (one trial; the final round decides)")
     t.add_row("tokens/s", f"{m.tokens_per_s:.1f} (baseline {m.baseline_tokens_per_s:.1f} in the same run)")
     t.add_row("acceptance α", _f(m.acceptance_rate, 3))
     t.add_row("mean accepted length τ", _f(m.mean_accepted_len))
@@ -117,6 +121,7 @@ def _results_table(title: str, results: list[Result]) -> Table:
         ("α", "right"),
         ("τ", "right"),
         ("predicted", "right"),
+        ("measured in", "left"),
     ]:
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, r in enumerate(results, 1):
@@ -129,8 +134,15 @@ def _results_table(title: str, results: list[Result]) -> Table:
             _f(m.acceptance_rate, 3),
             _f(m.mean_accepted_len),
             _x(m.predicted_speedup),
+            _measured_in(m),
         )
     return t
+
+
+def _measured_in(m: Metrics) -> str:
+    if m.search_speedup is None:
+        return "search"
+    return f"final (search {_x(m.search_speedup)})"
 
 
 def _baseline_table(m: Metrics) -> Table:
@@ -152,6 +164,12 @@ def _run_table(p: Profile) -> Table:
             f"{w.name}: {w.prompts} prompts, {w.max_new_tokens} new tokens, temperature {w.temperature:g}",
         ),
         ("search", f"{s.sampler}, {s.trials} trials ({s.failed} failed, {s.pruned} pruned), seed {s.seed}"),
+        (
+            "final round",
+            f"top {s.finalists} re-measured head to head, {s.final_repeats} interleaved repeats"
+            if s.finalists
+            else "none (ranked by the search trials)",
+        ),
         ("study", f"{s.study_name} in {s.storage}"),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
     ]
@@ -585,26 +603,37 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     t = Table(
         title=f"{p.target.name} on {p.hardware.get('slug')}: {p.workload.name}, T={p.workload.temperature}"
     )
-    for col in ("", "config", "speedup", "tokens/s", "α", "τ", "predicted"):
-        t.add_column(col, justify="left" if col in ("", "config") else "right")
+    for col in ("", "config", "speedup", "spread", "tokens/s", "α", "τ", "predicted", "measured in"):
+        t.add_column(col, justify="left" if col in ("", "config", "measured in") else "right")
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
     for label, r in rows:
         m = r.metrics
         t.add_row(
             label,
             r.config.label,
-            f"{m.speedup:.3f}× ±{m.speedup_spread * 50:.1f}%",
+            f"{m.speedup:.3f}×",
+            f"{m.speedup_spread * 100:.0f}%",
             f"{m.tokens_per_s:.1f}",
             f"{m.acceptance_rate:.2f}",
             f"{m.mean_accepted_len:.2f}",
             _x(m.predicted_speedup),
+            _measured_in(m),
         )
-    t.add_row("baseline", "plain target", "1.000×", f"{p.baseline.tokens_per_s:.1f}", "—", "1.00", "1.00×")
+    t.add_row(
+        "baseline", "plain target", "1.000×", "", f"{p.baseline.tokens_per_s:.1f}", "—", "1.00", "1.00×", ""
+    )
+    final = (
+        f"; the top {p.search.finalists} re-measured head to head ({p.search.final_repeats} repeats)"
+        if p.search.finalists
+        else ""
+    )
     t.caption = (
-        f"{p.search.trials} trials ({p.search.pruned} pruned, {p.search.failed} failed), "
+        f"{p.search.trials} trials ({p.search.pruned} pruned, {p.search.failed} failed){final}, "
         f"study {p.search.study_name}"
     )
     console.print(t)
+    if getattr(result, "final_note", ""):
+        console.print(f"[yellow]{result.final_note}[/] (the best search trial was kept)")
     if p.best.config.gamma == 0:
         console.print(
             "[bold]verdict:[/bold] speculation does not pay here for this workload; serve the plain target."

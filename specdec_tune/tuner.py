@@ -23,7 +23,7 @@ from typing import Any
 
 from .drafters import Drafter, build_drafter
 from .errors import SpecDecError
-from .measure import Case, measure
+from .measure import Case, Entry, measure, measure_many
 from .profile import Config, Costs, DraftSpec, Metrics, Result
 
 NONE = DraftSpec(name="none", kind="none")
@@ -43,6 +43,9 @@ class TuneSettings:
     repeats: int = 2
     prune_ratio: float = 0.6  # prune after the first repeat below this share of the best so far
     seed_top: int = 6  # cost-model predictions enqueued first
+    finalists: int = 3  # best configs re-measured head to head after the search (0: none)
+    final_repeats: int = 4  # interleaved repeats of that final round
+    final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
     storage: str | None = None
     study_name: str | None = None
 
@@ -57,6 +60,10 @@ class TuneSettings:
             raise SpecDecError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.repeats < 1:
             raise SpecDecError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.finalists < 0:
+            raise SpecDecError(f"--finalists must be >= 0, got {self.finalists}")
+        if self.final_repeats < 1:
+            raise SpecDecError(f"--final-repeats must be >= 1, got {self.final_repeats}")
 
 
 @dataclass
@@ -70,6 +77,8 @@ class TuneResult:
     pruned: int
     space: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per trial, for the CSV
+    finalists: int = 0  # configs the final round re-measured (0: no final round ran)
+    final_note: str = ""  # why the final round did not run, when it was asked for and did not
 
 
 def default_storage() -> str:
@@ -267,7 +276,107 @@ def tune(
         _run_trial(study, trial, pool, spec_by_name, space, case, costs, settings)
         if on_trial is not None:
             on_trial(_counted(study), settings.trials, _best_value(study))
-    return summarise(study, specs, costs, name, storage_url, space)
+    result = summarise(study, specs, costs, name, storage_url, space)
+    if settings.finalists > 0:
+        final_round(study, result, pool, case, settings)
+    return result
+
+
+def pick_finalists(results: list[Result], k: int, floor: float = 0.75) -> list[Result]:
+    """The configs worth re-measuring: the best of each draft first, then the next best overall.
+
+    `results` is best first by search speedup. One best per draft comes first so that a single
+    lucky trial of one draft cannot crowd out the others; a config below `floor` × the best
+    search speedup is not a contender.
+    """
+    contenders = [r for r in results if r.config.gamma > 0]
+    if not contenders or k <= 0:
+        return []
+    cut = floor * max(r.metrics.speedup for r in contenders)
+    contenders = [r for r in contenders if r.metrics.speedup >= cut]
+    chosen: list[Result] = []
+    for r in contenders:
+        if len(chosen) < k and all(c.config.draft.name != r.config.draft.name for c in chosen):
+            chosen.append(r)
+    for r in contenders:
+        if len(chosen) < k and all(c is not r for c in chosen):
+            chosen.append(r)
+    return sorted(chosen, key=lambda r: -r.metrics.speedup)
+
+
+def final_round(
+    study: Any, result: TuneResult, pool: DrafterPool, case: Case, settings: TuneSettings
+) -> None:
+    """Re-measure the finalists and the baseline in one interleaved run; the winner comes from it.
+
+    Each search trial is one short noisy measurement, and the highest of many noisy values is
+    biased upwards (the winner's curse): a config can top the search on one lucky trial. The
+    finalists get fresh measurements timed side by side, which are unbiased and directly
+    comparable. The round is stored in the study, so rerunning a finished study reuses it.
+    Updates `result` in place: finalists and baseline first (by final speedup), then the rest.
+    """
+    finalists = pick_finalists(result.results, settings.finalists, settings.final_floor)
+    if not finalists:
+        return
+    key = {
+        "trials": result.trials,
+        "configs": [list(_config_key(r.config)) for r in finalists],  # JSON-shaped, as stored
+        "repeats": settings.final_repeats,
+    }
+    stored = study.user_attrs.get("final_round")
+    if isinstance(stored, dict) and stored.get("key") == key:
+        measured = [_metrics_from_attrs(m) for m in stored["metrics"]]
+    else:
+        try:
+            entries = [
+                Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold) for r in finalists
+            ]
+            ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
+        except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
+            result.final_note = f"final round skipped: {type(exc).__name__}: {exc}"[:300]
+            _free_device_memory()
+            return
+        measured = []
+        for r, m in zip(finalists, ms, strict=True):
+            metrics = m.to_metrics(r.metrics.predicted_speedup)
+            metrics.search_speedup = r.metrics.speedup
+            measured.append(metrics)
+        study.set_user_attr("final_round", {"key": key, "metrics": [vars(m) for m in measured]})
+    final = [Result(r.config, m) for r, m in zip(finalists, measured, strict=True)]
+    base = [r for r in result.results if r.config.gamma == 0]
+    head = sorted(final + base, key=lambda r: -r.metrics.speedup)
+    picked = {_config_key(r.config) for r in final}
+    rest = [r for r in result.results if r.config.gamma > 0 and _config_key(r.config) not in picked]
+    result.results = head + rest
+    result.finalists = len(final)
+    for r in final:
+        m = r.metrics
+        result.rows.append(
+            {
+                "number": None,
+                "state": "FINAL",
+                "draft": r.config.draft.name,
+                "gamma": r.config.gamma,
+                "threshold": r.config.threshold,
+                "speedup": m.speedup,
+                "tokens_per_s": m.tokens_per_s,
+                "baseline_tokens_per_s": m.baseline_tokens_per_s,
+                "acceptance_rate": m.acceptance_rate,
+                "mean_accepted_len": m.mean_accepted_len,
+                "predicted_speedup": m.predicted_speedup,
+                "duration_s": None,
+                "error": None,
+            }
+        )
+
+
+def _config_key(c: Config) -> tuple[str, int, float]:
+    return (c.draft.name, c.gamma, round(c.threshold, 4))
+
+
+def _metrics_from_attrs(d: dict[str, Any]) -> Metrics:
+    known = set(Metrics.__dataclass_fields__)
+    return Metrics(**{k: v for k, v in d.items() if k in known})
 
 
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -546,6 +655,8 @@ def make_profile(
             storage=_redact(result.storage),
             seed=settings.seed,
             space=result.space,
+            finalists=result.finalists,
+            final_repeats=settings.final_repeats if result.finalists else 0,
         ),
         best=result.results[0],
         alternatives=result.results[1:5],

@@ -10,9 +10,10 @@ import optuna
 import pytest
 from test_cli import invoke, tiny_args
 
-from specdec_tune.measure import Case
-from specdec_tune.profile import DraftSpec, load_profile, profile_to_dict
-from specdec_tune.tuner import DrafterPool, TuneSettings, _counted, tune
+from specdec_tune import tuner
+from specdec_tune.measure import Case, Measurement
+from specdec_tune.profile import Config, DraftSpec, Metrics, Result, load_profile, profile_to_dict
+from specdec_tune.tuner import NONE, DrafterPool, TuneSettings, _counted, pick_finalists, tune
 
 
 def small_case(prompts):
@@ -34,10 +35,17 @@ def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, pro
     storage = f"sqlite:///{tmp_path / 's.db'}"
     settings = TuneSettings(trials=6, storage=storage, study_name="t", repeats=1, max_gamma=4)
     res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
-    assert res.trials == 6 and len(res.rows) == 6
-    assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
-    best = res.results[0]
-    assert best.metrics.speedup >= max(r.metrics.speedup for r in res.results)
+    finals = [r for r in res.rows if r["state"] == "FINAL"]
+    assert res.trials == 6 and len(res.rows) == 6 + len(finals) and 1 <= res.finalists == len(finals) <= 3
+    # The finalists (re-measured head to head) and the baseline lead, ranked by that final round;
+    # the other configs follow, ranked by their search trial.
+    head = res.results[: res.finalists + 1]
+    assert head == sorted(head, key=lambda r: -r.metrics.speedup)
+    assert all((r.metrics.search_speedup is not None) == (r.config.gamma > 0) for r in head)
+    rest = res.results[res.finalists + 1 :]
+    assert rest == sorted(rest, key=lambda r: -r.metrics.speedup)
+    assert all(r.metrics.search_speedup is None for r in rest)
+    assert all(r.metrics.repeats == settings.final_repeats for r in head if r.config.gamma)
     study = optuna.load_study(study_name="t", storage=storage)
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert done and all(
@@ -125,9 +133,14 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     assert profile_to_dict(p) == {k: v for k, v in res.items() if k not in ("profile", "trials_csv")}
     assert p.costs is not None and len(p.costs.verify_ms) == 3
     assert p.search.trials == 6 and len(p.alternatives) <= 4
-    assert p.best.metrics.speedup >= max([a.metrics.speedup for a in p.alternatives], default=0)
+    assert p.search.finalists >= 1 and p.search.final_repeats == 4
+    final = [a for a in p.alternatives if a.metrics.search_speedup is not None]
+    assert p.best.metrics.speedup >= max([a.metrics.speedup for a in final], default=0)
     csv = out.with_suffix(".trials.csv").read_text().splitlines()
-    assert csv[0].startswith("number,state,draft,gamma,threshold,speedup") and len(csv) == 7
+    assert csv[0].startswith("number,state,draft,gamma,threshold,speedup")
+    assert (
+        len(csv) == 1 + 6 + p.search.finalists and sum(",FINAL," in row for row in csv) == p.search.finalists
+    )
     # The stored profile is usable by the other commands.
     assert invoke("show", out).exit_code == 0
     plots = invoke("show", out, "--plot", tmp_path / "plots")
@@ -227,6 +240,110 @@ def test_grid_run_with_sampling_covers_the_whole_grid(tiny_dirs, tmp_path):
     # baseline + lookup γ1..2 + layer-skip γ1..2 × 4 thresholds = 11 configs, each tried once.
     assert p.search.trials == 11 and p.search.sampler == "grid"
     assert p.workload.temperature == 0.7
-    rows = out.with_suffix(".trials.csv").read_text().splitlines()[1:]
+    rows = [r for r in out.with_suffix(".trials.csv").read_text().splitlines()[1:] if ",FINAL," not in r]
     configs = {tuple(row.split(",")[2:5]) for row in rows}
     assert len(rows) == len(configs) == 11
+
+
+# ------------------------------------------------------------------------------ the final round
+
+
+def _result(draft: str, gamma: int, speedup: float, threshold: float = 0.0) -> Result:
+    spec = NONE if draft == "none" else DraftSpec(draft, "model", path="x")
+    return Result(Config(spec, gamma, threshold), Metrics(100 * speedup, 100.0, speedup, 0.1, 0.5, 2.0))
+
+
+def test_pick_finalists_takes_one_per_draft_first_and_skips_hopeless_configs():
+    results = [
+        _result("a", 2, 1.90),
+        _result("a", 3, 1.85),
+        _result("b", 4, 1.70),
+        _result("a", 1, 1.60),
+        _result("none", 0, 1.0),
+        _result("c", 1, 1.20),  # below 0.75 × 1.90: not a contender
+    ]
+    names = [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 3)]
+    assert names == [("a", 2), ("a", 3), ("b", 4)]  # one per draft first, then the next best overall
+    assert [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 2)] == [("a", 2), ("b", 4)]
+    assert pick_finalists(results, 0) == [] and pick_finalists([_result("none", 0, 1.0)], 3) == []
+    assert len(pick_finalists(results, 3, floor=0.0)) == 3
+
+
+def _fake_measurement(speedup: float) -> Measurement:
+    return Measurement(
+        tokens_per_s=100 * speedup,
+        baseline_tokens_per_s=100.0,
+        speedup=speedup,
+        speedup_spread=0.05,
+        acceptance_rate=0.5,
+        mean_accepted_len=2.0,
+        per_position_acceptance=[0.6, 0.4],
+        repeats=4,
+        tokens=10,
+        mismatches=0,
+    )
+
+
+def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    """The search's top config won on one lucky trial; the head-to-head round puts it second."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    settings = TuneSettings(trials=6, storage=storage, study_name="fr", repeats=1, max_gamma=3, finalists=2)
+    monkeypatch.setattr(tuner, "final_round", lambda *a, **k: None)
+    searched = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    monkeypatch.undo()
+    expect = pick_finalists(searched.results, 2)
+    assert len(expect) == 2
+    calls = []
+
+    def fake_many(target, entries, case, repeats, seed=0):
+        calls.append([(e.gamma, e.threshold) for e in entries])
+        return [_fake_measurement(s) for s in (1.1, 1.4)]  # the search's winner is slower head to head
+
+    monkeypatch.setattr(tuner, "measure_many", fake_many)
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == expect[0].config.gamma
+    assert res.results[0].config == expect[1].config and res.results[0].metrics.speedup == 1.4
+    assert res.results[0].metrics.search_speedup == expect[1].metrics.speedup
+    assert res.results[1].config == expect[0].config and res.results[1].metrics.speedup == 1.1
+    assert res.results[2].config.gamma == 0  # the baseline (1.0×) closes the final round's ranking
+
+    # Rerunning the finished study reuses the stored round instead of measuring again.
+    def fail(*a, **k):
+        raise AssertionError("the final round ran twice")
+
+    monkeypatch.setattr(tuner, "measure_many", fail)
+    again = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert [r.config for r in again.results] == [r.config for r in res.results]
+    assert again.results[0].metrics == res.results[0].metrics
+
+
+def test_a_failing_final_round_keeps_the_search_ranking(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(tuner, "measure_many", boom)
+    settings = TuneSettings(
+        trials=5, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="x", repeats=1, max_gamma=3
+    )
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert res.finalists == 0 and "out of memory" in res.final_note
+    assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
+    assert all(r.metrics.search_speedup is None for r in res.results)
+
+
+def test_final_round_off_ranks_by_the_search(tiny_target, tiny_draft, prompts, tmp_path):
+    settings = TuneSettings(
+        trials=4,
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        study_name="o",
+        repeats=1,
+        max_gamma=3,
+        finalists=0,
+    )
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert res.finalists == 0 and res.final_note == "" and len(res.rows) == 4
+    assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
