@@ -342,7 +342,7 @@ def profile_cmd(
             raise SpecDecError(f"--max-gamma must be in 1..64, got {max_gamma}")
         if out is not None:
             _check_writable(out)
-        from .costmodel import best_gamma, rank_configs
+        from .costmodel import best_gamma, overheads, rank_configs
         from .hardware import hardware_info
         from .profile import atomic_write_text, costs_to_yaml, profile_to_dict
         from .session import open_session
@@ -353,10 +353,13 @@ def profile_cmd(
         hw = hardware_info(s.device)
         costs = _profile_costs(s, _pool(s, s.specs), max_gamma, repeats, json_out)
         drafts = {d.name: (d.t_draft_ms, d.acceptance_vector) for d in costs.drafts}
-        ranked = rank_configs(costs.t_target_ms, costs.verify_ms, drafts, max_gamma) if drafts else []
+        extra = overheads(costs)
+        ranked = (
+            rank_configs(costs.t_target_ms, costs.verify_ms, drafts, max_gamma, **extra) if drafts else []
+        )
         per_draft = {
             d.name: best_gamma(
-                costs.t_target_ms, d.t_draft_ms, costs.verify_ms, d.acceptance_vector, max_gamma
+                costs.t_target_ms, d.t_draft_ms, costs.verify_ms, d.acceptance_vector, max_gamma, **extra
             )
             for d in costs.drafts
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 from specdec_tune.errors import SpecDecError
 
@@ -87,18 +88,37 @@ def predicted_speedup(
     verify_ms: Sequence[float],
     acceptance_vector: Sequence[float],
     gamma: int,
+    loop_overhead_ms: float = 0.0,
+    step_overhead_ms: float = 0.0,
 ) -> float:
-    """Predicted speedup over plain decoding: T_target * E[tokens] / (g * T_draft + C_ver(g)).
+    """Predicted speedup over plain decoding:
 
-    With verify_ms all equal to t_target_ms this is exactly Leviathan's speedup_iid.
+        (T_target + o_loop) * E[tokens] / (g * T_draft + C_ver(g) + o_step)
+
+    o_loop is what a plain decoding loop spends per token besides the forward (sampling, host
+    sync, cache bookkeeping); o_step is the same for one speculative step (concatenation,
+    verification, cache crop). Both are measured by the profiler; with both 0 and verify_ms all
+    equal to t_target_ms this is exactly Leviathan's speedup_iid.
     """
     _check_gamma(gamma)
     if gamma == 0:
         return 1.0
     if not t_target_ms > 0.0 or not t_draft_ms >= 0.0:
         raise SpecDecError(f"costs must be positive (t_target_ms={t_target_ms!r}, t_draft_ms={t_draft_ms!r})")
-    step_ms = gamma * t_draft_ms + verify_cost_ms(verify_ms, gamma)
-    return t_target_ms * expected_tokens(acceptance_vector, gamma) / step_ms
+    if not loop_overhead_ms >= 0.0 or not step_overhead_ms >= 0.0:
+        raise SpecDecError(
+            f"overheads must be >= 0 (loop_overhead_ms={loop_overhead_ms!r}, step_overhead_ms={step_overhead_ms!r})"
+        )
+    step_ms = gamma * t_draft_ms + verify_cost_ms(verify_ms, gamma) + step_overhead_ms
+    return (t_target_ms + loop_overhead_ms) * expected_tokens(acceptance_vector, gamma) / step_ms
+
+
+def overheads(costs: Any) -> dict[str, float]:
+    """The overhead keywords of `predicted_speedup` from a `profile.Costs` (0 where not measured)."""
+    return {
+        "loop_overhead_ms": float(getattr(costs, "loop_overhead_ms", None) or 0.0),
+        "step_overhead_ms": float(getattr(costs, "step_overhead_ms", None) or 0.0),
+    }
 
 
 def best_gamma(
@@ -107,6 +127,8 @@ def best_gamma(
     verify_ms: Sequence[float],
     acceptance_vector: Sequence[float],
     max_gamma: int,
+    loop_overhead_ms: float = 0.0,
+    step_overhead_ms: float = 0.0,
 ) -> tuple[int, float]:
     """The gamma in 1..max_gamma with the highest predicted speedup, and that speedup.
 
@@ -116,7 +138,9 @@ def best_gamma(
     _check_gamma(max_gamma)
     best = (0, 1.0)
     for gamma in range(1, max_gamma + 1):
-        speedup = predicted_speedup(t_target_ms, t_draft_ms, verify_ms, acceptance_vector, gamma)
+        speedup = predicted_speedup(
+            t_target_ms, t_draft_ms, verify_ms, acceptance_vector, gamma, loop_overhead_ms, step_overhead_ms
+        )
         if speedup > best[1]:
             best = (gamma, speedup)
     return best
@@ -127,6 +151,8 @@ def rank_configs(
     verify_ms: Sequence[float],
     drafts: dict[str, tuple[float, Sequence[float]]],
     max_gamma: int,
+    loop_overhead_ms: float = 0.0,
+    step_overhead_ms: float = 0.0,
 ) -> list[tuple[str, int, float]]:
     """Every (draft, gamma, predicted speedup) for gamma in 1..max_gamma, best first.
 
@@ -136,7 +162,13 @@ def rank_configs(
     """
     _check_gamma(max_gamma)
     ranked = [
-        (name, gamma, predicted_speedup(t_target_ms, t_draft_ms, verify_ms, vector, gamma))
+        (
+            name,
+            gamma,
+            predicted_speedup(
+                t_target_ms, t_draft_ms, verify_ms, vector, gamma, loop_overhead_ms, step_overhead_ms
+            ),
+        )
         for name, (t_draft_ms, vector) in drafts.items()
         for gamma in range(1, max_gamma + 1)
     ]

@@ -30,6 +30,9 @@ class SpecStats:
     emitted: int = 0  # tokens generated
     reached_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was verified
     accepted_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was accepted
+    # [i]: times position i+1 was within the step's gamma with positions 1..i accepted, whether or
+    # not the drafter proposed it (prompt lookup often has nothing to propose)
+    allowed_at: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -46,12 +49,24 @@ class SpecStats:
         """P(draft token i accepted | tokens 1..i-1 accepted), for each position ever verified."""
         return [a / r for a, r in zip(self.accepted_at, self.reached_at, strict=False) if r]
 
+    @property
+    def effective_acceptance(self) -> list[float]:
+        """P(token i accepted | tokens 1..i-1 accepted), a position the drafter left empty counting
+        as rejected: what the cost model needs, since an empty position emits nothing. Equal to
+        `per_position_acceptance` for a drafter that always proposes its full gamma."""
+        accepted = self.accepted_at + [0] * (len(self.allowed_at) - len(self.accepted_at))
+        return [a / r for a, r in zip(accepted, self.allowed_at, strict=False) if r]
+
     def add(self, other: SpecStats) -> None:
         self.proposed += other.proposed
         self.accepted += other.accepted
         self.target_forwards += other.target_forwards
         self.emitted += other.emitted
-        for mine, theirs in ((self.reached_at, other.reached_at), (self.accepted_at, other.accepted_at)):
+        for mine, theirs in (
+            (self.reached_at, other.reached_at),
+            (self.accepted_at, other.accepted_at),
+            (self.allowed_at, other.allowed_at),
+        ):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
@@ -158,7 +173,7 @@ def speculative_generate(
     eos_set = _eos_set(eos)
     seq = list(prompt_ids)  # committed tokens; the last one is not in the target's cache yet
     out: list[int] = []
-    steps: list[tuple[int, int]] = []  # (proposed k, accepted n) per verification
+    steps: list[tuple[int, int, int]] = []  # (allowed g, proposed k, accepted n) per verification
     forwards = 0
     last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
     while True:
@@ -177,7 +192,7 @@ def speculative_generate(
             n, new = _verify_sampling(logits, draft, q, temperature, generator)
         if k > n:
             cache.crop(n - k)  # keep [last, d_1..d_n] in the target's cache
-        steps.append((k, n))
+        steps.append((g, k, n))
         before = len(seq)
         done = _append(out, new, eos_set, max_new_tokens)
         seq.extend(new)
@@ -224,19 +239,23 @@ def _verify_sampling(
     return n, new
 
 
-def _stats(steps: list[tuple[int, int]], forwards: int, emitted: int) -> SpecStats:
-    width = max((k for k, _ in steps), default=0)
-    reached, accepted = [0] * width, [0] * width
-    for k, n in steps:
+def _stats(steps: list[tuple[int, int, int]], forwards: int, emitted: int) -> SpecStats:
+    width = max((k for _, k, _ in steps), default=0)
+    allowed_width = max((g for g, _, _ in steps), default=0)
+    reached, accepted, allowed = [0] * width, [0] * width, [0] * allowed_width
+    for g, k, n in steps:
         for i in range(min(n + 1, k)):
             reached[i] += 1
         for i in range(n):
             accepted[i] += 1
+        for i in range(min(n + 1, g)):
+            allowed[i] += 1
     return SpecStats(
-        proposed=sum(k for k, _ in steps),
-        accepted=sum(n for _, n in steps),
+        proposed=sum(k for _, k, _ in steps),
+        accepted=sum(n for _, _, n in steps),
         target_forwards=forwards,
         emitted=emitted,
         reached_at=reached,
         accepted_at=accepted,
+        allowed_at=allowed,
     )

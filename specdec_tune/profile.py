@@ -124,6 +124,10 @@ class Costs:
     decode_bandwidth_gbps: float | None = None
     roofline_share: float | None = None  # decode / copy bandwidth
     matmul_tflops: float | None = None
+    # Per-token cost of the plain decoding loop besides the forward (T_plain - T_target), and per
+    # step of the speculative loop besides draft and verification forwards; see costmodel.
+    loop_overhead_ms: float | None = None
+    step_overhead_ms: float | None = None
 
 
 @dataclass
@@ -381,6 +385,9 @@ def _validate(p: Profile) -> None:
         _at_least(c.context_len, 0, "costs.context_len")
         for i, v in enumerate(c.verify_ms):
             _positive(v, f"costs.verify_ms[{i}]")
+        for name in ("loop_overhead_ms", "step_overhead_ms"):
+            if getattr(c, name) is not None:
+                _at_least(getattr(c, name), 0.0, f"costs.{name}")
         for i, dc in enumerate(c.drafts):
             where = f"costs.drafts[{i}]"
             _at_least(dc.t_draft_ms, 0.0, f"{where}.t_draft_ms")

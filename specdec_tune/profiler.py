@@ -1,5 +1,6 @@
 """Hardware costs on the local device, gathered into a `profile.Costs` for the cost model: T_target,
-C_ver(gamma), T_draft and acceptance per drafter, copy bandwidth, matmul throughput, roofline share.
+C_ver(gamma), the decoding loops' own overheads, T_draft and acceptance per drafter, copy
+bandwidth, matmul throughput, roofline share.
 It only measures (never searches); every timing goes through `timing`, which synchronises the device.
 """
 
@@ -9,17 +10,19 @@ import contextlib
 import gc
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from .drafters import Drafter, cache_kwarg, new_cache
-from .engine import MAX_GAMMA, SpecStats
+from .engine import MAX_GAMMA, SpecStats, autoregressive_generate, speculative_generate
 from .errors import SpecDecError
+from .hardware import synchronize
 from .measure import Case, run_pass
 from .profile import Costs, DraftCosts
-from .timing import median, spread, time_repeated
+from .timing import median, spread, time_repeated, timed
 
 # A timed sample is a block of calls lasting at least this long: single forwards of a small model
 # take ~1 ms on a CPU, where scheduler noise alone would make their spread tens of percent.
@@ -241,6 +244,91 @@ def measure_t_draft_ms(drafter: Drafter, seq: list[int], repeats: int, gamma: in
     return median(times_ms) / calls / max(1, proposed)
 
 
+class OracleDrafter(Drafter):
+    """Proposes a known continuation at no cost: with the target's own greedy output every token
+    is accepted, so a speculative step costs C_ver(γ) plus the engine's own per-step overhead."""
+
+    name = kind = "oracle"
+
+    def __init__(self, full: list[int], device: Any = "cpu"):
+        self.full = torch.tensor(full, dtype=torch.long, device=device)
+
+    def propose(
+        self,
+        seq: list[int],
+        gamma: int,
+        threshold: float,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.full[len(seq) : len(seq) + gamma], None
+
+
+class _ForwardClock:
+    """Wraps `model.forward` to add up the wall time spent inside it (device synchronised)."""
+
+    def __init__(self, model: Any, device: str):
+        self.model, self.device, self.ms, self.calls = model, device, 0.0, 0
+
+    def __enter__(self) -> _ForwardClock:
+        inner = self.model.forward
+
+        def clocked(*args: Any, **kwargs: Any) -> Any:
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            out = inner(*args, **kwargs)
+            synchronize(self.device)
+            self.ms += (time.perf_counter() - t0) * 1e3
+            self.calls += 1
+            return out
+
+        self.model.forward = clocked
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.model.forward  # the class's forward is visible again
+
+
+@torch.inference_mode()
+def measure_loop_overheads_ms(
+    target: Any, context_len: int, gamma: int, repeats: int, new_tokens: int = 40
+) -> tuple[float, float]:
+    """What the decoding loops spend besides the target's forwards: (o_loop, o_step) in ms.
+
+    Runs the plain loop and the speculative loop (with an `OracleDrafter`: every proposal is
+    accepted and no draft model runs) for `new_tokens` tokens from a context of about
+    `context_len`, timing the whole call and, inside it, every target forward. The wall time
+    outside the forwards, per decode step, is the overhead: sampling, host syncs, tensor
+    building, cache bookkeeping. Measuring both parts in the same call keeps machine drift out
+    of the difference. Medians over `repeats`.
+    """
+    _check_max_gamma(gamma, "gamma")
+    _check_at_least_one(repeats, "repeats")
+    _check_at_least_one(new_tokens, "new_tokens")
+    prompt_len = max(8, context_len - new_tokens // 2)
+    _check_context_fits(target, prompt_len, new_tokens + gamma + 1)
+    prompt = _context_ids(_vocab_size(target), prompt_len)
+    device = _model_device(target)
+    full = prompt + autoregressive_generate(target, prompt, new_tokens).tokens
+    oracle = OracleDrafter(full, device)
+    runs = {
+        "plain": lambda: autoregressive_generate(target, prompt, new_tokens).stats.target_forwards,
+        "spec": lambda: (
+            speculative_generate(target, oracle, prompt, gamma, 0.0, 0.0, new_tokens).stats.target_forwards
+        ),
+    }
+    out: dict[str, list[float]] = {k: [] for k in runs}
+    with _no_gc():
+        for fn in runs.values():
+            fn()  # warm-up
+        for r in range(repeats):
+            for k in runs if r % 2 == 0 else list(runs)[::-1]:
+                with _ForwardClock(target, device) as clock:
+                    sec, steps = timed(runs[k], device)
+                out[k].append(max(0.0, sec * 1e3 - clock.ms) / steps)
+    return median(out["plain"]), median(out["spec"])
+
+
 def _pad(values: list[float], length: int) -> list[float]:
     values = list(values[:length])
     return values + [values[-1] if values else 0.0] * (length - len(values))
@@ -252,6 +340,8 @@ def acceptance_vector(
 ) -> tuple[list[float], float, SpecStats]:
     """Per-position conditional acceptance from one greedy pass at gamma = max_gamma, threshold 0.
 
+    A position the drafter left empty (prompt lookup without a match, or with a short one) counts
+    as rejected, so the vector predicts tokens per step (`SpecStats.effective_acceptance`).
     Returns (vector of length max_gamma, alpha, the pass's stats). Positions the pass never
     reached reuse the last measured value (0.0 when nothing was ever verified), as
     `costmodel.expected_tokens` does past a vector's end. With `max_steps`, prompts are taken in
@@ -267,7 +357,7 @@ def acceptance_vector(
         stats.add(s)
         if max_steps is not None and stats.target_forwards >= max_steps:
             break
-    return _pad(stats.per_position_acceptance, max_gamma), stats.acceptance_rate, stats
+    return _pad(stats.effective_acceptance, max_gamma), stats.acceptance_rate, stats
 
 
 def default_context_len(case: Case) -> int:
@@ -317,6 +407,7 @@ def profile_costs(
     if with_bandwidth:
         stages += [("memory bandwidth", 1.0), ("matmul throughput", 1.0)]
     stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
+    stages.append(("decoding-loop overheads", 2.0))
     for name in drafters:
         stages += [(f"draft cost: {name}", 1.0), (f"acceptance: {name}", 4.0)]
     total = sum(w for _, w in stages)
@@ -343,6 +434,10 @@ def profile_costs(
     t_target_ms, t_target_spread = median(samples[0]), spread(samples[0])
     verify_ms = [median(s) for s in samples[1:]]
     verify_spread = max(spread(s) for s in samples[1:])
+    next_stage()
+    loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
+        target, context_len, min(4, max_gamma), repeats
+    )
 
     vocab = min(
         [_vocab_size(target)] + [_vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]
@@ -372,4 +467,6 @@ def profile_costs(
         decode_bandwidth_gbps=decode_gbps,
         roofline_share=decode_gbps / copy_gbps if copy_gbps else None,
         matmul_tflops=tflops,
+        loop_overhead_ms=loop_overhead_ms,
+        step_overhead_ms=step_overhead_ms,
     )

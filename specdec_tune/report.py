@@ -24,23 +24,27 @@ from specdec_tune.profile import Costs, DraftCosts, Metrics, Profile, Result, at
 
 
 def _predicted_curve(costs: Costs, draft: DraftCosts) -> list[tuple[int, float]]:
-    """Cost-model speedup for γ = 1..Γ: T_target · E[tokens per step] / (γ·T_draft + C_ver(γ)).
+    """The cost model's speedup for γ = 1..Γ (see costmodel.predicted_speedup), overheads included.
 
-    E[tokens per step] = 1 + Σ_{i≤γ} Π_{j≤i} a_j with a the per-position conditional acceptance.
-    Γ is the shorter of the verify curve and the acceptance vector.
+    Γ is the shorter of the verify curve and the acceptance vector: no extrapolation in a report.
     """
-    curve = []
-    expected = 1.0
-    survive = 1.0
-    for gamma, (verify_ms, accept) in enumerate(
-        zip(costs.verify_ms, draft.acceptance_vector, strict=False), 1
-    ):
-        survive *= accept
-        expected += survive
-        step_ms = gamma * draft.t_draft_ms + verify_ms
-        if step_ms > 0:
-            curve.append((gamma, costs.t_target_ms * expected / step_ms))
-    return curve
+    from specdec_tune.costmodel import overheads, predicted_speedup
+
+    top = min(len(costs.verify_ms), len(draft.acceptance_vector))
+    return [
+        (
+            g,
+            predicted_speedup(
+                costs.t_target_ms,
+                draft.t_draft_ms,
+                costs.verify_ms,
+                draft.acceptance_vector,
+                g,
+                **overheads(costs),
+            ),
+        )
+        for g in range(1, top + 1)
+    ]
 
 
 def _x(v: float | None, digits: int = 2) -> str:
@@ -184,6 +188,14 @@ def _costs_tables(c: Costs) -> list[Table]:
         ("decode bandwidth", _unit(c.decode_bandwidth_gbps, "GB/s")),
         ("roofline share", "—" if c.roofline_share is None else f"{c.roofline_share * 100:.0f}%"),
         ("matmul", _unit(c.matmul_tflops, "TFLOP/s")),
+        (
+            "loop overhead",
+            "—" if c.loop_overhead_ms is None else f"{c.loop_overhead_ms:.3f} ms per plain token",
+        ),
+        (
+            "step overhead",
+            "—" if c.step_overhead_ms is None else f"{c.step_overhead_ms:.3f} ms per speculative step",
+        ),
     ]
     tables = [_kv_table("Hardware costs", summary)]
     if c.verify_ms:
@@ -227,8 +239,8 @@ def _costs_tables(c: Costs) -> list[Table]:
     return tables
 
 
-def _unit(v: float | None, unit: str) -> str:
-    return "—" if v is None else f"{v:.1f} {unit}"
+def _unit(v: float | None, unit: str, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f} {unit}"
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -553,6 +565,8 @@ def costs_report(
                 ("target decode bandwidth (weights × tok/s)", _unit(costs.decode_bandwidth_gbps, "GB/s")),
                 ("roofline share (decode / copy)", _f(costs.roofline_share)),
                 ("matmul throughput", _unit(costs.matmul_tflops, "TFLOP/s")),
+                ("plain-loop overhead o_loop", _unit(costs.loop_overhead_ms, "ms per token", 3)),
+                ("speculative-step overhead o_step", _unit(costs.step_overhead_ms, "ms per step", 3)),
             ],
         )
     )

@@ -131,12 +131,17 @@ class DrafterPool:
 def _predicted(costs: Costs | None, draft: str, gamma: int) -> float | None:
     if costs is None or gamma == 0:
         return 1.0 if gamma == 0 else None
-    from .costmodel import predicted_speedup
+    from .costmodel import overheads, predicted_speedup
 
     for d in costs.drafts:
         if d.name == draft:
             return predicted_speedup(
-                costs.t_target_ms, d.t_draft_ms, costs.verify_ms, d.acceptance_vector, gamma
+                costs.t_target_ms,
+                d.t_draft_ms,
+                costs.verify_ms,
+                d.acceptance_vector,
+                gamma,
+                **overheads(costs),
             )
     return None
 
@@ -162,7 +167,7 @@ def _seed_configs(
                     configs.append(c)
         return configs
     if costs is not None:
-        from .costmodel import rank_configs
+        from .costmodel import overheads, rank_configs
 
         drafts = {
             d.name: (d.t_draft_ms, d.acceptance_vector)
@@ -170,7 +175,9 @@ def _seed_configs(
             if d.name in {s.name for s in specs}
         }
         kinds = {s.name: s.kind for s in specs}
-        ranked = rank_configs(costs.t_target_ms, costs.verify_ms, drafts, settings.max_gamma)
+        ranked = rank_configs(
+            costs.t_target_ms, costs.verify_ms, drafts, settings.max_gamma, **overheads(costs)
+        )
         seen_per_draft: dict[str, int] = {}
         for name, g, _ in ranked:
             # Spread the seeds over drafts: the model is least sure where it extrapolates.
@@ -456,6 +463,8 @@ def _run_trial(study, trial, pool, specs, space, case, costs, settings) -> None:
     started = time.monotonic()
     try:
         draft, gamma, threshold = _suggest(trial, specs, space)
+        if draft == "none" and _reuse_baseline(study, trial):
+            return
         drafter = None if draft == "none" else pool.get(draft)
         m = measure(
             pool.target,
@@ -495,6 +504,23 @@ def _run_trial(study, trial, pool, specs, space, case, costs, settings) -> None:
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
         study.tell(trial, state=TrialState.FAIL)
         _free_device_memory()
+
+
+def _reuse_baseline(study: Any, trial: Any) -> bool:
+    """The sampler asked for the baseline again: its speedup is 1.0 by definition, so the finished
+    baseline trial's numbers are copied instead of spending a measurement on it."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.params.get("draft") == "none" and not t.user_attrs.get("reused_baseline"):
+            for k, v in t.user_attrs.items():
+                if k != "worker":
+                    trial.set_user_attr(k, v)
+            trial.set_user_attr("reused_baseline", True)
+            trial.set_user_attr("duration_s", 0.0)
+            study.tell(trial, 1.0)
+            return True
+    return False
 
 
 def _free_device_memory() -> None:
@@ -551,7 +577,7 @@ def summarise(
             failed += "error" in ua
         elif t.state == TrialState.PRUNED:
             pruned += 1
-        elif t.state == TrialState.COMPLETE:
+        elif t.state == TrialState.COMPLETE and not ua.get("reused_baseline"):
             base_rates.append(ua["baseline_tokens_per_s"])
     # A config the sampler tried more than once is judged by its median trial, not its luckiest:
     # picking the maximum of noisy repeats would overstate the winner.

@@ -54,6 +54,8 @@ def make_costs() -> Costs:
         verify_ms=[7.1, 7.2, 7.3, 7.4, 7.6, 7.7, 7.9, 8.1],
         verify_spread=0.024,
         context_len=512,
+        loop_overhead_ms=0.21,
+        step_overhead_ms=0.38,
         drafts=[
             DraftCosts(
                 name="llama-3.2-1b",

@@ -13,6 +13,7 @@ from specdec_tune.costmodel import (
     best_gamma,
     expected_tokens,
     expected_tokens_iid,
+    overheads,
     predicted_speedup,
     rank_configs,
     speedup_iid,
@@ -94,6 +95,35 @@ def test_predicted_speedup_reduces_to_leviathan(alpha, c):
         assert got == pytest.approx(speedup_iid(alpha, gamma, c), rel=1e-12)
 
 
+def test_overheads_enter_numerator_and_denominator():
+    verify = [10.0, 10.5, 11.0, 11.5]
+    plain = predicted_speedup(10.0, 1.0, verify, [0.7], 3)
+    e = expected_tokens([0.7], 3)
+    # A plain loop that costs 2 ms per token besides the forward, a speculative step 3 ms.
+    got = predicted_speedup(10.0, 1.0, verify, [0.7], 3, loop_overhead_ms=2.0, step_overhead_ms=3.0)
+    assert got == pytest.approx((10.0 + 2.0) * e / (3 * 1.0 + 11.0 + 3.0), rel=1e-12)
+    # Overhead only in the speculative step lowers the prediction; only in the plain loop raises it.
+    assert predicted_speedup(10.0, 1.0, verify, [0.7], 3, step_overhead_ms=3.0) < plain
+    assert predicted_speedup(10.0, 1.0, verify, [0.7], 3, loop_overhead_ms=3.0) > plain
+    assert predicted_speedup(10.0, 1.0, verify, [0.7], 0, 5.0, 5.0) == 1.0
+    # The same keywords flow through best_gamma and rank_configs; a large step overhead can make
+    # "don't speculate" the answer.
+    assert best_gamma(10.0, 0.1, [10.0] * 4, [0.3], 4, 0.0, 8.0) == (0, 1.0)
+    ranked = rank_configs(10.0, verify, {"d": (1.0, [0.7])}, 4, loop_overhead_ms=2.0, step_overhead_ms=3.0)
+    assert ranked[0][2] == pytest.approx(
+        max(predicted_speedup(10.0, 1.0, verify, [0.7], g, 2.0, 3.0) for g in range(1, 5)), rel=1e-12
+    )
+
+
+def test_overheads_reads_costs_and_treats_missing_as_zero():
+    class C:
+        loop_overhead_ms = 0.25
+        step_overhead_ms = None
+
+    assert overheads(C()) == {"loop_overhead_ms": 0.25, "step_overhead_ms": 0.0}
+    assert overheads(object()) == {"loop_overhead_ms": 0.0, "step_overhead_ms": 0.0}
+
+
 def test_verify_cost_extrapolates_linearly_and_never_downward():
     assert verify_cost_ms([10.0, 11.0, 12.5], 2) == 11.0
     assert verify_cost_ms([10.0, 11.0, 12.5], 5) == pytest.approx(12.5 + 1.5 * 2)
@@ -164,6 +194,7 @@ def test_position_counts_agree_with_lengths():
         lambda: expected_tokens([math.nan], 2),
         lambda: expected_tokens_iid(0.5, -1),
         lambda: predicted_speedup(0.0, 1.0, [1.0], [0.5], 1),
+        lambda: predicted_speedup(1.0, 1.0, [1.0], [0.5], 1, step_overhead_ms=-1.0),
     ],
 )
 def test_bad_inputs_raise(call):

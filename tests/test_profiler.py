@@ -158,6 +158,51 @@ def test_decode_weight_bytes_counts_a_tied_embedding_once():
     assert profiler._decode_weight_bytes(untied) == tied_total
 
 
+def test_oracle_drafter_is_always_accepted_and_exact(tiny_target, prompts):
+    from specdec_tune.engine import autoregressive_generate
+
+    prompt = prompts[2]
+    truth = autoregressive_generate(tiny_target, prompt, 20).tokens
+    oracle = profiler.OracleDrafter(prompt + truth)
+    g = speculative_generate(tiny_target, oracle, prompt, 4, 0.0, 0.0, 20)
+    assert g.tokens == truth
+    assert g.stats.accepted == g.stats.proposed > 0 and g.stats.target_forwards == 4  # 5 tokens per step
+
+
+def test_loop_overheads_are_finite_and_the_model_is_restored(tiny_target):
+    loop, step = profiler.measure_loop_overheads_ms(tiny_target, 24, 3, repeats=3, new_tokens=12)
+    assert math.isfinite(loop) and math.isfinite(step) and loop >= 0 and step >= 0
+    assert "forward" not in vars(tiny_target)  # the clock's wrapper is gone again
+    with pytest.raises(SpecDecError):
+        profiler.measure_loop_overheads_ms(tiny_target, 24, 0, repeats=1)
+
+
+def test_forward_clock_counts_calls_and_time_inside_forward(tiny_target):
+    x = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode(), profiler._ForwardClock(tiny_target, "cpu") as clock:
+        tiny_target(input_ids=x)
+        tiny_target(input_ids=x)
+    assert clock.calls == 2 and clock.ms > 0
+    assert "forward" not in vars(tiny_target)
+
+
+def test_slow_host_work_per_step_shows_up_as_step_overhead(tiny_target, monkeypatch):
+    """Planted: 3 ms of host work per speculative step (in the drafter) must appear in o_step."""
+    import time as _time
+
+    _, fast = profiler.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
+    propose = profiler.OracleDrafter.propose
+
+    def slow(self, *args):
+        _time.sleep(0.003)
+        return propose(self, *args)
+
+    monkeypatch.setattr(profiler.OracleDrafter, "propose", slow)
+    loop, slow_step = profiler.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
+    assert 2.5 < slow_step - fast < 10.0
+    assert loop < 2.5  # the plain loop has no drafter: untouched
+
+
 def test_profile_costs_fills_every_field_and_reports_progress(tiny_target, tiny_draft, prompts):
     case = Case(prompts, [12] * len(prompts))
     drafters = {"draft": ModelDrafter(tiny_draft), "lookup": PromptLookupDrafter()}
@@ -179,6 +224,8 @@ def test_profile_costs_fills_every_field_and_reports_progress(tiny_target, tiny_
     for value in (costs.copy_bandwidth_gbps, costs.decode_bandwidth_gbps, costs.roofline_share):
         assert _finite_positive([value])
     assert _finite_positive([costs.matmul_tflops])
+    assert costs.loop_overhead_ms >= 0 and costs.step_overhead_ms >= 0
+    assert math.isfinite(costs.loop_overhead_ms) and math.isfinite(costs.step_overhead_ms)
     assert costs.roofline_share == pytest.approx(costs.decode_bandwidth_gbps / costs.copy_bandwidth_gbps)
     assert [d.name for d in costs.drafts] == ["draft", "lookup"]
     for d in costs.drafts:
@@ -203,3 +250,31 @@ def test_profile_costs_without_bandwidth_skips_the_micro_benchmarks(tiny_target,
     assert costs.copy_bandwidth_gbps is None and costs.matmul_tflops is None
     assert costs.roofline_share is None
     assert _finite_positive([costs.decode_bandwidth_gbps])
+
+
+def test_effective_acceptance_counts_empty_positions_as_rejected():
+    from specdec_tune.costmodel import expected_tokens
+    from specdec_tune.engine import _stats
+
+    # gamma 4 each step: (allowed g, proposed k, accepted n). Step 1 proposed nothing, step 3 only 2.
+    steps = [(4, 0, 0), (4, 4, 2), (4, 2, 2), (4, 4, 4), (4, 3, 1)]
+    st = _stats(steps, forwards=len(steps), emitted=sum(n + 1 for _, _, n in steps))
+    assert st.allowed_at == [5, 4, 3, 1]
+    assert st.accepted_at == [4, 3, 1, 1] and st.reached_at == [4, 4, 2, 1]
+    assert st.effective_acceptance == [4 / 5, 3 / 4, 1 / 3, 1 / 1]
+    # Conditional on a proposal it looks better than it is: 4/4 at position 1.
+    assert st.per_position_acceptance[0] == 1.0
+    # Without a max_new_tokens cap, the effective vector reproduces tokens per step exactly.
+    assert expected_tokens(st.effective_acceptance, 4) == pytest.approx(st.mean_accepted_len)
+    merged = SpecStats()
+    merged.add(st)
+    merged.add(st)
+    assert merged.allowed_at == [10, 8, 6, 2] and merged.effective_acceptance == st.effective_acceptance
+
+
+def test_prompt_lookup_vector_charges_missing_proposals(tiny_target, prompts):
+    case = Case(prompts, [16] * len(prompts))
+    vector, _, stats = profiler.acceptance_vector(tiny_target, PromptLookupDrafter(1, 3), case, 4)
+    assert stats.proposed > 0
+    assert vector[0] <= stats.per_position_acceptance[0]
+    assert vector[: len(stats.effective_acceptance)] == stats.effective_acceptance

@@ -347,3 +347,24 @@ def test_final_round_off_ranks_by_the_search(tiny_target, tiny_draft, prompts, t
     res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
     assert res.finalists == 0 and res.final_note == "" and len(res.rows) == 4
     assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
+
+
+def test_the_baseline_asked_for_again_is_reused_not_measured(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    settings = TuneSettings(trials=2, storage=storage, study_name="b", repeats=1, max_gamma=3, finalists=0)
+    tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    study = optuna.load_study(study_name="b", storage=storage)
+    study.enqueue_trial({"draft": "none"})  # as if the sampler picked "none" again
+
+    def no_timing(*a, **k):
+        raise AssertionError("the baseline was measured again")
+
+    monkeypatch.setattr(tuner, "measure", no_timing)
+    settings.trials = 3
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    first, again = (t for t in study.get_trials() if t.params.get("draft") == "none")
+    assert again.value == 1.0 and again.user_attrs["reused_baseline"] is True
+    assert again.user_attrs["baseline_tokens_per_s"] == first.user_attrs["baseline_tokens_per_s"]
+    assert res.trials == 3 and sum(r.config.gamma == 0 for r in res.results) == 1
