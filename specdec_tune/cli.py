@@ -397,7 +397,7 @@ def run(
     trials: Annotated[
         int | None,
         typer.Option(
-            help="Finished trials the study should hold (default: 24 for tpe, the grid's size for grid)."
+            help="Finished trials the study should hold (default: 20 for tpe, the grid's size for grid)."
         ),
     ] = None,
     timeout: Annotated[
@@ -453,7 +453,7 @@ def run(
         from .tuner import TuneSettings, make_profile, tune
 
         settings = TuneSettings(
-            trials=trials or 24,
+            trials=trials or 20,
             timeout_s=timeout,
             sampler=sampler,
             seed=seed,

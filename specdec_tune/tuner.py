@@ -33,7 +33,7 @@ COUNTED = ("COMPLETE", "PRUNED", "FAIL")
 
 @dataclass
 class TuneSettings:
-    trials: int = 24
+    trials: int = 20
     timeout_s: float | None = None
     sampler: str = "tpe"  # "tpe" or "grid"
     seed: int = 0

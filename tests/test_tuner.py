@@ -289,7 +289,17 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
 ):
     """The search's top config won on one lucky trial; the head-to-head round puts it second."""
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    settings = TuneSettings(trials=6, storage=storage, study_name="fr", repeats=1, max_gamma=3, finalists=2)
+    # The grid's first trials are fixed configs, and no floor: the finalists do not depend on timing.
+    settings = TuneSettings(
+        trials=6,
+        storage=storage,
+        study_name="fr",
+        repeats=1,
+        max_gamma=3,
+        finalists=2,
+        sampler="grid",
+        final_floor=0.0,
+    )
     monkeypatch.setattr(tuner, "final_round", lambda *a, **k: None)
     searched = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
     monkeypatch.undo()
@@ -327,7 +337,12 @@ def test_a_failing_final_round_keeps_the_search_ranking(
 
     monkeypatch.setattr(tuner, "measure_many", boom)
     settings = TuneSettings(
-        trials=5, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="x", repeats=1, max_gamma=3
+        trials=5,
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        study_name="x",
+        repeats=1,
+        max_gamma=3,
+        sampler="grid",
     )
     res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
     assert res.finalists == 0 and "out of memory" in res.final_note
