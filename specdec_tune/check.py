@@ -7,6 +7,7 @@ for information only: absolute time depends on the machine's load, a ratio timed
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -115,13 +116,22 @@ def check_profile(
     m = measure(s.target.model, drafter, best.config.gamma, best.config.threshold, s.case, repeats=repeats)
     stored = best.metrics
     floor = stored.speedup * (1 - tolerance)
+    speedup, confirm = m.speedup, ""
+    if speedup < floor:
+        # Below the floor: measure as much again and judge on all repeats together. A real
+        # regression stays below; one noisy run on a busy machine does not fail CI alone.
+        again = measure(
+            s.target.model, drafter, best.config.gamma, best.config.threshold, s.case, repeats=repeats, seed=1
+        )
+        speedup = statistics.median(m.speedups + again.speedups)
+        confirm = f"; first {m.speedup:.3f}, so re-measured: median of {2 * repeats} repeats"
     report.items.append(
         CheckItem(
             "speedup",
             round(stored.speedup, 4),
-            round(m.speedup, 4),
-            m.speedup >= floor,
-            f"must be >= {floor:.3f} (stored - {tolerance:.0%}); spread {m.speedup_spread:.1%}",
+            round(speedup, 4),
+            speedup >= floor,
+            f"must be >= {floor:.3f} (stored - {tolerance:.0%}); spread {m.speedup_spread:.1%}{confirm}",
         )
     )
     if spec.kind != "none":

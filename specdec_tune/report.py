@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -617,8 +618,10 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     t = Table(
         title=f"{p.target.name} on {p.hardware.get('slug')}: {p.workload.name}, T={p.workload.temperature}"
     )
-    for col in ("", "config", "speedup", "spread", "in search", "tok/s", "α", "τ", "predicted"):
-        t.add_column(col, justify="left" if col in ("", "config") else "right")
+    # Nine columns fit an 80-column terminal without borders and with short headers.
+    t.box, t.padding, t.pad_edge = box.SIMPLE_HEAD, (0, 0), False
+    for col in ("", "config", "speedup", "spread", "search", "tok/s", "α", "τ", "pred."):
+        t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
     for label, r in rows:
         m = r.metrics
@@ -638,13 +641,13 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     )
     final = (
         f"; speedup: the top {p.search.finalists} re-measured head to head ({p.search.final_repeats} "
-        "repeats), 'in search': their search trial"
+        "repeats), search: their search trial"
         if p.search.finalists
         else ""
     )
     t.caption = (
-        f"{p.search.trials} trials ({p.search.pruned} pruned, {p.search.failed} failed){final}, "
-        f"study {p.search.study_name}"
+        f"{p.search.trials} trials ({p.search.pruned} pruned, {p.search.failed} failed){final}; "
+        f"pred.: the cost model; study {p.search.study_name}"
     )
     console.print(t)
     if getattr(result, "final_note", ""):
