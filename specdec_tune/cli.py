@@ -506,7 +506,10 @@ def run(
             def on_trial(done: int, total: int, best: float | None) -> None:
                 progress.update(task, completed=done, info=f"best {best:.3f}×" if best else "")
 
-            result = tune(s.target.model, specs, s.case, settings, costs, pool, key, on_trial)
+            def on_final(labels: list[str]) -> None:
+                progress.update(task, description="final round", info=f"re-measuring {', '.join(labels)}")
+
+            result = tune(s.target.model, specs, s.case, settings, costs, pool, key, on_trial, on_final)
         prof = make_profile(result, settings, hw, s.target, s.workload, s.case, costs)
         save_profile(prof, out)
         csv_path = out.with_suffix(".trials.csv")

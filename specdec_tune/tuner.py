@@ -231,6 +231,7 @@ def tune(
     pool: DrafterPool | None = None,
     study_key: dict[str, Any] | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
+    on_final: Callable[[list[str]], None] | None = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it."""
     import optuna
@@ -285,7 +286,7 @@ def tune(
             on_trial(_counted(study), settings.trials, _best_value(study))
     result = summarise(study, specs, costs, name, storage_url, space)
     if settings.finalists > 0:
-        final_round(study, result, pool, case, settings)
+        final_round(study, result, pool, case, settings, on_final)
     return result
 
 
@@ -312,7 +313,12 @@ def pick_finalists(results: list[Result], k: int, floor: float = 0.75) -> list[R
 
 
 def final_round(
-    study: Any, result: TuneResult, pool: DrafterPool, case: Case, settings: TuneSettings
+    study: Any,
+    result: TuneResult,
+    pool: DrafterPool,
+    case: Case,
+    settings: TuneSettings,
+    on_start: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Re-measure the finalists and the baseline in one interleaved run; the winner comes from it.
 
@@ -334,6 +340,8 @@ def final_round(
     if isinstance(stored, dict) and stored.get("key") == key:
         measured = [_metrics_from_attrs(m) for m in stored["metrics"]]
     else:
+        if on_start is not None:
+            on_start([r.config.label for r in finalists])
         try:
             entries = [
                 Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold) for r in finalists

@@ -312,7 +312,16 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
         return [_fake_measurement(s) for s in (1.1, 1.4)]  # the search's winner is slower head to head
 
     monkeypatch.setattr(tuner, "measure_many", fake_many)
-    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    started = []
+    res = tune(
+        tiny_target,
+        specs(),
+        small_case(prompts),
+        settings,
+        pool=pool(tiny_target, tiny_draft),
+        on_final=started.append,
+    )
+    assert started == [[r.config.label for r in expect]]
     assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == expect[0].config.gamma
     assert res.results[0].config == expect[1].config and res.results[0].metrics.speedup == 1.4
     assert res.results[0].metrics.search_speedup == expect[1].metrics.speedup
@@ -324,7 +333,15 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
         raise AssertionError("the final round ran twice")
 
     monkeypatch.setattr(tuner, "measure_many", fail)
-    again = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    again = tune(
+        tiny_target,
+        specs(),
+        small_case(prompts),
+        settings,
+        pool=pool(tiny_target, tiny_draft),
+        on_final=started.append,
+    )
+    assert len(started) == 1  # reused: nothing was measured, so no progress to show
     assert [r.config for r in again.results] == [r.config for r in res.results]
     assert again.results[0].metrics == res.results[0].metrics
 
