@@ -78,6 +78,11 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(_best_table(p))
     if p.alternatives:
         console.print(_results_table("Alternatives (next best)", p.alternatives))
+        if any(a.metrics.search_speedup is not None for a in p.alternatives):
+            console.print(
+                "[dim]final: re-measured head to head with the best in the final round; search: one search "
+                "trial, whose number runs high when it was the largest of many noisy trials.[/]"
+            )
     console.print(_baseline_table(p.baseline))
     console.print(_run_table(p))
     console.print(_kv_table("Hardware", _flatten(p.hardware)))

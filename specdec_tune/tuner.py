@@ -693,7 +693,8 @@ def make_profile(
             final_repeats=settings.final_repeats if result.finalists else 0,
         ),
         best=result.results[0],
-        alternatives=result.results[1:5],
+        # The baseline has its own section; as an alternative it would only take a config's place.
+        alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
         baseline=result.baseline,
         versions=versions,
         created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),

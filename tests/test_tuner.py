@@ -133,6 +133,7 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     assert profile_to_dict(p) == {k: v for k, v in res.items() if k not in ("profile", "trials_csv")}
     assert p.costs is not None and len(p.costs.verify_ms) == 3
     assert p.search.trials == 6 and len(p.alternatives) <= 4
+    assert all(a.config.gamma > 0 for a in p.alternatives)  # the baseline has its own section
     assert p.search.finalists >= 1 and p.search.final_repeats == 4
     final = [a for a in p.alternatives if a.metrics.search_speedup is not None]
     assert p.best.metrics.speedup >= max([a.metrics.speedup for a in final], default=0)
