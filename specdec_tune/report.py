@@ -461,7 +461,13 @@ def _plot_acceptance(ax: Any, p: Profile) -> bool:
     for d in drafts:
         if d.acceptance_vector:
             xs = range(1, len(d.acceptance_vector) + 1)
-            ax.plot(xs, d.acceptance_vector, "o-", color=color[d.name], label=f"{d.name} (profiler)")
+            ax.plot(
+                xs,
+                d.acceptance_vector,
+                "o-",
+                color=color[d.name],
+                label=f"{d.name} (profiler; empty position = rejected)",
+            )
             drawn = True
     measured = p.best.metrics.per_position_acceptance
     if measured:
@@ -471,7 +477,7 @@ def _plot_acceptance(ax: Any, p: Profile) -> bool:
             measured,
             "s--",
             color=color[p.best.config.draft.name],
-            label=f"best {p.best.config.label} (measured)",
+            label=f"best {p.best.config.label} (measured, given a proposal)",
         )
         drawn = True
     if not drawn:

@@ -367,22 +367,35 @@ def final_round(
     for r in final:
         m = r.metrics
         result.rows.append(
-            {
-                "number": None,
-                "state": "FINAL",
-                "draft": r.config.draft.name,
-                "gamma": r.config.gamma,
-                "threshold": r.config.threshold,
-                "speedup": m.speedup,
-                "tokens_per_s": m.tokens_per_s,
-                "baseline_tokens_per_s": m.baseline_tokens_per_s,
-                "acceptance_rate": m.acceptance_rate,
-                "mean_accepted_len": m.mean_accepted_len,
-                "predicted_speedup": m.predicted_speedup,
-                "duration_s": None,
-                "error": None,
-            }
+            _csv_row(
+                None, "FINAL", r.config.draft.name, r.config.gamma, r.config.threshold, m.speedup, vars(m)
+            )
         )
+
+
+_CSV_ATTRS = (
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "acceptance_rate",
+    "mean_accepted_len",
+    "predicted_speedup",
+    "duration_s",
+    "error",
+)
+
+
+def _csv_row(
+    number: int | None,
+    state: str,
+    draft: str,
+    gamma: int,
+    threshold: float,
+    speedup: float | None,
+    attrs: dict,
+) -> dict[str, Any]:
+    """One row of the trials CSV, for a search trial (attrs: its user attrs) or a finalist (its metrics)."""
+    head = {"number": number, "state": state, "draft": draft, "gamma": gamma, "threshold": threshold}
+    return {**head, "speedup": speedup, **{k: attrs.get(k) for k in _CSV_ATTRS}}
 
 
 def _config_key(c: Config) -> tuple[str, int, float]:
@@ -559,28 +572,8 @@ def summarise(
         draft = t.params.get("draft", "none")
         gamma = int(t.params.get("gamma", 0)) if draft != "none" else 0
         threshold = round(float(t.params.get("threshold", 0.0)), 4)
-        rows.append(
-            {
-                "number": t.number,
-                "state": t.state.name,
-                "draft": draft,
-                "gamma": gamma,
-                "threshold": threshold,
-                "speedup": t.value if t.state == TrialState.COMPLETE else None,
-                **{
-                    k: ua.get(k)
-                    for k in (
-                        "tokens_per_s",
-                        "baseline_tokens_per_s",
-                        "acceptance_rate",
-                        "mean_accepted_len",
-                        "predicted_speedup",
-                        "duration_s",
-                        "error",
-                    )
-                },
-            }
-        )
+        speedup = t.value if t.state == TrialState.COMPLETE else None
+        rows.append(_csv_row(t.number, t.state.name, draft, gamma, threshold, speedup, ua))
         if t.state == TrialState.FAIL:
             failed += "error" in ua
         elif t.state == TrialState.PRUNED:
