@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specdec_tune.hfcompare import measure_hf
-from specdec_tune.session import open_session
+from specdec_tune.measure.hfcompare import HFConfig, measure_hf
+from specdec_tune.runtime.session import open_session
 
 CONFIGS = [
     ("none", None, 0, 0.0),
@@ -41,21 +41,22 @@ def main() -> None:
     args = ap.parse_args()
 
     s = open_session(
-        None, ["draft-1l", "draft-2l"], "demo-code", args.max_new_tokens, 0.0, "cpu", "auto", args.prompts
+        None,
+        ["draft-1l", "draft-2l"],
+        "demo-code",
+        args.max_new_tokens,
+        0.0,
+        "cpu",
+        "auto",
+        args.prompts,
+        lazy_drafts=False,
     )
     rows = []
     for kind, draft, gamma, threshold in CONFIGS:
         t0 = time.monotonic()
-        r = measure_hf(
-            s.target.model,
-            s.case,
-            kind,
-            gamma,
-            threshold,
-            draft_model=s.drafts[draft].model if draft else None,
-            layers=2 if kind == "layer_skip" else None,
-            repeats=args.repeats,
-        )
+        dm = s.drafts[draft].model if draft else None
+        cfg = HFConfig(kind, gamma, threshold, dm, layers=2 if kind == "layer_skip" else None)
+        r = measure_hf(s.target.model, s.case, cfg, repeats=args.repeats)
         rows.append(
             {
                 "kind": kind,

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from specdec_tune import drafters
+from specdec_tune.runtime import drafters
 
 
 def main() -> None:

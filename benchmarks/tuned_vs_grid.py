@@ -22,14 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from specdec_tune.drafters import build_drafter
-from specdec_tune.hfcompare import run_hf_pass
-from specdec_tune.measure import run_pass
-from specdec_tune.profile import Config, DraftSpec
-from specdec_tune.profiler import profile_costs
-from specdec_tune.session import open_session
-from specdec_tune.timing import median, spread, timed
-from specdec_tune.tuner import DrafterPool, TuneSettings, grid_size, tune
+from specdec_tune.domain import Config, DraftSpec
+from specdec_tune.measure.bench import run_pass
+from specdec_tune.measure.costs import profile_costs
+from specdec_tune.measure.hfcompare import HFConfig, run_hf_pass
+from specdec_tune.measure.timing import median, spread, timed
+from specdec_tune.runtime.drafters import build_drafter
+from specdec_tune.runtime.session import open_session
+from specdec_tune.search.space import TuneSettings, grid_size
+from specdec_tune.search.tuner import DrafterPool, tune
 
 
 def interleaved(fns: dict, repeats: int) -> dict:
@@ -72,7 +73,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/tuned_vs_grid.json"))
     args = ap.parse_args()
 
-    s = open_session(None, None, "demo-code", args.max_new_tokens, 0.0, "cpu", "auto", args.prompts)
+    s = open_session(
+        None, None, "demo-code", args.max_new_tokens, 0.0, "cpu", "auto", args.prompts, lazy_drafts=False
+    )
     target = s.target.model
     pool = DrafterPool(s.specs, target, load=lambda spec: s.drafts[spec.name].model)
     drafters = {spec.name: pool.get(spec.name) for spec in s.specs}
@@ -163,7 +166,7 @@ def main() -> None:
     # HF defaults: the grid's best model draft (or draft-1l), 20 tokens, threshold 0.4.
     model_drafts = [r.config.draft.name for r in grid.results if r.config.draft.kind == "model"]
     hf_draft = model_drafts[0] if model_drafts else "draft-1l"
-    hf_fn = lambda: run_hf_pass(target, s.case, "model", 20, 0.4, s.drafts[hf_draft].model)  # noqa: E731
+    hf_fn = lambda: run_hf_pass(target, s.case, HFConfig("model", 20, 0.4, s.drafts[hf_draft].model))  # noqa: E731
     tuned_labels = list(dict.fromkeys(res.results[0].config.label for res in tuned.values()))
     rates = interleaved(
         {"hf_defaults": hf_fn, **{k: runner(distinct[k]) for k in tuned_labels}}, args.check_repeats

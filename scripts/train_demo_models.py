@@ -5,7 +5,7 @@ which every machine with Python has, so the models can be rebuilt offline. The d
 distilled from the target (KL to its next-token distribution), which is what makes their
 greedy proposals agree with it. Usage::
 
-    python scripts/train_demo_models.py --out specdec_tune/demo [--target-steps 600]
+    python scripts/train_demo_models.py --out specdec_tune/data/demo [--target-steps 600]
 
 Deterministic for a given Python version, seed and thread count (up to float reduction order).
 """
@@ -163,7 +163,7 @@ def train(model, train_ids, val_ids, steps, peak_lr, batch, seed, log, teacher=N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("specdec_tune/demo"))
+    ap.add_argument("--out", type=Path, default=Path("specdec_tune/data/demo"))
     ap.add_argument("--target-steps", type=int, default=600)
     ap.add_argument("--draft-steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=16)

@@ -1,4 +1,4 @@
-"""The `specdec-tune` command line: parse, call the library, render with rich. No logic lives here.
+"""The `specdec-tune` command line: parse, call one `app` use case, render with rich (`terminal`).
 
 Heavy imports (torch, transformers, optuna) happen inside the commands so `--help` is instant.
 A user mistake (SpecDecError) is one red line and exit code 2; other hardware is exit code 3;
@@ -7,16 +7,13 @@ an unexpected failure (a bug, out of memory) is one line and exit code 4.
 
 from __future__ import annotations
 
-import json
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from . import __version__
-from .errors import OtherHardwareError, SpecDecError
+from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
     add_completion=False,
@@ -41,7 +38,8 @@ WorkloadOpt = Annotated[
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per prompt.")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy (exact match with the target).")]
 Prompts = Annotated[
-    int | None, typer.Option("--prompts", help="Use only the first N prompts of the workload.")
+    int | None,
+    typer.Option("--prompts", help="Use N prompts of the workload, taken round-robin over its categories."),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print a machine-readable result on stdout.")]
 
@@ -67,75 +65,17 @@ def _main(
 ) -> None:
     if threads is not None:
         if threads < 1:
-            _err_console().print(f"[red]error:[/red] --threads must be >= 1, got {threads}")
+            err_console().print(f"[red]error:[/red] --threads must be >= 1, got {threads}")
             raise typer.Exit(2)
         import torch
 
         torch.set_num_threads(threads)
 
 
-def _err_console() -> Any:
-    from rich.console import Console
+def _models(target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None):
+    from .app import Models
 
-    return Console(stderr=True, highlight=False)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(highlight=False)
-
-
-@contextmanager
-def user_errors():
-    """Turn project errors into one red line and an exit code; never a traceback for those."""
-    try:
-        yield
-    except OtherHardwareError as exc:
-        _err_console().print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(3) from None
-    except SpecDecError as exc:
-        _err_console().print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        _err_console().print("[red]interrupted[/red]")
-        raise typer.Exit(130) from None
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:
-        # Not a user mistake: a bug or the machine (e.g. out of memory). Exit 4 keeps it apart from
-        # check's 1 (regression); SPECDEC_DEBUG=1 shows the traceback.
-        import os
-
-        if os.environ.get("SPECDEC_DEBUG"):
-            raise
-        _err_console().print(
-            f"[red]internal error:[/red] {type(exc).__name__}: {exc} (SPECDEC_DEBUG=1 shows the traceback)",
-            soft_wrap=True,
-        )
-        raise typer.Exit(4) from None
-
-
-@contextmanager
-def _spinner(text: str, quiet: bool):
-    """A status line on stderr while measuring (none with --json, so stdout stays clean)."""
-    if quiet:
-        yield
-        return
-    with _err_console().status(text):
-        yield
-
-
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
-
-
-def _quiet_libraries() -> None:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("optuna").setLevel(logging.WARNING)
+    return Models(target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype)
 
 
 @app.command()
@@ -175,68 +115,18 @@ def bench(
 ) -> None:
     """Measure one config against the plain target, timed in the same run."""
     with user_errors():
-        _quiet_libraries()
-        from .drafters import build_drafter
-        from .engine import validate_args
-        from .measure import measure
-        from .session import open_session
+        quiet_libraries()
+        from . import app as api
 
-        validate_args(gamma, threshold, temperature, max_new_tokens)
-        if gamma < 1:
-            raise SpecDecError(
-                "gamma must be an integer in 1..64 for bench (the baseline is always measured)"
-            )
-        s = open_session(
-            target, [draft], workload, max_new_tokens, temperature, device, dtype, prompts, prompt
-        )
-        spec = s.specs[0]
-        drafter = build_drafter(spec, s.target.model, s.draft_modules)
-        with _spinner("measuring…", json_out):
-            m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
-            hf = None
-            if compare_hf:
-                from .hfcompare import measure_hf
-
-                dm = s.drafts[spec.name].model if spec.kind == "model" else None
-                hf = measure_hf(
-                    s.target.model,
-                    s.case,
-                    spec.kind,
-                    gamma,
-                    threshold,
-                    draft_model=dm,
-                    ngram_max=spec.ngram_max or 3,
-                    layers=spec.layers,
-                    repeats=repeats,
-                )
-        if save_outputs is not None:
-            from .profile import atomic_write_text
-
-            tok = s.target.tokenizer
-            lines = [
-                json.dumps({"prompt": p.text, "token_ids": ids, "text": tok.decode(ids)})
-                for p, ids in zip(s.workload.prompts, m.outputs, strict=True)
-            ]
-            atomic_write_text(save_outputs, "\n".join(lines) + "\n")
-        result = {
-            "target": s.target.name,
-            "draft": spec.name,
-            "gamma": gamma,
-            "threshold": threshold,
-            "temperature": temperature,
-            "workload": s.workload.name,
-            "prompts": len(s.case.prompts),
-            "device": s.device,
-            **m.as_dict(),
-        }
-        if hf is not None:
-            result["hf"] = hf
+        models = _models(target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt)
+        with spinner("measuring…", json_out):
+            result = api.bench(models, draft, gamma, threshold, repeats, seed, compare_hf, save_outputs)
         if json_out:
-            _print_json(result)
+            print_json(result.as_dict())
             return
-        from .report import bench_table
+        from .output.reports import bench_table
 
-        _console().print(bench_table(result))
+        console().print(bench_table(result.as_dict()))
 
 
 Drafts = Annotated[
@@ -248,77 +138,6 @@ Drafts = Annotated[
         "Default: the demo drafts + prompt-lookup (demo target), prompt-lookup otherwise.",
     ),
 ]
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before minutes of measuring, not after, when the output cannot be written."""
-    import os
-
-    folder = path.parent if str(path.parent) else Path(".")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if path.is_dir() or not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise SpecDecError(f"cannot write {path}: choose a writable file path")
-
-
-def _progress(json_out: bool) -> Any:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=_err_console(),
-        disable=json_out,
-        transient=True,
-    )
-
-
-def _profile_costs(s: Any, pool: Any, max_gamma: int, repeats: int, json_out: bool) -> Any:
-    from .measure import Case
-    from .profiler import profile_costs
-
-    drafters = {}
-    err = _err_console()
-    for spec in s.specs:
-        try:
-            drafters[spec.name] = pool.get(spec.name)
-        except Exception as exc:
-            err.print(
-                f"[yellow]warning:[/yellow] draft '{spec.name}' is unusable, skipped: {exc}", soft_wrap=True
-            )
-    # Costs and acceptance need fewer tokens than the search: a subset keeps `profile` quick.
-    n = min(len(s.case.prompts), 8)
-    case = Case(s.case.prompts[:n], s.case.max_new_tokens[:n], s.case.eos, 0.0)
-    with _progress(json_out) as progress:
-        task = progress.add_task("profiling", total=1.0, info="")
-        costs = profile_costs(
-            s.target.model,
-            drafters,
-            case,
-            s.device,
-            max_gamma=max_gamma,
-            repeats=repeats,
-            progress=lambda label, frac: progress.update(task, completed=frac, info=label),
-        )
-    return costs
-
-
-def _pool(s: Any, specs: list[Any]) -> Any:
-    from .models import check_vocab_compatible, load_model
-    from .tuner import DrafterPool
-
-    def load(spec: Any) -> Any:
-        if spec.name in s.drafts:
-            return s.drafts[spec.name].model
-        d = load_model(spec.path or spec.name, s.device, s.target.dtype)
-        check_vocab_compatible(s.target, d)
-        s.drafts[spec.name] = d
-        return d.model
-
-    return DrafterPool(specs, s.target.model, load)
 
 
 @app.command("profile")
@@ -337,53 +156,32 @@ def profile_cmd(
 ) -> None:
     """Measure hardware costs (T_target, C_ver(γ), T_draft, bandwidth) and predict the best configs."""
     with user_errors():
-        _quiet_libraries()
-        if not 1 <= max_gamma <= 64:
-            raise SpecDecError(f"--max-gamma must be in 1..64, got {max_gamma}")
-        if out is not None:
-            _check_writable(out)
-        from .costmodel import best_gamma, overheads, rank_configs
-        from .hardware import hardware_info
-        from .profile import atomic_write_text, costs_to_yaml, profile_to_dict
-        from .session import open_session
+        quiet_libraries()
+        from . import app as api
+        from .store.yamlio import profile_to_dict
 
-        s = open_session(
-            target, draft, workload, max_new_tokens, 0.0, device, dtype, prompts, lazy_drafts=True
-        )
-        hw = hardware_info(s.device)
-        costs = _profile_costs(s, _pool(s, s.specs), max_gamma, repeats, json_out)
-        drafts = {d.name: (d.t_draft_ms, d.acceptance_vector) for d in costs.drafts}
-        extra = overheads(costs)
-        ranked = (
-            rank_configs(costs.t_target_ms, costs.verify_ms, drafts, max_gamma, **extra) if drafts else []
-        )
-        per_draft = {
-            d.name: best_gamma(
-                costs.t_target_ms, d.t_draft_ms, costs.verify_ms, d.acceptance_vector, max_gamma, **extra
-            )
-            for d in costs.drafts
-        }
-        if out is not None:
-            atomic_write_text(out, costs_to_yaml(costs, hw))
+        models = _models(target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype)
+        with CliProgress(json_out, "profiling", 1.0) as progress:
+            r = api.profile_costs(models, max_gamma, repeats, out, progress)
         if json_out:
-            _print_json(
+            print_json(
                 {
-                    "hardware": hw,
-                    "costs": profile_to_dict(costs),
+                    "hardware": r.hardware,
+                    "costs": profile_to_dict(r.costs),
                     "best_gamma": {
-                        k: {"gamma": g, "predicted_speedup": v} for k, (g, v) in per_draft.items()
+                        k: {"gamma": g, "predicted_speedup": v} for k, (g, v) in r.best_gamma.items()
                     },
                     "predicted": [
-                        {"draft": n, "gamma": g, "predicted_speedup": v} for n, g, v in ranked[:10]
+                        {"draft": n, "gamma": g, "predicted_speedup": v} for n, g, v in r.ranked[:10]
                     ],
                 }
             )
             return
-        from .report import costs_report
+        from .output.reports import costs_report
 
-        costs_report(_console(), hw, costs, per_draft, ranked[:8])
+        costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8])
         if out is not None:
-            _console().print(f"wrote {out}")
+            console().print(f"wrote {out}")
 
 
 @app.command()
@@ -427,7 +225,7 @@ def run(
         ),
     ] = None,
     study_name: Annotated[
-        str | None, typer.Option(help="Default: derived from target, workload and space.")
+        str | None, typer.Option(help="Default: derived from version, target, workload and space.")
     ] = None,
     costs_file: Annotated[
         Path | None,
@@ -445,15 +243,12 @@ def run(
 ) -> None:
     """Profile, search (Optuna over the real speculative loop) and write the winning YAML profile."""
     with user_errors():
-        _quiet_libraries()
-        from .hardware import hardware_info, hardware_slug, same_hardware, slugify
-        from .models import content_hash
-        from .profile import DraftSpec, atomic_write_text, load_costs, profile_to_dict, save_profile
-        from .session import open_session
-        from .tuner import TuneSettings, make_profile, tune
+        quiet_libraries()
+        from . import app as api
+        from .store.yamlio import profile_to_dict
 
-        settings = TuneSettings(
-            trials=trials or 20,
+        settings = api.TuneSettings(
+            trials=trials,
             timeout_s=timeout,
             sampler=sampler,
             seed=seed,
@@ -464,65 +259,18 @@ def run(
             storage=storage,
             study_name=study_name,
         )
-        if out is not None:
-            _check_writable(out)
-        s = open_session(
-            target, draft, workload, max_new_tokens, temperature, device, dtype, prompts, lazy_drafts=True
-        )
-        specs = list(s.specs) + [
-            DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []
-        ]
-        hw = hardware_info(s.device)
-        slug = hardware_slug(hw)
-        hw["slug"] = slug
-        out = out or Path("profiles") / slug / f"{slugify(s.target.name)}.yaml"
-        _check_writable(out)
-        pool = _pool(s, specs)
-        if trials is None and sampler == "grid":
-            from .tuner import grid_size
-
-            settings.trials = grid_size(specs, settings)
-        costs = None
-        if costs_file is not None:
-            costs, costs_hw = load_costs(costs_file)
-            if not same_hardware(costs_hw, hw):
-                raise SpecDecError(f"{costs_file} was measured on {costs_hw.get('slug')}, this is {slug}")
-        elif not no_profile:
-            costs = _profile_costs(s, pool, max_gamma, 5, json_out)
-        key = {
-            "hardware": slug,
-            "target_slug": slugify(s.target.name),
-            "target": content_hash(s.target.path),
-            "workload": s.workload.sha256,
-            "prompts": len(s.case.prompts),
-            "max_new_tokens": s.case.max_new_tokens,
-            "temperature": temperature,
-            "dtype": s.target.dtype,
-            "repeats": repeats,
-        }
-        with _progress(json_out) as progress:
-            task = progress.add_task("searching", total=settings.trials, info="")
-
-            def on_trial(done: int, total: int, best: float | None) -> None:
-                progress.update(task, completed=done, info=f"best {best:.3f}×" if best else "")
-
-            def on_final(labels: list[str]) -> None:
-                progress.update(task, description="final round", info=f"re-measuring {', '.join(labels)}")
-
-            result = tune(s.target.model, specs, s.case, settings, costs, pool, key, on_trial, on_final)
-        prof = make_profile(result, settings, hw, s.target, s.workload, s.case, costs)
-        save_profile(prof, out)
-        csv_path = out.with_suffix(".trials.csv")
-        import pandas as pd
-
-        atomic_write_text(csv_path, pd.DataFrame(result.rows).to_csv(index=False))
+        models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
+        with CliProgress(json_out, "loading", 1.0) as progress:
+            o = api.tune(models, settings, layer_skip, costs_file, no_profile, out, progress)
         if json_out:
-            _print_json({"profile": str(out), "trials_csv": str(csv_path), **profile_to_dict(prof)})
+            print_json(
+                {"profile": str(o.path), "trials_csv": str(o.trials_csv), **profile_to_dict(o.profile)}
+            )
             return
-        from .report import run_summary
+        from .output.reports import run_summary
 
-        run_summary(_console(), prof, result)
-        _console().print(f"wrote {out} and {csv_path}")
+        run_summary(console(), o.profile, o.result)
+        console().print(f"wrote {o.path} and {o.trials_csv}")
 
 
 @app.command()
@@ -542,41 +290,24 @@ def check(
 ) -> None:
     """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware."""
     with user_errors():
-        _quiet_libraries()
-        from .check import check_profile, junit_xml
-        from .profile import atomic_write_text, load_profile
+        quiet_libraries()
+        from . import app as api
 
-        p = load_profile(profile)
-        if junit is not None:
-            _check_writable(junit)
-        with _spinner("re-measuring…", json_out):
-            report = check_profile(
-                p, str(profile), device, tolerance, acceptance_tolerance, repeats, allow_other_hardware
+        with spinner("re-measuring…", json_out):
+            report = api.check(
+                profile, device, tolerance, acceptance_tolerance, repeats, allow_other_hardware, junit
             )
-        if junit is not None:
-            atomic_write_text(junit, junit_xml(report))
         if json_out:
-            _print_json(report.as_dict())
+            print_json(report.as_dict())
         else:
-            from rich.table import Table
+            from .output.reports import check_table
 
-            t = Table(title=f"check {profile}: {report.config}")
-            for col in ("metric", "stored", "measured", "result", "note"):
-                t.add_column(col)
-            for i in report.items:
-                t.add_row(
-                    i.metric,
-                    str(i.stored),
-                    str(i.measured),
-                    "[green]ok[/green]" if i.ok else "[red]REGRESSION[/red]",
-                    i.note,
-                )
-            _console().print(t)
+            console().print(check_table(report))
         if not report.passed:
             bad = ", ".join(
                 f"{i.metric} (stored {i.stored}, measured {i.measured})" for i in report.items if not i.ok
             )
-            _err_console().print(f"[red]regression:[/red] {bad}", soft_wrap=True)
+            err_console().print(f"[red]regression:[/red] {bad}", soft_wrap=True)
             raise typer.Exit(1)
 
 
@@ -588,19 +319,15 @@ def export(
 ) -> None:
     """Print a profile's best config as a serving engine's settings (gaps are said on stderr)."""
     with user_errors():
-        from .export import export_profile, export_settings
-        from .profile import load_profile
+        from . import app as api
 
-        p = load_profile(profile)
+        r = api.export(profile, to)
         if json_out:
-            settings, warnings = export_settings(p, to)
-            _print_json({"engine": to, "settings": settings, "warnings": warnings})
-        else:
-            text, warnings = export_profile(p, to)
-            if text:
-                typer.echo(text.rstrip("\n"))
-        err = _err_console()
-        for w in warnings:
+            print_json({"engine": to, "settings": r.settings, "warnings": r.warnings})
+        elif r.text:
+            typer.echo(r.text.rstrip("\n"))
+        err = err_console()
+        for w in r.warnings:
             err.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True)
 
 
@@ -609,30 +336,38 @@ def show(
     profile: Annotated[Path, typer.Argument(help="A profile YAML.")],
     plot: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
     trials: Annotated[
-        Path | None, typer.Option(help="Trials CSV for the plots (default: the one beside the profile).")
+        Path | None,
+        typer.Option(help="Trials CSV to analyse and plot (default: the one beside the profile)."),
     ] = None,
     compare: Annotated[Path | None, typer.Option(help="Another profile to show side by side.")] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Render a profile as tables; --plot writes pictures, --compare puts two profiles side by side."""
+    """Render a profile as tables (and its trials: best per draft and per γ); --plot writes pictures,
+    --compare puts two profiles side by side."""
     with user_errors():
-        from .profile import load_profile, profile_to_dict
-        from .report import render_compare, render_profile, write_plots
+        from . import app as api
+        from .store.yamlio import profile_to_dict
 
-        p = load_profile(profile)
-        other = load_profile(compare) if compare else None
+        r = api.show(profile, compare, trials, plot)
         if json_out:
-            _print_json(profile_to_dict(p) if other is None else [profile_to_dict(p), profile_to_dict(other)])
-        elif other is not None:
-            render_compare(p, other, _console())
+            print_json(
+                profile_to_dict(r.profile)
+                if r.other is None
+                else [profile_to_dict(r.profile), profile_to_dict(r.other)]
+            )
+            return
+        from .output import tables
+
+        out = console()
+        if r.other is not None:
+            tables.render_compare(r.profile, r.other, out)
         else:
-            render_profile(p, _console())
-        if plot is not None:
-            csv = trials or profile.with_suffix(".trials.csv")
-            written = write_plots(p, plot, csv if csv.is_file() else None)
-            if not json_out:
-                for f in written:
-                    _console().print(f"wrote {f}")
+            tables.render_profile(r.profile, out)
+            if r.trials is not None:
+                for table in tables.trials_tables(r.trials):
+                    out.print(table)
+        for f in r.plots:
+            out.print(f"wrote {f}")
 
 
 def main() -> None:

@@ -10,42 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 torch = pytest.importorskip("torch")
+from helpers import VOCAB, noisy_copy, save_pair, tiny_llama, tiny_tokenizer  # noqa: E402
+
 # Tiny models gain nothing from intra-op threads, and threads make tests slow on a busy 2-core box.
 torch.set_num_threads(1)
-
-VOCAB = 96
-
-
-def tiny_llama(layers: int = 3, hidden: int = 64, vocab: int = VOCAB, seed: int = 0, init: float = 0.3):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        intermediate_size=hidden * 2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=init,
-        eos_token_id=vocab - 1,
-        bos_token_id=0,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
-def noisy_copy(model, noise: float, seed: int = 1):
-    """A draft that agrees with the target often but not always: its weights plus noise."""
-    import copy
-
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
-    return draft.eval()
 
 
 @pytest.fixture(scope="session")
@@ -65,31 +33,6 @@ def prompts():
     # A repetitive prompt so prompt lookup finds matches.
     out.append([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])
     return out
-
-
-def tiny_tokenizer(vocab: int = VOCAB):
-    """A word-level tokenizer: token id i is the word w{i}; w0 pads, the last id ends a sequence."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {f"w{i}": i for i in range(vocab)}
-    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="w1"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=f"w{vocab - 1}", pad_token="w0", unk_token="w1"
-    )
-
-
-def save_pair(folder, target, draft, vocab: int = VOCAB):
-    """Save target and draft with the tiny tokenizer as loadable model folders."""
-    tok = tiny_tokenizer(vocab)
-    paths = {}
-    for name, model in (("target", target), ("draft", draft)):
-        p = folder / name
-        model.save_pretrained(p)
-        tok.save_pretrained(p)
-        paths[name] = str(p)
-    return paths
 
 
 @pytest.fixture(scope="session")

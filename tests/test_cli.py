@@ -5,26 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-from specdec_tune.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def tiny_args(d, *extra):
-    return ["--target", d["target"], "--workload", d["workload"], "--device", "cpu", *extra]
-
-
-def one_red_line(result) -> None:
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error:") and "\n" not in err, err
-    assert "Traceback" not in result.output
+from helpers import invoke, one_red_line, tiny_args
 
 
 def test_help_and_version():
@@ -163,7 +144,7 @@ def test_profile_json_and_out(tiny_dirs, tmp_path):
     assert len(res["costs"]["verify_ms"]) == 4
     assert {d["name"] for d in res["costs"]["drafts"]} == {"draft", "prompt-lookup"}
     assert out.is_file()
-    from specdec_tune.profile import load_costs
+    from specdec_tune.store.yamlio import load_costs
 
     costs, hw = load_costs(out)
     assert costs.t_target_ms > 0 and hw["slug"]

@@ -1,0 +1,36 @@
+"""The use cases, as the Python API: `bench`, `profile_costs`, `tune`, `check`, `export`, `show`.
+
+Each takes typed settings and returns a result dataclass; none prints. The CLI only parses its
+arguments, calls one of these and renders the result. Heavy imports happen inside the functions,
+so importing this module (and the CLI) stays instant.
+
+    from specdec_tune import app
+    outcome = app.tune(app.Models(prompts=4), app.TuneSettings(trials=8))
+    print(outcome.profile.best.config.label, outcome.profile.best.metrics.speedup)
+"""
+
+from __future__ import annotations
+
+from ..search.space import TuneSettings
+from .common import Models, Progress
+from .files import ExportResult, ShowResult, export, show
+from .measuring import BenchResult, CostsResult, bench, check, profile_costs
+from .tuning import TuneOutcome, make_profile, tune
+
+__all__ = [
+    "BenchResult",
+    "CostsResult",
+    "ExportResult",
+    "Models",
+    "Progress",
+    "ShowResult",
+    "TuneOutcome",
+    "TuneSettings",
+    "bench",
+    "check",
+    "export",
+    "make_profile",
+    "profile_costs",
+    "show",
+    "tune",
+]

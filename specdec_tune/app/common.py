@@ -1,0 +1,103 @@
+"""What the use cases share: the models and workload they load, progress callbacks, the drafter
+pool over a session, the costs profile, and the check that an output path is writable."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..domain import Costs, DraftSpec
+from ..errors import SpecDecError
+
+
+@dataclass
+class Models:
+    """What a measuring use case loads: target, drafts, workload and decoding settings.
+
+    `drafts` are `--draft` strings (a model folder, HF id or demo name, `prompt-lookup[:MIN-MAX]`,
+    `layer-skip:K`); None means the demo drafts + prompt lookup for the demo target, prompt lookup
+    otherwise. `prompts` takes that many prompts round-robin over the workload's categories.
+    """
+
+    target: str | None = None
+    drafts: list[str] | None = None
+    workload: str = "demo-code"
+    prompt: str | None = None
+    prompts: int | None = None
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def open(self, lazy_drafts: bool = True) -> Any:
+        from ..runtime.session import open_session
+
+        return open_session(
+            self.target,
+            self.drafts,
+            self.workload,
+            self.max_new_tokens,
+            self.temperature,
+            self.device,
+            self.dtype,
+            self.prompts,
+            self.prompt,
+            lazy_drafts=lazy_drafts,
+        )
+
+
+class Progress:
+    """Callbacks a long use case reports through; the CLI draws a progress bar, the default is silent."""
+
+    def stage(self, label: str, fraction: float) -> None:
+        """Profiling: `label` starts, `fraction` of the work is done."""
+
+    def trial(self, done: int, total: int, best: float | None) -> None:
+        """Search: `done` of `total` trials finished, best speedup so far."""
+
+    def final(self, labels: list[str]) -> None:
+        """The final round starts, re-measuring these configs."""
+
+    def note(self, text: str) -> None:
+        """Something the user should know that does not stop the work (e.g. a draft skipped)."""
+
+
+def drafter_pool(s: Any, specs: list[DraftSpec]) -> Any:
+    from ..search.tuner import DrafterPool
+
+    return DrafterPool(specs, s.target.model, s.draft_model)
+
+
+def measure_costs(s: Any, pool: Any, max_gamma: int, repeats: int, progress: Progress) -> Costs:
+    from ..measure.costs import profile_costs as measure_costs
+
+    drafters = {}
+    for spec in s.specs:
+        try:
+            drafters[spec.name] = pool.get(spec.name)
+        except Exception as exc:
+            progress.note(f"draft '{spec.name}' is unusable, skipped: {exc}")
+    # Costs and acceptance need fewer tokens than the search: a subset keeps `profile` quick.
+    case = s.case.head(8)
+    case.temperature = 0.0
+    return measure_costs(
+        s.target.model,
+        drafters,
+        case,
+        s.device,
+        max_gamma=max_gamma,
+        repeats=repeats,
+        progress=progress.stage,
+    )
+
+
+def check_writable(path: Path) -> None:
+    """Fail before minutes of measuring, not after, when the output cannot be written."""
+    folder = path.parent if str(path.parent) else Path(".")
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if path.is_dir() or not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise SpecDecError(f"cannot write {path}: choose a writable file path")

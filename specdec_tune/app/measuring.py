@@ -1,0 +1,198 @@
+"""The measuring use cases: `bench` one config, `profile_costs` of the hardware, `check` a stored
+profile here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..domain import Costs
+from ..errors import OtherHardwareError, SpecDecError
+from ..limits import check_count, check_gamma
+from ..output.check import CheckReport
+from .common import Models, Progress, check_writable, drafter_pool, measure_costs
+
+# ---------------------------------------------------------------------------------------- bench
+
+
+@dataclass
+class BenchResult:
+    target: str
+    draft: str
+    gamma: int
+    threshold: float
+    temperature: float
+    workload: str
+    prompts: int
+    device: str
+    measurement: Any  # measure.bench.Measurement
+    hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("target", "draft", "gamma", "threshold", "temperature")}
+        d |= {"workload": self.workload, "prompts": self.prompts, "device": self.device}
+        d |= self.measurement.as_dict()
+        if self.hf is not None:
+            d["hf"] = self.hf
+        return d
+
+
+def bench(
+    models: Models,
+    draft: str = "draft-1l",
+    gamma: int = 4,
+    threshold: float = 0.0,
+    repeats: int = 3,
+    seed: int = 0,
+    compare_hf: bool = False,
+    save_outputs: Path | None = None,
+) -> BenchResult:
+    """Measure one config against the plain target, timed in the same run."""
+    from ..limits import check_decoding
+    from ..measure.bench import measure
+    from ..runtime.drafters import build_drafter
+
+    check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
+    check_gamma(gamma, allow_zero=False)  # the baseline is always measured
+    s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
+    spec = s.specs[0]
+    drafter = build_drafter(spec, s.target.model, s.draft_modules)
+    m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+    hf = None
+    if compare_hf:
+        from ..measure.hfcompare import HFConfig, measure_hf
+
+        dm = s.drafts[spec.name].model if spec.kind == "model" else None
+        cfg = HFConfig(spec.kind, gamma, threshold, dm, spec.ngram_max or 3, spec.layers)
+        hf = measure_hf(s.target.model, s.case, cfg, repeats=repeats)
+    if save_outputs is not None:
+        from ..store.atomic import atomic_write_text
+
+        tok = s.target.tokenizer
+        lines = [
+            json.dumps({"prompt": p.text, "token_ids": ids, "text": tok.decode(ids)})
+            for p, ids in zip(s.workload.prompts, m.outputs, strict=True)
+        ]
+        atomic_write_text(save_outputs, "\n".join(lines) + "\n")
+    return BenchResult(
+        s.target.name,
+        spec.name,
+        gamma,
+        threshold,
+        models.temperature,
+        s.workload.name,
+        len(s.case.prompts),
+        s.device,
+        m,
+        hf,
+    )
+
+
+# ------------------------------------------------------------------------------ costs profile
+
+
+@dataclass
+class CostsResult:
+    hardware: dict[str, Any]
+    costs: Costs
+    best_gamma: dict[str, tuple[int, float]]  # per draft: (gamma, predicted speedup)
+    ranked: list[tuple[str, int, float]]  # every (draft, gamma, predicted speedup), best first
+    out: Path | None = None
+
+
+def profile_costs(
+    models: Models,
+    max_gamma: int = 16,
+    repeats: int = 7,
+    out: Path | None = None,
+    progress: Progress | None = None,
+) -> CostsResult:
+    """Measure the hardware costs (T_target, C_ver(γ), T_draft, acceptance, bandwidth) and predict
+    every config; with `out`, write them as a costs file `tune` can reuse."""
+    from ..measure.hardware import hardware_info
+    from ..search.costmodel import CostModel
+    from ..store.atomic import atomic_write_text
+    from ..store.yamlio import costs_to_yaml
+
+    check_gamma(max_gamma, allow_zero=False, what="--max-gamma")
+    if out is not None:
+        check_writable(out)
+    s = models.open()
+    hw = hardware_info(s.device)
+    costs = measure_costs(s, drafter_pool(s, s.specs), max_gamma, repeats, progress or Progress())
+    model = CostModel(costs)
+    per_draft = {d: model.best_gamma(d, max_gamma) for d in model.drafts}
+    if out is not None:
+        atomic_write_text(out, costs_to_yaml(costs, hw))
+    return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out)
+
+
+# ---------------------------------------------------------------------------------------- check
+
+
+def check(
+    path: Path,
+    device: str = "auto",
+    tolerance: float = 0.10,
+    acceptance_tolerance: float | None = None,
+    repeats: int = 3,
+    allow_other_hardware: bool = False,
+    junit: Path | None = None,
+) -> CheckReport:
+    """Re-measure a stored profile's best config here and judge it against what it stored.
+
+    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed. A speedup below the
+    floor is measured again and judged on all repeats together.
+    """
+    import time
+
+    from ..measure.bench import measure
+    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+    from ..output.check import judge, junit_xml, speedup_floor
+    from ..runtime.drafters import build_drafter
+    from ..runtime.models import content_hash
+    from ..store.atomic import atomic_write_text
+    from ..store.yamlio import load_profile
+
+    started = time.monotonic()
+    p = load_profile(path)
+    floor = speedup_floor(p, tolerance)
+    check_count(repeats, "--repeats")
+    if junit is not None:
+        check_writable(junit)
+    spec = p.best.config.draft
+    target = p.target.name if p.target.name != p.target.path else p.target.path
+    s = Models(
+        target=target,
+        drafts=[spec] if spec.kind != "none" else [],
+        workload=p.workload.name,
+        prompts=p.workload.prompts,
+        max_new_tokens=p.workload.max_new_tokens,
+        temperature=p.workload.temperature,
+        device=device,
+        dtype=p.target.dtype,
+    ).open(lazy_drafts=False)
+    hw = hardware_info(s.device)
+    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+        raise OtherHardwareError(
+            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
+            "re-run `specdec-tune run` here or pass --allow-other-hardware"
+        )
+    if s.workload.sha256 != p.workload.sha256:
+        raise SpecDecError(
+            f"workload '{p.workload.name}' has changed since the profile was made "
+            f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
+        )
+    drafter = build_drafter(spec, s.target.model, s.draft_modules)
+    cfg = p.best.config
+    m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
+    again = None
+    if m.metrics.speedup < floor:
+        again = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1)
+    report = judge(p, str(path), m, again, content_hash(s.target.path), tolerance, acceptance_tolerance)
+    report.seconds = time.monotonic() - started
+    if junit is not None:
+        atomic_write_text(junit, junit_xml(report))
+    return report

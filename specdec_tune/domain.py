@@ -1,0 +1,143 @@
+"""The project's vocabulary, one model per concept: which drafter, a config, what was measured,
+the hardware costs. Plain dataclasses every stage shares (runtime builds drafters from a
+`DraftSpec`, measure fills `Metrics` and `Costs`, search ranks `Result`s, store writes them).
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip")
+# Drafters with a confidence to threshold (prompt lookup has none).
+THRESHOLD_KINDS = ("model", "layer_skip")
+
+
+@dataclass
+class DraftSpec:
+    """Which drafter proposes tokens. `name` is what tables show and what the search space lists.
+
+    kind: "none" (plain target, gamma 0), "model" (a separate draft model at `path`),
+    "prompt_lookup" (n-gram lookup, `ngram_min`..`ngram_max`), "layer_skip" (the target's first
+    `layers` layers as the draft).
+    """
+
+    name: str
+    kind: str
+    path: str | None = None
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+    layers: int | None = None
+
+    @property
+    def label(self) -> str:
+        """Short human label of the drafter, e.g. "lookup (n=1..3)" or "skip (8 layers)"."""
+        if self.kind == "prompt_lookup":
+            return f"{self.name} (n={self.ngram_min}..{self.ngram_max})"
+        if self.kind == "layer_skip":
+            return f"{self.name} ({self.layers} layers)"
+        return self.name
+
+    @property
+    def has_threshold(self) -> bool:
+        return self.kind in THRESHOLD_KINDS
+
+
+NO_DRAFT = DraftSpec(name="none", kind="none")
+
+
+@dataclass
+class Config:
+    """One point of the search space."""
+
+    draft: DraftSpec
+    gamma: int
+    threshold: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """Short human label, e.g. "draft-1l γ=4 t=0.30"; the threshold only where it can act."""
+        if self.draft.kind == "none":
+            return "no speculation"
+        text = f"{self.draft.name} γ={self.gamma}"
+        # prompt lookup has no confidence to threshold, so t= would only be noise there
+        if self.draft.kind != "prompt_lookup" or self.threshold > 0:
+            text += f" t={self.threshold:.2f}"
+        return text
+
+    @property
+    def key(self) -> tuple[str, int, float]:
+        """(draft name, gamma, threshold rounded): equal for configs that measure the same thing."""
+        return (self.draft.name, self.gamma, round(self.threshold, 4))
+
+
+@dataclass
+class Metrics:
+    """What was measured for one config, timed against the baseline in the same run."""
+
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    speedup: float
+    speedup_spread: float  # (max - min) / median of the per-repeat speedups
+    acceptance_rate: float  # accepted / proposed draft tokens (0 for gamma 0)
+    mean_accepted_len: float  # tokens emitted per target forward
+    per_position_acceptance: list[float] = field(default_factory=list)
+    repeats: int = 1
+    predicted_speedup: float | None = None  # the cost model's prediction, when it has one
+    # Set when the final round re-measured this config: its speedup in the search trial, which
+    # the final-round `speedup` above replaces (the search value of a winner is biased upwards).
+    search_speedup: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Metrics:
+        """From `as_dict()` output or a trial's user attributes (other keys are ignored)."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        if "repeats" in kwargs:  # a table column with gaps holds floats
+            kwargs["repeats"] = int(kwargs["repeats"])
+        kwargs["per_position_acceptance"] = list(kwargs.get("per_position_acceptance") or [])
+        return cls(**kwargs)
+
+
+@dataclass
+class Result:
+    config: Config
+    metrics: Metrics
+
+
+@dataclass
+class DraftCosts:
+    """Measured cost and acceptance of one drafter on this hardware."""
+
+    name: str
+    t_draft_ms: float  # per proposed token
+    c: float  # t_draft_ms / t_target_ms
+    acceptance_rate: float
+    acceptance_vector: list[float]  # P(draft token i accepted | 1..i-1 accepted), i = 1..Gamma
+
+
+@dataclass
+class Costs:
+    """Hardware costs measured by the profiler (each a median over repeats)."""
+
+    t_target_ms: float
+    t_target_spread: float  # relative (max - min) / median
+    verify_ms: list[float]  # C_ver(gamma) for gamma = 1..Gamma (index 0 is gamma 1)
+    verify_spread: float  # worst relative spread over the curve
+    context_len: int
+    drafts: list[DraftCosts] = field(default_factory=list)
+    copy_bandwidth_gbps: float | None = None
+    decode_bandwidth_gbps: float | None = None
+    roofline_share: float | None = None  # decode / copy bandwidth
+    matmul_tflops: float | None = None
+    # Per-token cost of the plain decoding loop besides the forward (T_plain - T_target), and per
+    # step of the speculative loop besides draft and verification forwards; see costmodel.
+    loop_overhead_ms: float | None = None
+    step_overhead_ms: float | None = None
+
+    def draft(self, name: str) -> DraftCosts | None:
+        return next((d for d in self.drafts if d.name == name), None)

@@ -1,0 +1,60 @@
+"""The allowed range of every knob a user can set, defined once.
+
+The engine, the CLI, the search settings and the profile schema all check against these, so a
+value one of them accepts is never refused by another. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from .errors import SpecDecError
+
+MAX_GAMMA = 64  # draft tokens per step; gamma 0 means plain decoding (no speculation)
+THRESHOLD_RANGE = "[0, 1)"  # draft confidence early stop; 0 = off, 1 would never propose twice
+
+
+def _is_int(value: object) -> bool:
+    # numbers.Integral so numpy / optuna integers pass too; bool is not a count.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_gamma(gamma: object, *, allow_zero: bool = True, what: str = "gamma") -> int:
+    """gamma in 0..MAX_GAMMA (1..MAX_GAMMA with `allow_zero=False`)."""
+    low = 0 if allow_zero else 1
+    if not _is_int(gamma) or not low <= gamma <= MAX_GAMMA:  # type: ignore[operator]
+        zero = " (0 = no speculation)" if allow_zero else ""
+        raise SpecDecError(f"{what} must be an integer in {max(low, 1)}..{MAX_GAMMA}{zero}, got {gamma!r}")
+    return int(gamma)  # type: ignore[call-overload]
+
+
+def threshold_ok(threshold: float) -> bool:
+    return isinstance(threshold, numbers.Real) and 0.0 <= threshold < 1.0
+
+
+def check_threshold(threshold: float, what: str = "threshold") -> float:
+    if not threshold_ok(threshold):
+        raise SpecDecError(f"{what} must be in {THRESHOLD_RANGE}, got {threshold!r}")
+    return float(threshold)
+
+
+def check_temperature(temperature: float) -> float:
+    if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0.0:
+        raise SpecDecError(f"temperature must be >= 0, got {temperature!r}")
+    return float(temperature)
+
+
+def check_count(value: object, what: str, low: int = 1) -> int:
+    """An integer count >= `low` (max_new_tokens, repeats, prompts, trials ...)."""
+    if not _is_int(value) or value < low:  # type: ignore[operator]
+        raise SpecDecError(f"{what} must be an integer >= {low}, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def check_decoding(gamma: int, threshold: float, temperature: float, max_new_tokens: int) -> None:
+    """The ranges of one decoding call, as SpecDecError (exit code 2 in the CLI)."""
+    check_gamma(gamma)
+    check_threshold(threshold)
+    check_temperature(temperature)
+    check_count(max_new_tokens, "max_new_tokens")

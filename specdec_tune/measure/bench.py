@@ -1,0 +1,172 @@
+"""Run configs over a workload against the plain target, timed in the same run.
+
+Baseline and speculative passes alternate (`timing.interleaved`) after a warm-up, so drift of
+the machine hits all of them; a config's speedup is the median of its per-repeat throughput
+ratios to the same repeat's baseline, with the spread reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..domain import Metrics
+from ..limits import check_count, check_decoding
+from ..runtime.drafters import Drafter
+from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.workloads import Case
+from .timing import interleaved, median, spread
+
+
+@dataclass
+class Measurement:
+    """The metrics of one config plus the evidence behind them."""
+
+    metrics: Metrics
+    tokens: int  # tokens generated per pass
+    mismatches: int  # greedy only: prompts whose output differs from the baseline's (0 = exact)
+    speedups: list[float] = field(default_factory=list)  # per repeat
+    stats: SpecStats = field(default_factory=SpecStats)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.metrics.as_dict(),
+            "tokens": self.tokens,
+            "mismatches": self.mismatches,
+            "speedups": list(self.speedups),
+        }
+
+
+@dataclass
+class Entry:
+    """One config to time: a drafter (None = plain target), gamma and confidence threshold."""
+
+    drafter: Drafter | None
+    gamma: int
+    threshold: float = 0.0
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None and self.gamma > 0
+
+
+def run_pass(
+    target: Any,
+    drafter: Drafter | None,
+    gamma: int,
+    threshold: float,
+    case: Case,
+    seed: int = 0,
+) -> tuple[list[list[int]], SpecStats]:
+    """Generate every prompt of `case` once; gamma 0 or no drafter is the plain target."""
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed) if case.temperature > 0 else None
+    outputs, stats = [], SpecStats()
+    for prompt, max_new in zip(case.prompts, case.max_new_tokens, strict=True):
+        if drafter is None or gamma == 0:
+            gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator)
+        else:
+            gen = speculative_generate(
+                target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator
+            )
+        outputs.append(gen.tokens)
+        stats.add(gen.stats)
+    return outputs, stats
+
+
+def measure(
+    target: Any,
+    drafter: Drafter | None,
+    gamma: int,
+    threshold: float,
+    case: Case,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    on_repeat: Callable[[int, float], None] | None = None,
+) -> Measurement:
+    """Time `case` with the config and with the plain target, interleaved, `repeats` times each.
+
+    `on_repeat(i, speedup_so_far)` is called after each repeat (a tuner may stop early there).
+    """
+    hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
+    return measure_many(target, [Entry(drafter, gamma, threshold)], case, repeats, warmup, seed, hook)[0]
+
+
+def measure_many(
+    target: Any,
+    entries: list[Entry],
+    case: Case,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    on_repeat: Callable[[int, list[float]], None] | None = None,
+) -> list[Measurement]:
+    """Time several configs and the plain target in one interleaved run: one Measurement each.
+
+    Every repeat runs the baseline and each config once (plain-target entries share the baseline
+    pass). A config's speedup is the median over repeats of its rate divided by the baseline
+    rate of the same repeat. `on_repeat(i, medians_so_far)` is called after each repeat.
+    """
+    if not entries:
+        raise ValueError("measure_many needs at least one entry")
+    for e in entries:
+        check_decoding(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
+    check_count(repeats, "repeats")
+    device = str(next(target.parameters()).device)
+    warm = case.head(1)
+    for _ in range(warmup):
+        run_pass(target, None, 0, 0.0, warm, seed)
+        for e in entries:
+            if e.speculative:
+                run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed)
+
+    # Key -1 is the baseline; the entries follow by index.
+    runs: dict[int, Callable[[int], Any]] = {-1: lambda r: run_pass(target, None, 0, 0.0, case, seed + r)}
+    for i, e in enumerate(entries):
+        if e.speculative:
+            runs[i] = lambda r, e=e: run_pass(target, e.drafter, e.gamma, e.threshold, case, seed + r)
+
+    def rate(sec_result: tuple[float, Any]) -> float:
+        sec, (out, _) = sec_result
+        return sum(map(len, out)) / sec
+
+    ratios: list[list[float]] = [[] for _ in entries]
+
+    def after_repeat(r: int, last: dict[int, tuple[float, Any]]) -> None:
+        base = rate(last[-1])
+        for i, e in enumerate(entries):
+            ratios[i].append(rate(last[i]) / base if e.speculative else 1.0)
+        if on_repeat is not None:
+            on_repeat(r, [median(x) for x in ratios])
+
+    timings = interleaved(runs, repeats, device, after_repeat)
+    base_rates = [rate(t) for t in timings[-1]]
+    base_out = timings[-1][-1][1][0]
+    result = []
+    for i, e in enumerate(entries):
+        own = timings[i] if e.speculative else timings[-1]
+        stats = SpecStats()
+        if e.speculative:
+            for _, (_, s) in own:
+                stats.add(s)
+        outs = own[-1][1][0]
+        mismatches = 0
+        if case.temperature == 0.0:
+            mismatches = sum(a != b for a, b in zip(base_out, outs, strict=True))
+        metrics = Metrics(
+            tokens_per_s=median([rate(t) for t in own]),
+            baseline_tokens_per_s=median(base_rates),
+            speedup=median(ratios[i]),
+            speedup_spread=spread(ratios[i]),
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_len=stats.mean_accepted_len if e.speculative else 1.0,
+            per_position_acceptance=stats.per_position_acceptance,
+            repeats=repeats,
+        )
+        result.append(Measurement(metrics, sum(map(len, outs)), mismatches, ratios[i], stats, outs))
+    return result

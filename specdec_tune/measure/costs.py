@@ -1,0 +1,303 @@
+"""The costs profile: everything the cost model needs, measured on the local device and gathered
+into a `Costs`: T_target and C_ver(gamma) (see `forward`), the decoding loops' own overheads,
+T_draft and the acceptance vector per drafter, copy bandwidth, matmul throughput, roofline share.
+It only measures (never searches); every timing goes through `timing`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..domain import Costs, DraftCosts
+from ..errors import SpecDecError
+from ..limits import check_count, check_gamma
+from ..runtime.devices import synchronize
+from ..runtime.drafters import Drafter
+from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.workloads import Case
+from .bench import run_pass
+from .forward import (
+    calls_per_block,
+    check_context_fits,
+    context_ids,
+    decode_weight_bytes,
+    forward_curve_ms,
+    measure_copy_bandwidth_gbps,
+    measure_matmul_tflops,
+    model_device,
+    no_gc,
+    repeat_block,
+    vocab_size,
+)
+from .timing import interleaved, median, spread, time_repeated
+
+
+@torch.inference_mode()
+def measure_t_draft_ms(drafter: Drafter, seq: list[int], repeats: int, gamma: int = 4) -> float:
+    """Milliseconds per proposed token: `propose(gamma)` + `commit` cycles after `seq` is prefilled.
+
+    Each cycle feeds one new token (as the engine feeds the target's bonus token) and drafts from
+    there; `commit(len(seq))` rolls the draft back, so every cycle sees the same context. A drafter
+    that proposes nothing (prompt lookup without a match) is charged its overhead per call.
+    """
+    if not seq:
+        raise SpecDecError("measuring a drafter needs a non-empty context")
+    check_count(repeats, "repeats")
+    check_gamma(gamma, allow_zero=False)
+    device = str(getattr(drafter, "device", "cpu"))
+    seq = list(seq)
+    drafter.start(seq)
+    first, _ = drafter.propose(seq, 1, 0.0, 0.0, None)  # prefill: the draft's cache now holds seq
+    # The draft's own guess as the new token keeps prompt lookup on the sequence's pattern.
+    seq_plus = [*seq, int(first[0]) if first.numel() else seq[-1]]
+    proposed = 0
+
+    def cycle() -> None:
+        nonlocal proposed
+        draft, _ = drafter.propose(seq_plus, gamma, 0.0, 0.0, None)
+        drafter.commit(len(seq))
+        proposed = draft.numel()
+
+    with no_gc():
+        calls = calls_per_block(time_repeated(cycle, device, 1, warmup=1)[0])
+        times_ms = time_repeated(repeat_block(cycle, calls), device, repeats, warmup=0)
+    return median(times_ms) / calls / max(1, proposed)
+
+
+class OracleDrafter(Drafter):
+    """Proposes a known continuation at no cost: with the target's own greedy output every token
+    is accepted, so a speculative step costs C_ver(γ) plus the engine's own per-step overhead."""
+
+    name = kind = "oracle"
+
+    def __init__(self, full: list[int], device: Any = "cpu"):
+        self.full = torch.tensor(full, dtype=torch.long, device=device)
+
+    def propose(
+        self,
+        seq: list[int],
+        gamma: int,
+        threshold: float,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.full[len(seq) : len(seq) + gamma], None
+
+
+class _ForwardClock:
+    """Wraps `model.forward` to add up the wall time spent inside it (device synchronised)."""
+
+    def __init__(self, model: Any, device: str):
+        self.model, self.device, self.ms, self.calls = model, device, 0.0, 0
+
+    def __enter__(self) -> _ForwardClock:
+        inner = self.model.forward
+
+        def clocked(*args: Any, **kwargs: Any) -> Any:
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            out = inner(*args, **kwargs)
+            synchronize(self.device)
+            self.ms += (time.perf_counter() - t0) * 1e3
+            self.calls += 1
+            return out
+
+        self.model.forward = clocked
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.model.forward  # the class's forward is visible again
+
+
+@torch.inference_mode()
+def measure_loop_overheads_ms(
+    target: Any, context_len: int, gamma: int, repeats: int, new_tokens: int = 40
+) -> tuple[float, float]:
+    """What the decoding loops spend besides the target's forwards: (o_loop, o_step) in ms.
+
+    Runs the plain loop and the speculative loop (with an `OracleDrafter`: every proposal is
+    accepted and no draft model runs) for `new_tokens` tokens from a context of about
+    `context_len`, timing the whole call and, inside it, every target forward. The wall time
+    outside the forwards, per decode step, is the overhead: sampling, host syncs, tensor
+    building, cache bookkeeping. Measuring both parts in the same call keeps machine drift out
+    of the difference. Medians over `repeats`.
+    """
+    check_gamma(gamma, allow_zero=False)
+    check_count(repeats, "repeats")
+    check_count(new_tokens, "new_tokens")
+    prompt_len = max(8, context_len - new_tokens // 2)
+    check_context_fits(target, prompt_len, new_tokens + gamma + 1)
+    prompt = context_ids(vocab_size(target), prompt_len)
+    device = model_device(target)
+    full = prompt + autoregressive_generate(target, prompt, new_tokens).tokens
+    oracle = OracleDrafter(full, device)
+
+    def clocked(generate: Callable[[], Any]) -> Callable[[int], tuple[int, float]]:
+        def run(_r: int) -> tuple[int, float]:
+            with _ForwardClock(target, device) as clock:
+                steps = generate().stats.target_forwards
+            return steps, clock.ms
+
+        return run
+
+    runs = {
+        "plain": clocked(lambda: autoregressive_generate(target, prompt, new_tokens)),
+        "spec": clocked(lambda: speculative_generate(target, oracle, prompt, gamma, 0.0, 0.0, new_tokens)),
+    }
+    with no_gc():
+        for fn in runs.values():
+            fn(0)  # warm-up
+        timings = interleaved(runs, repeats, device)
+    out = {
+        k: [max(0.0, sec * 1e3 - forward_ms) / steps for sec, (steps, forward_ms) in v]
+        for k, v in timings.items()
+    }
+    return median(out["plain"]), median(out["spec"])
+
+
+def _pad(values: list[float], length: int) -> list[float]:
+    values = list(values[:length])
+    return values + [values[-1] if values else 0.0] * (length - len(values))
+
+
+@torch.inference_mode()
+def acceptance_vector(
+    target: Any, drafter: Drafter, case: Case, max_gamma: int, max_steps: int | None = None
+) -> tuple[list[float], float, SpecStats]:
+    """Per-position conditional acceptance from one greedy pass at gamma = max_gamma, threshold 0.
+
+    A position the drafter left empty (prompt lookup without a match, or with a short one) counts
+    as rejected, so the vector predicts tokens per step (`SpecStats.effective_acceptance`).
+    Returns (vector of length max_gamma, alpha, the pass's stats). Positions the pass never
+    reached reuse the last measured value (0.0 when nothing was ever verified), as
+    `costmodel.expected_tokens` does past a vector's end. With `max_steps`, prompts are taken in
+    order until that many verifications were counted: a poor draft at a large gamma spends gamma
+    draft forwards per emitted token, and a few hundred verifications pin its rates down.
+    """
+    check_gamma(max_gamma, allow_zero=False, what="max_gamma")
+    if max_steps is not None:
+        check_count(max_steps, "max_steps")
+    stats = SpecStats()
+    for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
+        _, s = run_pass(target, drafter, max_gamma, 0.0, Case([prompt], [budget], case.eos, temperature=0.0))
+        stats.add(s)
+        if max_steps is not None and stats.target_forwards >= max_steps:
+            break
+    return _pad(stats.effective_acceptance, max_gamma), stats.acceptance_rate, stats
+
+
+def default_context_len(case: Case) -> int:
+    """Median prompt length + half the median max_new_tokens: the typical mid-generation context."""
+    prompt = statistics.median(len(p) for p in case.prompts)
+    new = statistics.median(case.max_new_tokens)
+    return max(16, round(prompt + new / 2))
+
+
+# ----------------------------------------------------------------------------- all together
+
+
+@torch.inference_mode()
+def profile_costs(
+    target: Any,
+    drafters: dict[str, Drafter],
+    case: Case,
+    device: str,
+    max_gamma: int = 16,
+    repeats: int = 5,
+    context_len: int | None = None,
+    with_bandwidth: bool = True,
+    progress: Callable[[str, float], None] | None = None,
+    acceptance_tokens: int = 64,
+    acceptance_steps: int | None = 256,
+) -> Costs:
+    """Measure every field of `Costs` for `target` and each drafter on `device`.
+
+    Acceptance vectors come from one greedy pass over `case` with each prompt's budget capped at
+    `acceptance_tokens`, stopping after the prompt that reaches `acceptance_steps` verifications.
+    T_target, C_ver and T_draft use a seeded random context of `context_len` tokens.
+    `with_bandwidth=False` skips the synthetic micro-benchmarks (copy bandwidth, matmul
+    throughput). `progress(label, fraction_done)` is called before each stage and once with 1.0
+    at the end.
+    """
+    check_gamma(max_gamma, allow_zero=False, what="max_gamma")
+    check_count(repeats, "repeats")
+    check_count(acceptance_tokens, "acceptance_tokens")
+    if acceptance_steps is not None:
+        check_count(acceptance_steps, "acceptance_steps")
+    if context_len is None:
+        context_len = default_context_len(case)
+    check_count(context_len, "context_len")
+    check_context_fits(target, context_len, max_gamma + 1)
+
+    stages: list[tuple[str, float]] = []  # (label, rough share of the time)
+    if with_bandwidth:
+        stages += [("memory bandwidth", 1.0), ("matmul throughput", 1.0)]
+    stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
+    stages.append(("decoding-loop overheads", 2.0))
+    for name in drafters:
+        stages += [(f"draft cost: {name}", 1.0), (f"acceptance: {name}", 4.0)]
+    total = sum(w for _, w in stages)
+    done = 0.0
+    step = iter(stages)
+
+    def next_stage() -> None:
+        nonlocal done
+        label, weight = next(step)
+        if progress is not None:
+            progress(label, done / total)
+        done += weight
+
+    copy_gbps = tflops = None
+    if with_bandwidth:
+        next_stage()
+        copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
+        next_stage()
+        tflops = measure_matmul_tflops(device, next(target.parameters()).dtype, repeats=repeats)
+
+    next_stage()
+    # T_target (1 token) and C_ver (gamma + 1 tokens) in one interleaved loop: same drift for all.
+    samples = forward_curve_ms(target, context_len, list(range(1, max_gamma + 2)), repeats)
+    t_target_ms, t_target_spread = median(samples[0]), spread(samples[0])
+    verify_ms = [median(s) for s in samples[1:]]
+    verify_spread = max(spread(s) for s in samples[1:])
+    next_stage()
+    loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
+        target, context_len, min(4, max_gamma), repeats
+    )
+
+    vocab = min(
+        [vocab_size(target)] + [vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]
+    )
+    context = context_ids(vocab, context_len)
+    budgets = [min(m, acceptance_tokens) for m in case.max_new_tokens]
+    capped = Case(case.prompts, budgets, case.eos, case.temperature)
+    draft_costs = []
+    for name, drafter in drafters.items():
+        next_stage()
+        t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
+        next_stage()
+        vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps)
+        draft_costs.append(DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, alpha, vector))
+
+    decode_gbps = decode_weight_bytes(target) * (1000.0 / t_target_ms) / 1e9
+    if progress is not None:
+        progress("done", 1.0)
+    return Costs(
+        t_target_ms=t_target_ms,
+        t_target_spread=t_target_spread,
+        verify_ms=verify_ms,
+        verify_spread=verify_spread,
+        context_len=context_len,
+        drafts=draft_costs,
+        copy_bandwidth_gbps=copy_gbps,
+        decode_bandwidth_gbps=decode_gbps,
+        roofline_share=decode_gbps / copy_gbps if copy_gbps else None,
+        matmul_tflops=tflops,
+        loop_overhead_ms=loop_overhead_ms,
+        step_overhead_ms=step_overhead_ms,
+    )

@@ -1,0 +1,30 @@
+"""Number and table formatting shared by the terminal renderings."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def times(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}×"
+
+
+def num(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def vec(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values) if values else "—"
+
+
+def unit(v: float | None, unit: str, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f} {unit}"
+
+
+def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

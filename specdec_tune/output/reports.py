@@ -1,0 +1,162 @@
+"""The reports of the measuring commands as rich tables: a bench result, the costs profile, the
+end of a run, a check report. Reads data, never measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ..domain import Costs
+from ..store.schema import Profile
+from .fmt import kv_table, num, times, unit, vec
+
+
+def bench_table(r: dict[str, Any]) -> Table:
+    """The `specdec-tune bench` result: one config against the baseline (and HF's, if timed)."""
+    t = Table(
+        title=f"bench: {r['draft']} γ={r['gamma']} t={r['threshold']:.2f} on {r['workload']} "
+        f"({r['prompts']} prompts, T={r['temperature']}, {r['device']})",
+        show_header=True,
+    )
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("speedup vs plain target", f"{r['speedup']:.3f}× (spread {r['speedup_spread'] * 100:.1f}%)")
+    t.add_row("tokens/s speculative", f"{r['tokens_per_s']:.1f}")
+    t.add_row("tokens/s plain target", f"{r['baseline_tokens_per_s']:.1f}")
+    t.add_row("acceptance rate α", f"{r['acceptance_rate']:.3f}")
+    t.add_row("mean accepted length τ", f"{r['mean_accepted_len']:.2f} tokens / target forward")
+    t.add_row("per-position acceptance", vec(r["per_position_acceptance"]))
+    t.add_row("repeats (median reported)", str(r["repeats"]))
+    if r["temperature"] == 0:
+        exact = "yes" if r["mismatches"] == 0 else f"NO: {r['mismatches']} prompts differ"
+        t.add_row("greedy output identical to target", exact)
+    hf = r.get("hf")
+    if hf:
+        t.add_row("tokens/s HF assisted generation", f"{hf['hf_tokens_per_s']:.1f}")
+        t.add_row("ours / HF", f"{hf['ratio']:.3f}× (spread {hf['ratio_spread'] * 100:.1f}%)")
+        t.add_row("identical tokens to HF", "yes" if hf["identical_tokens"] else "no")
+    return t
+
+
+def costs_report(
+    console: Console,
+    hardware: dict[str, Any],
+    costs: Costs,
+    per_draft: dict[str, tuple[int, float]],
+    ranked: list[tuple[str, int, float]],
+) -> None:
+    """The `specdec-tune profile` output: hardware, bandwidth, cost curve, drafts, predictions."""
+    console.print(kv_table("hardware", [(k, str(v)) for k, v in hardware.items()]))
+    console.print(
+        kv_table(
+            "bandwidth and throughput",
+            [
+                ("copy bandwidth", unit(costs.copy_bandwidth_gbps, "GB/s")),
+                ("target decode bandwidth (weights × tok/s)", unit(costs.decode_bandwidth_gbps, "GB/s")),
+                ("roofline share (decode / copy)", num(costs.roofline_share)),
+                ("matmul throughput", unit(costs.matmul_tflops, "TFLOP/s")),
+                ("plain-loop overhead o_loop", unit(costs.loop_overhead_ms, "ms per token", 3)),
+                ("speculative-step overhead o_step", unit(costs.step_overhead_ms, "ms per step", 3)),
+            ],
+        )
+    )
+    curve = Table(title=f"target costs at context {costs.context_len} (median, relative spread)")
+    curve.add_column("γ", justify="right")
+    curve.add_column("C_ver(γ) ms", justify="right")
+    curve.add_column("C_ver / T_target", justify="right")
+    curve.add_row("0 (T_target)", f"{costs.t_target_ms:.3f} ± {costs.t_target_spread * 100:.1f}%", "1.00")
+    for g, v in enumerate(costs.verify_ms, start=1):
+        curve.add_row(str(g), f"{v:.3f}", f"{v / costs.t_target_ms:.2f}")
+    curve.caption = f"worst C_ver spread {costs.verify_spread * 100:.1f}%"
+    console.print(curve)
+    drafts = Table(title="drafts")
+    for col in (
+        "draft",
+        "T_draft ms/token",
+        "c",
+        "α (greedy)",
+        "acceptance by position",
+        "best γ",
+        "predicted",
+    ):
+        drafts.add_column(col, justify="left" if col in ("draft", "acceptance by position") else "right")
+    for d in costs.drafts:
+        g, v = per_draft.get(d.name, (0, 1.0))
+        drafts.add_row(
+            d.name,
+            f"{d.t_draft_ms:.3f}",
+            f"{d.c:.3f}",
+            f"{d.acceptance_rate:.3f}",
+            vec(d.acceptance_vector[:8]) + (" …" if len(d.acceptance_vector) > 8 else ""),
+            str(g) if g else "don't",
+            f"{v:.2f}×",
+        )
+    console.print(drafts)
+    if ranked:
+        top = Table(title="predicted best configs (cost model, threshold 0)")
+        top.add_column("draft")
+        top.add_column("γ", justify="right")
+        top.add_column("predicted speedup", justify="right")
+        for name, g, v in ranked:
+            top.add_row(name, str(g), f"{v:.3f}×")
+        console.print(top)
+
+
+def run_summary(console: Console, p: Profile, result: Any) -> None:
+    """The end of `specdec-tune run`: best, runner-up, baseline, predicted vs measured."""
+    t = Table(
+        title=f"{p.target.name} on {p.hardware.get('slug')}: {p.workload.name}, T={p.workload.temperature}"
+    )
+    # Nine columns fit an 80-column terminal without borders and with short headers.
+    t.box, t.padding, t.pad_edge = box.SIMPLE_HEAD, (0, 0), False
+    for col in ("", "config", "speedup", "spread", "search", "tok/s", "α", "τ", "pred."):
+        t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
+    rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
+    for label, r in rows:
+        m = r.metrics
+        t.add_row(
+            label,
+            r.config.label,
+            f"{m.speedup:.3f}×",
+            f"{m.speedup_spread * 100:.0f}%",
+            times(m.search_speedup),
+            f"{m.tokens_per_s:.1f}",
+            f"{m.acceptance_rate:.2f}",
+            f"{m.mean_accepted_len:.2f}",
+            times(m.predicted_speedup),
+        )
+    t.add_row(
+        "baseline", "plain target", "1.000×", "", "", f"{p.baseline.tokens_per_s:.1f}", "—", "1.00", "1.00×"
+    )
+    final = (
+        f"; speedup: the top {p.search.finalists} re-measured head to head ({p.search.final_repeats} "
+        "repeats), search: their search trial"
+        if p.search.finalists
+        else ""
+    )
+    t.caption = (
+        f"{p.search.trials} trials ({p.search.pruned} pruned, {p.search.failed} failed){final}; "
+        f"pred.: the cost model; study {p.search.study_name}"
+    )
+    console.print(t)
+    if getattr(result, "final_note", ""):
+        console.print(f"[yellow]{result.final_note}[/] (the best search trial was kept)")
+    if p.best.config.gamma == 0:
+        console.print(
+            "[bold]verdict:[/bold] speculation does not pay here for this workload; serve the plain target."
+        )
+
+
+def check_table(report: Any) -> Table:
+    """A `check` report (output.check.CheckReport): one row per compared metric."""
+    t = Table(title=f"check {report.profile}: {report.config}")
+    for col in ("metric", "stored", "measured", "result", "note"):
+        t.add_column(col)
+    for i in report.items:
+        verdict = "[green]ok[/green]" if i.ok else "[red]REGRESSION[/red]"
+        t.add_row(i.metric, str(i.stored), str(i.measured), verdict, i.note)
+    return t

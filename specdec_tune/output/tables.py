@@ -1,0 +1,295 @@
+"""Show results to a person as rich tables: a profile (`show`), two side by side, the costs
+profile, a bench result, the end of a run, a check report. Reads data, never measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..domain import Costs, Metrics, Result
+from ..search.costmodel import CostModel
+from ..store.schema import Profile
+from .fmt import kv_table, num, times, unit, vec
+
+# ------------------------------------------------------------------------------------- numbers
+
+
+# --------------------------------------------------------------------------------------- tables
+
+
+def render_profile(profile: Profile, console: Console) -> None:
+    """Print the profile as tables: best, alternatives, baseline, run, hardware, costs."""
+    p = profile
+    console.print(
+        Text.assemble(
+            ("specdec-tune profile ", "bold"),
+            (p.target.name, "bold cyan"),
+            " on ",
+            (str(p.hardware.get("slug")), "bold magenta"),
+            (f"  (created {p.created or '?'}, schema {p.schema_version})", "dim"),
+        )
+    )
+    console.print(_best_table(p))
+    if p.alternatives:
+        console.print(_results_table("Alternatives (next best)", p.alternatives))
+        if any(a.metrics.search_speedup is not None for a in p.alternatives):
+            console.print(
+                "[dim]final: re-measured head to head with the best in the final round; search: one search "
+                "trial, whose number runs high when it was the largest of many noisy trials.[/]"
+            )
+    console.print(_baseline_table(p.baseline))
+    console.print(_run_table(p))
+    console.print(kv_table("Hardware", _flatten(p.hardware)))
+    if p.costs is None:
+        console.print("[dim]No hardware costs in this profile (run without the profiler).[/]")
+    else:
+        for table in _costs_tables(p.costs):
+            console.print(table)
+
+
+def _best_table(p: Profile) -> Table:
+    best = p.best
+    m = best.metrics
+    cfg = best.config
+    t = Table(title="Best config", title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    if cfg.draft.kind == "none":
+        t.add_row("config", "[yellow]no speculation: plain decoding was fastest here[/]")
+    else:
+        t.add_row("config", f"[bold green]{cfg.label}[/]")
+        drafter = cfg.draft.label + (f"  {cfg.draft.path}" if cfg.draft.path else "")
+        t.add_row("drafter", f"{cfg.draft.kind}: {drafter}")
+    where = "final round" if m.search_speedup is not None else "search trial"
+    t.add_row(
+        "speedup",
+        f"[bold]{times(m.speedup)}[/] ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
+    )
+    if m.search_speedup is not None:
+        t.add_row("speedup in the search", f"{times(m.search_speedup)} (one trial; the final round decides)")
+    t.add_row("tokens/s", f"{m.tokens_per_s:.1f} (baseline {m.baseline_tokens_per_s:.1f} in the same run)")
+    t.add_row("acceptance α", num(m.acceptance_rate, 3))
+    t.add_row("mean accepted length τ", num(m.mean_accepted_len))
+    t.add_row("per-position acceptance", vec(m.per_position_acceptance))
+    t.add_row("predicted speedup", times(m.predicted_speedup))
+    return t
+
+
+def _results_table(title: str, results: list[Result]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for name, justify in [
+        ("#", "right"),
+        ("config", "left"),
+        ("speedup", "right"),
+        ("tokens/s", "right"),
+        ("α", "right"),
+        ("τ", "right"),
+        ("predicted", "right"),
+        ("measured in", "left"),
+    ]:
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for i, r in enumerate(results, 1):
+        m = r.metrics
+        t.add_row(
+            str(i),
+            r.config.label,
+            times(m.speedup),
+            f"{m.tokens_per_s:.1f}",
+            num(m.acceptance_rate, 3),
+            num(m.mean_accepted_len),
+            times(m.predicted_speedup),
+            _measured_in(m),
+        )
+    return t
+
+
+def _measured_in(m: Metrics) -> str:
+    if m.search_speedup is None:
+        return "search"
+    return f"final (search {times(m.search_speedup)})"
+
+
+def _baseline_table(m: Metrics) -> Table:
+    t = Table(title="Baseline (plain target decoding, γ = 0)", title_justify="left")
+    t.add_column("tokens/s", justify="right")
+    t.add_column("spread", justify="right")
+    t.add_column("repeats", justify="right")
+    t.add_row(f"{m.tokens_per_s:.1f}", f"±{m.speedup_spread * 100:.1f}%", str(m.repeats))
+    return t
+
+
+def _run_table(p: Profile) -> Table:
+    tg, w, s = p.target, p.workload, p.search
+    rows = [
+        ("target", f"{tg.name} ({tg.dtype}, {tg.num_params / 1e9:.2f} B params)"),
+        ("target revision", f"{(tg.revision or '—')[:12]}  hash {tg.content_hash}"),
+        (
+            "workload",
+            f"{w.name}: {w.prompts} prompts, {w.max_new_tokens} new tokens, temperature {w.temperature:g}",
+        ),
+        ("search", f"{s.sampler}, {s.trials} trials ({s.failed} failed, {s.pruned} pruned), seed {s.seed}"),
+        (
+            "final round",
+            f"top {s.finalists} re-measured head to head, {s.final_repeats} interleaved repeats"
+            if s.finalists
+            else "none (ranked by the search trials)",
+        ),
+        ("study", f"{s.study_name} in {s.storage}"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
+    ]
+    return kv_table("Run", rows)
+
+
+def _costs_tables(c: Costs) -> list[Table]:
+    summary = [
+        ("T_target", f"{c.t_target_ms:.3f} ms per token (spread ±{c.t_target_spread * 100:.1f}%)"),
+        ("context length", str(c.context_len)),
+        ("copy bandwidth", unit(c.copy_bandwidth_gbps, "GB/s")),
+        ("decode bandwidth", unit(c.decode_bandwidth_gbps, "GB/s")),
+        ("roofline share", "—" if c.roofline_share is None else f"{c.roofline_share * 100:.0f}%"),
+        ("matmul", unit(c.matmul_tflops, "TFLOP/s")),
+        (
+            "loop overhead",
+            "—" if c.loop_overhead_ms is None else f"{c.loop_overhead_ms:.3f} ms per plain token",
+        ),
+        (
+            "step overhead",
+            "—" if c.step_overhead_ms is None else f"{c.step_overhead_ms:.3f} ms per speculative step",
+        ),
+    ]
+    tables = [kv_table("Hardware costs", summary)]
+    if c.verify_ms:
+        curve = Table(
+            title=f"Verification cost C_ver(γ) (worst spread ±{c.verify_spread * 100:.1f}%)",
+            title_justify="left",
+        )
+        curve.add_column("γ", style="bold")
+        for g in range(1, len(c.verify_ms) + 1):
+            curve.add_column(str(g), justify="right")
+        curve.add_row("ms", *(f"{v:.2f}" for v in c.verify_ms))
+        curve.add_row("÷ T_target", *(f"{v / c.t_target_ms:.2f}" for v in c.verify_ms))
+        tables.append(curve)
+    if c.drafts:
+        drafts = Table(title="Drafters (cost and acceptance per position)", title_justify="left")
+        for name, justify in [
+            ("draft", "left"),
+            ("T_draft ms", "right"),
+            ("c", "right"),
+            ("α", "right"),
+            ("acceptance by position", "left"),
+            ("predicted best", "right"),
+        ]:
+            drafts.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for d in c.drafts:
+            curve_points = CostModel(c).curve(d.name)
+            if curve_points:
+                g, s = max(curve_points, key=lambda gs: gs[1])
+                best = f"γ={g}: {s:.2f}×"
+            else:
+                best = "—"
+            drafts.add_row(
+                d.name,
+                f"{d.t_draft_ms:.3f}",
+                f"{d.c:.3f}",
+                f"{d.acceptance_rate:.3f}",
+                vec(d.acceptance_vector),
+                best,
+            )
+        tables.append(drafts)
+    return tables
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            rows += _flatten(v, f"{prefix}{k}.")
+        else:
+            rows.append((f"{prefix}{k}", str(v)))
+    return rows
+
+
+# -------------------------------------------------------------------------------------- compare
+
+# keys of specdec_tune.hardware's fingerprint first, then common spellings
+_DEVICE_KEYS = ("gpu_name", "cpu_model", "name", "device_name", "gpu", "cpu", "device")
+
+
+def _device(p: Profile) -> str:
+    for key in _DEVICE_KEYS:
+        if p.hardware.get(key):
+            return str(p.hardware[key])
+    return "—"
+
+
+def render_compare(a: Profile, b: Profile, console: Console) -> None:
+    """Print two profiles side by side (hardware, best config, speedup, tokens/s, α) and mark the better."""
+    t = Table(title="Profile comparison", title_justify="left")
+    t.add_column("", style="bold")
+    t.add_column(f"A: {a.hardware.get('slug')}")
+    t.add_column(f"B: {b.hardware.get('slug')}")
+    t.add_column("better", justify="center")
+
+    def same(label: str, va: str, vb: str) -> None:
+        t.add_row(label, va, vb, "" if va == vb else "[dim]differs[/]")
+
+    def higher(
+        label: str, get: Callable[[Profile], float | None], fmt: Callable[[float | None], str]
+    ) -> None:
+        va, vb = get(a), get(b)
+        if va is None or vb is None or math.isclose(va, vb, rel_tol=0.005, abs_tol=1e-9):
+            t.add_row(label, fmt(va), fmt(vb), "≈" if va is not None and vb is not None else "")
+        elif va > vb:
+            t.add_row(label, f"[bold green]{fmt(va)}[/]", fmt(vb), "[green]A[/]")
+        else:
+            t.add_row(label, fmt(va), f"[bold green]{fmt(vb)}[/]", "[green]B[/]")
+
+    same("hardware", str(a.hardware.get("slug")), str(b.hardware.get("slug")))
+    same("device", _device(a), _device(b))
+    same("target", a.target.name, b.target.name)
+    same(
+        "workload",
+        f"{a.workload.name} (T={a.workload.temperature:g})",
+        f"{b.workload.name} (T={b.workload.temperature:g})",
+    )
+    same("best config", a.best.config.label, b.best.config.label)
+    higher("speedup", lambda p: p.best.metrics.speedup, times)
+    higher("tokens/s", lambda p: p.best.metrics.tokens_per_s, lambda v: num(v, 1))
+    higher("baseline tokens/s", lambda p: p.baseline.tokens_per_s, lambda v: num(v, 1))
+    higher("acceptance α", lambda p: p.best.metrics.acceptance_rate, lambda v: num(v, 3))
+    higher("mean accepted length τ", lambda p: p.best.metrics.mean_accepted_len, num)
+    higher("predicted speedup", lambda p: p.best.metrics.predicted_speedup, times)
+    console.print(t)
+    if a.target.content_hash != b.target.content_hash:
+        console.print("[yellow]The profiles tune different target weights: tokens/s are not comparable.[/]")
+    if a.workload.sha256 != b.workload.sha256 or a.workload.temperature != b.workload.temperature:
+        console.print(
+            "[yellow]The profiles were measured on different workloads: "
+            "α and speedup may differ for that alone.[/]"
+        )
+
+
+def trials_tables(trials: Any) -> list[Table]:
+    """The search's trials (a DataFrame of the trials CSV): the best trial per draft and per γ."""
+    from .trials import best_per
+
+    tables = []
+    for by, title in (("draft", "Trials: best per draft"), ("gamma", "Trials: best per γ")):
+        df = best_per(trials, by)
+        if df.empty:
+            continue
+        t = Table(title=title, title_justify="left")
+        for col in (by if by == "draft" else "γ", "best config", "best speedup", "median", "trials"):
+            t.add_column(col, justify="left" if col in ("draft", "best config") else "right")
+        for row in df.itertuples(index=False):
+            config = f"{row.draft} γ={row.gamma}" + (f" t={row.threshold:.2f}" if row.threshold else "")
+            key = str(row.draft) if by == "draft" else str(row.gamma)
+            t.add_row(key, config, times(row.speedup), times(row.median_speedup), str(row.trials))
+        tables.append(t)
+    return tables

@@ -1,0 +1,70 @@
+"""The trials CSV that `run` writes beside a profile, read back with pandas: the finished trials
+for the plots, and the analyses `show --trials` prints (best per draft, best per gamma).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecDecError
+
+REQUIRED = ("draft", "gamma", "speedup")
+
+
+def read_trials(path: str | Path) -> Any:
+    """The CSV as a pandas DataFrame; a missing file or column is a SpecDecError."""
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise SpecDecError(f"trials CSV not found: {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecDecError(f"cannot read trials CSV {path}: {str(e).splitlines()[0]}") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise SpecDecError(
+            f"trials CSV {path} lacks column(s) {', '.join(missing)} "
+            "(needs draft, gamma, threshold, speedup, state)"
+        )
+    return df
+
+
+def completed_trials(df: Any) -> list[dict[str, Any]]:
+    """Search trials that finished with a speedup: [{draft, gamma, threshold, speedup}] (final-round
+    rows and failed or pruned trials are left out)."""
+    return _completed(df).to_dict("records")
+
+
+def _completed(df: Any) -> Any:
+    import pandas as pd
+
+    if "state" in df.columns:
+        # Optuna writes "COMPLETE"; str(TrialState.COMPLETE) would be "TrialState.COMPLETE"
+        df = df[df["state"].astype(str).str.rsplit(".", n=1).str[-1] == "COMPLETE"]
+    threshold = df["threshold"] if "threshold" in df.columns else 0.0
+    out = pd.DataFrame(
+        {
+            "draft": df["draft"].astype(str),
+            "gamma": pd.to_numeric(df["gamma"], errors="coerce"),
+            "threshold": pd.to_numeric(threshold, errors="coerce"),
+            "speedup": pd.to_numeric(df["speedup"], errors="coerce"),
+        }
+    )
+    out = out[out["speedup"].abs() < float("inf")].dropna(subset=["gamma", "speedup"])
+    return out.fillna({"threshold": 0.0}).astype({"gamma": int})
+
+
+def best_per(df: Any, by: str) -> Any:
+    """Per value of `by` ("draft" or "gamma"): the best completed search trial (its config and
+    speedup), the median speedup and the number of trials; best first."""
+    done = _completed(df)
+    if done.empty:
+        return done
+    grouped = done.groupby(by)["speedup"]
+    best = done.loc[grouped.idxmax()].set_index(by)
+    best["median_speedup"] = grouped.median()
+    best["trials"] = grouped.size()
+    return best.sort_values("speedup", ascending=False).reset_index()

@@ -1,0 +1,216 @@
+"""Drafters propose candidate tokens for the target to verify; none of them touches the target's cache.
+
+Three kinds: a separate draft model (with a confidence-threshold early stop), prompt lookup
+(n-gram match in prompt + output, no model), and layer-skip self-speculation (the target's first
+k layers with its final norm and LM head). Each keeps its own state between `propose` calls and
+is told by `commit` how much of what it saw was accepted.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ..errors import SpecDecError
+from .cache import cache_kwarg, new_cache
+from .leandraft import LeanLlama
+from .leandraft import supports as lean_supports
+
+
+class Drafter:
+    """Interface: `start` a sequence, `propose` up to gamma tokens, `commit` what was accepted."""
+
+    name: str = "drafter"
+    kind: str = "none"
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """Forget the previous sequence; the next `propose` sees a new prompt."""
+
+    def propose(
+        self,
+        seq: list[int],
+        gamma: int,
+        threshold: float,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to `gamma` draft token ids (1-D long tensor) following the committed `seq`.
+
+        Returns also the draft distributions q (k x vocab) when sampling from a model, or None
+        when q is a point mass on each proposed token (greedy drafting, prompt lookup).
+        """
+        raise NotImplementedError
+
+    def commit(self, valid_len: int) -> None:
+        """The first `valid_len` tokens of seq + proposal are now committed; drop anything beyond."""
+
+
+class ModelDrafter(Drafter):
+    """A causal LM drafting autoregressively with its own KV cache."""
+
+    kind = "model"
+
+    def __init__(self, model: Any, name: str = "draft", lean: bool = True) -> None:
+        self.model = model
+        self.name = name
+        self.device = next(model.parameters()).device
+        self._cache_kw = cache_kwarg(model)
+        self.cache: Any = None
+        self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
+        # Llama-family drafts skip transformers' per-call machinery (see leandraft).
+        self.lean = LeanLlama(model) if lean and lean_supports(model) else None
+
+    def start(self, prompt_ids: list[int]) -> None:
+        if self.lean is not None:
+            self.lean.reset()
+        else:
+            self.cache = new_cache(self.model)
+        self.cached = 0
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.forward(x.view(-1))
+        return self.model(
+            input_ids=x, **{self._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
+        ).logits[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, seq, gamma, threshold, temperature, generator):
+        # Feed what the draft has not seen yet (the prompt on the first call, then the last
+        # accepted tokens and the target's bonus token), then one token per further step.
+        x = torch.tensor([seq[self.cached :]], dtype=torch.long, device=self.device)
+        tokens: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(gamma):
+            logits = self._logits(x)
+            if temperature == 0.0:
+                tok = logits.argmax(-1, keepdim=True)
+                if threshold > 0.0:
+                    conf = torch.softmax(logits.float(), -1)[tok]
+            else:
+                q = torch.softmax(logits.float() / temperature, -1)
+                tok = torch.multinomial(q, 1, generator=generator)
+                qs.append(q)
+                conf = q[tok]
+            tokens.append(tok)
+            # Like HF's assistant_confidence_threshold: the unsure token is still proposed (so
+            # rejection sampling stays exact), drafting stops after it.
+            if threshold > 0.0 and conf.item() < threshold:
+                break
+            x = tok.view(1, 1)
+        self.cached = len(seq) + len(tokens) - 1  # the last proposal was never fed to the draft
+        return torch.cat(tokens), (torch.stack(qs) if qs else None)
+
+    def commit(self, valid_len: int) -> None:
+        if self.cached > valid_len:
+            if self.lean is not None:
+                self.lean.crop(valid_len)
+            else:
+                self.cache.crop(valid_len - self.cached)
+            self.cached = valid_len
+
+
+class PromptLookupDrafter(Drafter):
+    """Propose the continuation of the most recent earlier match of the last n tokens (n max..min).
+
+    An index maps every n-gram of the committed sequence to the latest position it ended at, so a
+    lookup is O(ngram_max) per step instead of a scan over the sequence.
+    """
+
+    kind = "prompt_lookup"
+
+    def __init__(
+        self, ngram_min: int = 1, ngram_max: int = 3, device: Any = "cpu", name: str = "prompt-lookup"
+    ):
+        if not 1 <= ngram_min <= ngram_max:
+            raise SpecDecError(
+                f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min}..{ngram_max}"
+            )
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.device = torch.device(device)
+        self.name = name
+        self._empty = torch.empty(0, dtype=torch.long, device=self.device)
+        self.start([])
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.ngram_max + 1)]
+        self.indexed = 0  # n-grams ending at positions < indexed are in the index
+
+    def propose(self, seq, gamma, threshold, temperature, generator):
+        end = len(seq) - 1  # the suffix ends here; only n-grams ending before it may match
+        for j in range(self.indexed, end):
+            for n in range(self.ngram_min, min(self.ngram_max, j + 1) + 1):
+                self.index[n][tuple(seq[j - n + 1 : j + 1])] = j
+        self.indexed = max(self.indexed, end)
+        for n in range(min(self.ngram_max, len(seq)), self.ngram_min - 1, -1):
+            j = self.index[n].get(tuple(seq[len(seq) - n :]))
+            if j is not None:
+                cont = seq[j + 1 : j + 1 + gamma]
+                return torch.tensor(cont, dtype=torch.long, device=self.device), None
+        return self._empty, None
+
+
+def _decoder_layers_owner(model: Any) -> Any:
+    inner = getattr(model, "model", None)
+    if inner is not None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):
+        return inner
+    raise SpecDecError(
+        f"layer-skip needs a decoder whose layers are at model.model.layers (Llama, Mistral, Qwen, Gemma, "
+        f"Phi-3 ...); {type(model).__name__} has none"
+    )
+
+
+def truncated_view(model: Any, layers: int) -> Any:
+    """The target's first `layers` decoder layers + its final norm and LM head, sharing weights."""
+    inner = _decoder_layers_owner(model)
+    total = len(inner.layers)
+    if not 1 <= layers < total:
+        raise SpecDecError(
+            f"layer-skip needs 1 <= layers < {total} (the target has {total} layers), got {layers}"
+        )
+    cfg = copy.copy(model.config)
+    cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = list(cfg.layer_types)[:layers]
+    # Shallow copies whose module dicts are new: the view shares every parameter with the target
+    # but owns its layer list, so the target itself is never modified.
+    new_inner = copy.copy(inner)
+    new_inner._modules = dict(inner._modules)
+    new_inner.layers = torch.nn.ModuleList(list(inner.layers)[:layers])
+    new_inner.config = cfg
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    view.model = new_inner
+    view.config = cfg
+    return view
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Self-speculation: the target's first k layers draft; they have their own KV cache."""
+
+    kind = "layer_skip"
+
+    def __init__(self, target: Any, layers: int, name: str | None = None) -> None:
+        super().__init__(truncated_view(target, layers), name or f"layer-skip-{layers}")
+        self.layers = layers
+
+
+def build_drafter(spec: Any, target: Any, draft_models: dict[str, Any]) -> Drafter | None:
+    """The drafter a `profile.DraftSpec` describes (None for kind "none", the plain target).
+
+    `draft_models` maps a draft's name to its loaded model (transformers module).
+    """
+    if spec.kind == "none":
+        return None
+    if spec.kind == "model":
+        if spec.name not in draft_models:
+            raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
+        return ModelDrafter(draft_models[spec.name], spec.name)
+    if spec.kind == "prompt_lookup":
+        device = next(target.parameters()).device
+        return PromptLookupDrafter(spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name)
+    if spec.kind == "layer_skip":
+        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name)
+    raise SpecDecError(f"unknown draft kind '{spec.kind}'")

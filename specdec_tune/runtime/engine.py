@@ -1,0 +1,249 @@
+"""The speculative decoding loop and the plain autoregressive baseline it is measured against.
+
+One step: the drafter proposes k <= gamma tokens; the target scores [last token, d_1..d_k] in ONE
+forward over its KV cache; greedy keeps the longest prefix equal to the target's argmax, sampling
+keeps d_i with probability min(1, p/q) and resamples the first rejection from norm(max(0, p - q));
+either way the target adds one token of its own, and its cache is cropped back to what was kept.
+At temperature 0 the output equals the target's own greedy decoding token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import SpecDecError
+from ..limits import check_decoding
+from .cache import cache_kwarg, new_cache
+from .drafters import Drafter
+
+
+@dataclass
+class SpecStats:
+    """Counters of one or more generations; rates are derived, so stats of runs simply add."""
+
+    proposed: int = 0  # draft tokens offered to the target
+    accepted: int = 0  # of those, kept
+    target_forwards: int = 0  # decode-time target forwards (prefill excluded)
+    emitted: int = 0  # tokens generated
+    reached_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was verified
+    accepted_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was accepted
+    # [i]: times position i+1 was within the step's gamma with positions 1..i accepted, whether or
+    # not the drafter proposed it (prompt lookup often has nothing to propose)
+    allowed_at: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha = accepted / proposed draft tokens (0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """tau = tokens emitted per target forward."""
+        return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft token i accepted | tokens 1..i-1 accepted), for each position ever verified."""
+        return [a / r for a, r in zip(self.accepted_at, self.reached_at, strict=False) if r]
+
+    @property
+    def effective_acceptance(self) -> list[float]:
+        """P(token i accepted | tokens 1..i-1 accepted), a position the drafter left empty counting
+        as rejected: what the cost model needs, since an empty position emits nothing. Equal to
+        `per_position_acceptance` for a drafter that always proposes its full gamma."""
+        accepted = self.accepted_at + [0] * (len(self.allowed_at) - len(self.accepted_at))
+        return [a / r for a, r in zip(accepted, self.allowed_at, strict=False) if r]
+
+    def add(self, other: SpecStats) -> None:
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.target_forwards += other.target_forwards
+        self.emitted += other.emitted
+        for mine, theirs in (
+            (self.reached_at, other.reached_at),
+            (self.accepted_at, other.accepted_at),
+            (self.allowed_at, other.allowed_at),
+        ):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens only (the prompt excluded)
+    stats: SpecStats
+
+
+def _eos_set(eos: int | list[int] | None) -> set[int]:
+    if eos is None:
+        return set()
+    return {eos} if isinstance(eos, int) else set(eos)
+
+
+def _prefill(target: Any, prompt_ids: list[int], kw: dict[str, Any]) -> None:
+    # Everything but the last prompt token goes into the cache; the last one is fed by the first
+    # decode step, so baseline and speculation start from the same state.
+    if not prompt_ids:
+        raise SpecDecError("the prompt is empty: nothing to condition on")
+    if len(prompt_ids) > 1:
+        device = next(target.parameters()).device
+        x = torch.tensor([prompt_ids[:-1]], dtype=torch.long, device=device)
+        target(input_ids=x, logits_to_keep=1, **kw)
+
+
+def _append(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
+    """Append tokens up to EOS or `limit`; True when generation is finished."""
+    for t in new:
+        out.append(t)
+        if t in eos or len(out) >= limit:
+            return True
+    return False
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    target: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """The baseline: one target forward per token, same cache handling as the speculative loop."""
+    check_decoding(0, 0.0, temperature, max_new_tokens)
+    kw = {cache_kwarg(target): new_cache(target), "use_cache": True}
+    _prefill(target, prompt_ids, kw)
+    device = next(target.parameters()).device
+    eos_set = _eos_set(eos)
+    x = torch.tensor([prompt_ids[-1:]], dtype=torch.long, device=device)
+    out: list[int] = []
+    forwards = 0
+    while True:
+        logits = target(input_ids=x, **kw).logits[0, -1]
+        forwards += 1
+        if temperature == 0.0:
+            tok = logits.argmax(-1, keepdim=True)
+        else:
+            tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=generator)
+        t = tok.item()
+        out.append(t)
+        if t in eos_set or len(out) >= max_new_tokens:
+            break
+        x = tok.view(1, 1)
+    return Generation(out, SpecStats(target_forwards=forwards, emitted=len(out)))
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Any,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    gamma: int,
+    threshold: float = 0.0,
+    temperature: float = 0.0,
+    max_new_tokens: int = 128,
+    eos: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Speculative decoding of `prompt_ids` with `drafter` proposing up to `gamma` tokens per step."""
+    check_decoding(gamma, threshold, temperature, max_new_tokens)
+    if gamma == 0:
+        return autoregressive_generate(target, prompt_ids, max_new_tokens, temperature, eos, generator)
+    cache = new_cache(target)
+    kw = {cache_kwarg(target): cache, "use_cache": True}
+    _prefill(target, prompt_ids, kw)
+    device = next(target.parameters()).device
+    drafter.start(prompt_ids)
+    eos_set = _eos_set(eos)
+    seq = list(prompt_ids)  # committed tokens; the last one is not in the target's cache yet
+    out: list[int] = []
+    steps: list[tuple[int, int, int]] = []  # (allowed g, proposed k, accepted n) per verification
+    forwards = 0
+    last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
+    while True:
+        # Never draft past max_new_tokens: k drafts emit at most k + 1 tokens.
+        g = min(gamma, max_new_tokens - len(out) - 1)
+        draft, q = drafter.propose(seq, g, threshold, temperature, generator) if g > 0 else (last[:0], None)
+        k = draft.numel()
+        logits = target(input_ids=torch.cat((last, draft)).view(1, k + 1), **kw).logits[0]
+        forwards += 1
+        if temperature == 0.0:
+            best = logits.argmax(-1)
+            n = int((best[:k] == draft).cumprod(0).sum()) if k else 0
+            new = draft[:n].tolist()
+            new.append(int(best[n]))
+        else:
+            n, new = _verify_sampling(logits, draft, q, temperature, generator)
+        if k > n:
+            cache.crop(n - k)  # keep [last, d_1..d_n] in the target's cache
+        steps.append((g, k, n))
+        before = len(seq)
+        done = _append(out, new, eos_set, max_new_tokens)
+        seq.extend(new)
+        if done:
+            break
+        drafter.commit(before + n)
+        last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
+    return Generation(out, _stats(steps, forwards, len(out)))
+
+
+def _verify_sampling(
+    logits: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int]]:
+    """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): exact for the target's p."""
+    k = draft.numel()
+    p = torch.softmax(logits.float() / temperature, -1)  # (k + 1, V)
+    idx = torch.arange(k, device=p.device)
+    if q is not None and q.shape[-1] != p.shape[-1]:  # draft and target LM heads padded differently
+        width = max(q.shape[-1], p.shape[-1])
+        q = torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+        p = torch.nn.functional.pad(p, (0, width - p.shape[-1]))
+    p_tok = p[idx, draft]
+    q_tok = q[idx, draft] if q is not None else torch.ones_like(p_tok)  # point mass: q(d) = 1
+    u = torch.rand(k, generator=generator, device=p.device)
+    n = int((u * q_tok < p_tok).cumprod(0).sum()) if k else 0  # u < p/q, no division by 0
+    if n < k:
+        if q is not None:
+            residual = (p[n] - q[n]).clamp_min(0.0)
+        else:
+            residual = p[n].clone()
+            residual[draft[n]] = 0.0
+        total = residual.sum()
+        # p == q up to rounding leaves no residual mass; then p itself is the right distribution.
+        dist = residual / total if total > 0 else p[n]
+    else:
+        dist = p[k]
+    bonus = int(torch.multinomial(dist, 1, generator=generator))
+    new = draft[:n].tolist()
+    new.append(bonus)
+    return n, new
+
+
+def _stats(steps: list[tuple[int, int, int]], forwards: int, emitted: int) -> SpecStats:
+    width = max((k for _, k, _ in steps), default=0)
+    allowed_width = max((g for g, _, _ in steps), default=0)
+    reached, accepted, allowed = [0] * width, [0] * width, [0] * allowed_width
+    for g, k, n in steps:
+        for i in range(min(n + 1, k)):
+            reached[i] += 1
+        for i in range(n):
+            accepted[i] += 1
+        for i in range(min(n + 1, g)):
+            allowed[i] += 1
+    return SpecStats(
+        proposed=sum(k for _, k, _ in steps),
+        accepted=sum(n for _, _, n in steps),
+        target_forwards=forwards,
+        emitted=emitted,
+        reached_at=reached,
+        accepted_at=accepted,
+        allowed_at=allowed,
+    )

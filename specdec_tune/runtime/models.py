@@ -1,0 +1,172 @@
+"""Load a target or draft causal LM and its tokenizer offline, from a folder or the local HF cache.
+
+Nothing here downloads: a model that is neither a folder nor already in the Hugging Face cache is
+a clear error. Also: the shipped demo pair, dtype choice, and the vocabulary compatibility check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecDecError
+
+DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
+DEMO_TARGET = "demo"
+DEMO_DRAFTS = ("draft-1l", "draft-2l")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_HF_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for decoding, with where it came from."""
+
+    name: str  # what the user passed, or the demo name
+    path: str
+    revision: str | None  # the HF snapshot commit when loaded from the cache
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    dtype: str
+    device: str
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def slugify(text: str) -> str:
+    """Lowercase, filesystem-safe slug of the last path component; keeps dots and dashes.
+
+    "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b-instruct"; "NVIDIA H200" -> "nvidia-h200".
+    """
+    last = re.split(r"[/\\]", text.strip().rstrip("/\\"))[-1]
+    slug = re.sub(r"[^a-z0-9.\-]+", "-", last.lower())
+    slug = re.sub(r"-{2,}", "-", slug).strip("-.")
+    # "." / ".." alone would be path traversal, and an empty name is no file name at all.
+    return slug or "unknown"
+
+
+def demo_path(name: str) -> Path:
+    """Folder of a shipped demo model: "demo" (the target), "draft-1l" or "draft-2l"."""
+    folder = DEMO_DIR / ("target" if name in (DEMO_TARGET, "target") else name)
+    if not (folder / "config.json").is_file():
+        raise SpecDecError(
+            f"the demo model '{name}' is not installed at {folder}; reinstall specdec-tune "
+            "or rebuild it with scripts/train_demo_models.py"
+        )
+    return folder
+
+
+def is_demo_name(name: str) -> bool:
+    return name in (DEMO_TARGET, *DEMO_DRAFTS)
+
+
+def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
+    """A local folder, a demo name, or an HF id already in the local cache -> (folder, revision)."""
+    if is_demo_name(name_or_path):
+        return demo_path(name_or_path), None
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise SpecDecError(f"model folder {p} has no config.json: is it a transformers model folder?")
+        return p, None
+    if name_or_path.startswith((".", "/", "~")) or not _HF_ID.match(name_or_path):
+        raise SpecDecError(f"model folder '{name_or_path}' does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(repo_id=name_or_path, local_files_only=True))
+    except Exception:
+        raise SpecDecError(
+            f"model '{name_or_path}' is not a local folder and is not in the Hugging Face cache; "
+            "specdec-tune never downloads: fetch it first (e.g. `hf download "
+            f"{name_or_path}`) or pass a folder"
+        ) from None
+    return folder, folder.name
+
+
+def choose_dtype(dtype: str, device: str) -> Any:
+    """'auto' is float32 on CPU (fastest and exact there) and bfloat16 on CUDA when supported."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise SpecDecError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+    """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0")."""
+    folder, revision = resolve_model_path(name_or_path)
+    torch_dtype = choose_dtype(dtype, device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(f"could not load model '{name_or_path}' from {folder}: {first}") from None
+    model.to(device).eval()
+    return LoadedModel(
+        name=name_or_path,
+        path=str(folder),
+        revision=revision,
+        model=model,
+        tokenizer=tokenizer,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        device=device,
+    )
+
+
+def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft and target must share a tokenizer: same size, same id for every token both have."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if len(target.tokenizer) != len(draft.tokenizer):
+        raise SpecDecError(
+            f"draft '{draft.name}' has a tokenizer of {len(draft.tokenizer)} tokens but the target "
+            f"'{target.name}' has {len(target.tokenizer)}: speculative decoding needs a shared vocabulary"
+        )
+    for token, tid in t_vocab.items():
+        did = d_vocab.get(token)
+        if did is not None and did != tid:
+            raise SpecDecError(
+                f"draft '{draft.name}' maps token {token!r} to id {did} but the target maps it to {tid}: "
+                "the tokenizers differ, pick a draft from the same model family"
+            )
+
+
+def content_hash(folder: str | Path) -> str:
+    """A cheap fingerprint of a model folder: config.json plus each weight file's size and first MiB."""
+    h = hashlib.sha256()
+    folder = Path(folder)
+    for f in sorted(folder.iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
+            h.update(f.name.encode())
+            h.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def eos_ids(loaded: LoadedModel) -> list[int]:
+    """All end-of-sequence ids the model's generation config and tokenizer declare."""
+    ids: list[int] = []
+    gen = getattr(loaded.model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), loaded.tokenizer.eos_token_id):
+        if src is None:
+            continue
+        for i in src if isinstance(src, (list, tuple)) else [src]:
+            if i not in ids:
+                ids.append(int(i))
+    return ids

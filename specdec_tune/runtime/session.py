@@ -1,0 +1,121 @@
+"""What every command sets up first: the target, its drafts, the workload encoded as a `Case`.
+
+Also the `--draft` syntax: a model (folder, HF id or demo name), `prompt-lookup[:MIN-MAX]`, or
+`layer-skip:K`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..domain import DraftSpec
+from ..errors import SpecDecError
+from ..limits import check_count, check_temperature
+from .devices import resolve_device
+from .models import (
+    DEMO_DRAFTS,
+    DEMO_TARGET,
+    LoadedModel,
+    check_vocab_compatible,
+    eos_ids,
+    load_model,
+    slugify,
+)
+from .workloads import Case, Prompt, Workload, encode_prompts, load_workload, stratified
+
+LOOKUP_RE = re.compile(r"^(?:prompt-lookup|lookup|ngram)(?::(\d+)-(\d+))?$")
+LAYER_SKIP_RE = re.compile(r"^layer-skip:(\d+)$")
+
+
+def parse_draft(text: str) -> DraftSpec:
+    """`--draft` value -> DraftSpec (the model, if any, is loaded later)."""
+    text = text.strip()
+    if not text:
+        raise SpecDecError(
+            "--draft needs a value: a model folder or id, prompt-lookup[:MIN-MAX], or layer-skip:K"
+        )
+    m = LOOKUP_RE.match(text)
+    if m:
+        lo, hi = (int(m.group(1)), int(m.group(2))) if m.group(1) else (1, 3)
+        if not 1 <= lo <= hi:
+            raise SpecDecError(f"prompt lookup n-gram range must satisfy 1 <= MIN <= MAX, got {lo}-{hi}")
+        return DraftSpec(name="prompt-lookup", kind="prompt_lookup", ngram_min=lo, ngram_max=hi)
+    m = LAYER_SKIP_RE.match(text)
+    if m:
+        k = int(m.group(1))
+        return DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k)
+    if text.startswith("layer-skip"):
+        raise SpecDecError(f"bad draft '{text}': layer-skip needs a layer count, e.g. layer-skip:2")
+    return DraftSpec(name=text if text in DEMO_DRAFTS else slugify(text), kind="model", path=text)
+
+
+@dataclass
+class Session:
+    target: LoadedModel
+    drafts: dict[str, LoadedModel]  # draft models by DraftSpec name
+    specs: list[DraftSpec]  # every drafter asked for, models and model-free
+    workload: Workload
+    case: Case
+    device: str
+
+    @property
+    def draft_modules(self) -> dict[str, object]:
+        return {name: m.model for name, m in self.drafts.items()}
+
+    def draft_model(self, spec: DraftSpec) -> object:
+        """The draft model of a kind-"model" spec, loaded (and its vocabulary checked) on first use."""
+        if spec.name not in self.drafts:
+            d = load_model(spec.path or spec.name, self.device, self.target.dtype)
+            check_vocab_compatible(self.target, d)
+            self.drafts[spec.name] = d
+        return self.drafts[spec.name].model
+
+
+def open_session(
+    target: str | None,
+    drafts: list[str | DraftSpec] | None,
+    workload: str = "demo-code",
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    device: str = "auto",
+    dtype: str = "auto",
+    limit: int | None = None,
+    prompt: str | None = None,
+    default_drafts: bool = True,
+    lazy_drafts: bool = False,
+) -> Session:
+    """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
+
+    `drafts` holds `--draft` strings or ready DraftSpecs (a stored profile's). With `lazy_drafts`
+    the draft models are loaded on first use (`Session.draft_model`), so one that fails to load
+    fails its trials instead of the whole run.
+    """
+    check_count(max_new_tokens, "max_new_tokens")
+    check_temperature(temperature)
+    dev = resolve_device(device)
+    if drafts is None:
+        drafts = [*DEMO_DRAFTS, "prompt-lookup"] if (target is None and default_drafts) else ["prompt-lookup"]
+    specs = [d if isinstance(d, DraftSpec) else parse_draft(d) for d in drafts]
+    names = [s.name for s in specs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise SpecDecError(f"draft given twice: {', '.join(sorted(dup))}")
+    if prompt is not None:
+        if not prompt.strip():
+            raise SpecDecError("the prompt is empty: pass some text with --prompt")
+        wl = Workload(name="prompt", prompts=[Prompt(text=prompt)], source="--prompt")
+    else:
+        wl = load_workload(workload)
+        if limit is not None:
+            wl.prompts = stratified(wl.prompts, limit)
+    tgt = load_model(target or DEMO_TARGET, dev, dtype)
+    ids = encode_prompts(wl, tgt.tokenizer)
+    budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
+    case = Case(ids, budgets, eos_ids(tgt), temperature)
+    session = Session(tgt, {}, specs, wl, case, dev)
+    if not lazy_drafts:
+        for spec in specs:
+            if spec.kind == "model":
+                session.draft_model(spec)
+    return session

@@ -1,0 +1,140 @@
+"""What the search may try: its settings, the space of (draft, gamma, threshold), the configs it
+tries first (the baseline, then the cost model's best predictions or the whole grid), and how an
+Optuna trial turns into a `Config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..domain import NO_DRAFT, Config, DraftSpec
+from ..errors import SpecDecError
+from ..limits import check_count, check_gamma, threshold_ok
+from .costmodel import CostModel
+
+THRESHOLD_STEP = 0.05
+DEFAULT_TRIALS = 20
+
+
+@dataclass
+class TuneSettings:
+    trials: int | None = (
+        None  # finished trials the study should hold; None: DEFAULT_TRIALS, or the grid's size
+    )
+    timeout_s: float | None = None
+    sampler: str = "tpe"  # "tpe" or "grid"
+    seed: int = 0
+    max_gamma: int = 8
+    threshold_max: float = 0.95
+    grid_thresholds: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6)
+    repeats: int = 2
+    prune_ratio: float = 0.6  # prune after the first repeat below this share of the best so far
+    seed_top: int = 6  # cost-model predictions enqueued first
+    finalists: int = 3  # best configs re-measured head to head after the search (0: none)
+    final_repeats: int = 4  # interleaved repeats of that final round
+    final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
+    storage: str | None = None
+    study_name: str | None = None
+    # A worker writes a heartbeat this often; a trial whose heartbeat is older than the grace
+    # period belongs to a dead worker (on any host) and is failed, so the study goes on.
+    heartbeat_s: int = 5
+    grace_s: int = 20
+
+    def __post_init__(self) -> None:
+        if self.trials is not None:
+            check_count(self.trials, "--trials")
+        check_gamma(self.max_gamma, allow_zero=False, what="--max-gamma")
+        if self.sampler not in ("tpe", "grid"):
+            raise SpecDecError(f"unknown sampler '{self.sampler}': use tpe or grid")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise SpecDecError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        check_count(self.repeats, "--repeats")
+        check_count(self.finalists, "--finalists", low=0)
+        check_count(self.final_repeats, "--final-repeats")
+        if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
+            raise SpecDecError("thresholds must be in [0, 1)")
+        check_count(self.heartbeat_s, "heartbeat interval")
+        if self.grace_s <= self.heartbeat_s:
+            raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
+
+
+def trial_count(specs: list[DraftSpec], settings: TuneSettings) -> int:
+    """The number of finished trials the search aims for."""
+    if settings.trials is not None:
+        return settings.trials
+    return grid_size(specs, settings) if settings.sampler == "grid" else DEFAULT_TRIALS
+
+
+def search_space(specs: list[DraftSpec], settings: TuneSettings) -> dict[str, Any]:
+    return {
+        "drafts": ["none", *[s.name for s in specs]],
+        "gamma": [1, settings.max_gamma],
+        "threshold": [0.0, settings.threshold_max, THRESHOLD_STEP],
+        "threshold_drafts": [s.name for s in specs if s.has_threshold],
+    }
+
+
+def grid_size(specs: list[DraftSpec], settings: TuneSettings) -> int:
+    """Trials an exhaustive grid needs: the baseline plus every (draft, gamma, threshold)."""
+    return len(seed_configs(specs, None, replace(settings, sampler="grid")))
+
+
+def seed_configs(
+    specs: list[DraftSpec], model: CostModel | None, settings: TuneSettings
+) -> list[dict[str, Any]]:
+    """What to try first, as trial params: the whole grid, or the baseline plus the cost model's
+    top predictions (spread over drafts: the model is least sure where it extrapolates)."""
+    configs: list[dict[str, Any]] = [{"draft": "none"}]
+    if settings.sampler == "grid":
+        for s in specs:
+            thresholds = settings.grid_thresholds if s.has_threshold else (None,)
+            for g in range(1, settings.max_gamma + 1):
+                for t in thresholds:
+                    c: dict[str, Any] = {"draft": s.name, "gamma": g}
+                    if t is not None:
+                        c["threshold"] = t
+                    configs.append(c)
+        return configs
+    if model is None:
+        return configs
+    by_name = {s.name: s for s in specs}
+    names = [n for n in model.drafts if n in by_name]
+    per_draft = max(2, settings.seed_top // max(1, len(names)))
+    seen: dict[str, int] = {}
+    for name, g, _ in model.rank(settings.max_gamma, names):
+        if seen.get(name, 0) >= per_draft:
+            continue
+        seen[name] = seen.get(name, 0) + 1
+        c = {"draft": name, "gamma": g}
+        if by_name[name].has_threshold:
+            c["threshold"] = 0.0
+        configs.append(c)
+        if len(configs) > settings.seed_top:
+            break
+    return configs
+
+
+def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> Config:
+    """The config an Optuna trial asks for (the threshold only where the draft has a confidence)."""
+    draft = trial.suggest_categorical("draft", space["drafts"])
+    if draft == "none":
+        return Config(NO_DRAFT, 0, 0.0)
+    gamma = trial.suggest_int("gamma", *space["gamma"])
+    threshold = 0.0
+    if specs[draft].has_threshold:
+        lo, hi, step = space["threshold"]
+        threshold = trial.suggest_float("threshold", lo, hi, step=step)
+    return Config(specs[draft], gamma, round(threshold, 4))
+
+
+def config_of_params(params: dict[str, Any], specs: dict[str, DraftSpec]) -> Config | None:
+    """The config a finished trial measured (None when its draft is not in `specs`)."""
+    draft = params.get("draft", "none")
+    if draft == "none":
+        return Config(NO_DRAFT, 0, 0.0)
+    if draft not in specs or params.get("gamma") is None:
+        return None
+    threshold = params.get("threshold")
+    threshold = 0.0 if threshold is None or threshold != threshold else float(threshold)  # NaN: absent
+    return Config(specs[draft], int(params["gamma"]), round(threshold, 4))

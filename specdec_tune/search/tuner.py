@@ -1,0 +1,216 @@
+"""The Optuna search over (draft, gamma, threshold) where every trial runs the real speculative loop.
+
+The objective is the speedup measured against the plain target in the same run. The study starts
+from the baseline and the cost model's best predictions (or the whole grid), prunes clearly
+hopeless trials after their first repeat, records a failing trial as failed (the study goes on),
+and lives in an Optuna storage so a rerun resumes it and several workers can share it. Each
+trial runs through `study.optimize`, so Optuna's heartbeat watches it. It returns data; it
+writes no files.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ..domain import Costs, DraftSpec
+from ..errors import SpecDecError
+from ..measure.bench import measure
+from ..runtime.drafters import Drafter, build_drafter
+from ..runtime.workloads import Case
+from .costmodel import CostModel
+from .final import final_round
+from .results import TuneResult, summarise
+from .space import TuneSettings, search_space, seed_configs, suggest, trial_count
+from .study import (
+    INTERRUPTED,
+    SURPLUS,
+    best_value,
+    claim_identity,
+    counted,
+    default_storage,
+    fail_stale,
+    open_study,
+    redact,
+    running,
+    study_name_for,
+)
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+POLL_S = 1.0  # how often a worker looks again while others hold the study's last slots
+
+
+class DrafterPool:
+    """Builds drafters on first use; a drafter that fails to build fails its trials, not the run."""
+
+    def __init__(self, specs: list[DraftSpec], target: Any, load: Callable[[DraftSpec], Any] | None = None):
+        self.specs = {s.name: s for s in specs}
+        self.target = target
+        self.load = load  # DraftSpec -> draft model module, for kind "model"
+        self._built: dict[str, Drafter | BaseException] = {}
+
+    def get(self, name: str) -> Drafter:
+        if name not in self._built:
+            try:
+                spec = self.specs[name]
+                models = {name: self.load(spec)} if spec.kind == "model" and self.load else {}
+                self._built[name] = build_drafter(spec, self.target, models)
+            except Exception as exc:  # recorded, and re-raised for every trial of this draft
+                self._built[name] = exc
+        built = self._built[name]
+        if isinstance(built, BaseException):
+            raise built
+        return built
+
+    @staticmethod
+    def free_device_memory() -> None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+
+class _Surplus(Exception):
+    """This trial started after the study was full (another worker took the last slot)."""
+
+
+def tune(
+    target: Any,
+    specs: list[DraftSpec],
+    case: Case,
+    settings: TuneSettings,
+    costs: Costs | None = None,
+    pool: DrafterPool | None = None,
+    study_key: dict[str, Any] | None = None,
+    on_trial: Callable[[int, int, float | None], None] | None = None,
+    on_final: Callable[[list[str]], None] | None = None,
+) -> TuneResult:
+    """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")
+    by_name = {s.name: s for s in specs}
+    if "none" in by_name:
+        raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
+    space = search_space(specs, settings)
+    pool = pool or DrafterPool(specs, target)
+    model = CostModel(costs) if costs is not None else None
+    storage_url = settings.storage or default_storage()
+    name = settings.study_name or study_name_for(
+        {**(study_key or {}), "space": space, "sampler": settings.sampler}
+    )
+    sampler = (
+        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
+        if settings.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=settings.seed)
+    )
+    study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s)
+    identity = {"space": space, "key": study_key or {}}
+    claim_identity(study, identity, seed_configs(specs, model, settings), redact(storage_url))
+
+    total = trial_count(specs, settings)
+    objective = _Objective(study, pool, by_name, space, case, model, settings, total)
+    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
+    while (done := counted(study)) < total:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if done + running(study) >= total:
+            # Other workers hold the last slots: wait for them, or for their heartbeat to go stale.
+            fail_stale(study)
+            time.sleep(POLL_S)
+            continue
+        study.optimize(objective, n_trials=1, catch=(Exception,))
+        if on_trial is not None:
+            on_trial(counted(study), total, best_value(study))
+    result = summarise(study, specs, name, storage_url, space)
+    if settings.finalists > 0:
+        final_round(study, result, pool, case, settings, on_final)
+    return result
+
+
+class _Objective:
+    """One trial: ask the config, measure it against the baseline, record its metrics as user
+    attributes (readable by optuna-dashboard and `optuna.load_study`)."""
+
+    def __init__(self, study, pool, specs, space, case, model, settings, total) -> None:
+        self.study, self.pool, self.specs, self.space = study, pool, specs, space
+        self.case, self.model, self.settings, self.total = case, model, settings, total
+
+    def __call__(self, trial: Any) -> float:
+        import optuna
+
+        started = time.monotonic()
+        trial.set_user_attr("worker", WORKER)
+        try:
+            if counted(self.study) + running(self.study, before=trial.number) >= self.total:
+                trial.set_user_attr(SURPLUS, True)
+                raise _Surplus()
+            config = suggest(trial, self.specs, self.space)
+            if config.gamma == 0 and self._reuse_baseline(trial):
+                return 1.0
+            best = best_value(self.study)
+            prune_below = self.settings.prune_ratio * best if best is not None else None
+
+            def on_repeat(r: int, speedup: float) -> None:
+                trial.report(speedup, r)
+                # Conservative: only a config far below the best so far is dropped, so noise
+                # cannot prune the eventual winner.
+                if r == 0 and self.settings.repeats > 1 and prune_below and speedup < prune_below:
+                    raise optuna.TrialPruned()
+
+            drafter = None if config.gamma == 0 else self.pool.get(config.draft.name)
+            m = measure(
+                self.pool.target,
+                drafter,
+                config.gamma,
+                config.threshold,
+                self.case,
+                self.settings.repeats,
+                seed=self.settings.seed,
+                on_repeat=on_repeat,
+            )
+            if not math.isfinite(m.metrics.speedup):
+                raise RuntimeError("measured speedup is not finite")
+            m.metrics.predicted_speedup = (
+                self.model.predict(config.draft.name, config.gamma) if self.model else None
+            )
+            for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
+                trial.set_user_attr(k, v)
+            return m.metrics.speedup
+        except (optuna.TrialPruned, _Surplus):
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr(INTERRUPTED, True)
+            raise
+        except Exception as exc:  # CUDA OOM, a draft that fails to load, ...: this trial fails alone
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            self.pool.free_device_memory()
+            raise
+        finally:
+            trial.set_user_attr("duration_s", time.monotonic() - started)
+
+    def _reuse_baseline(self, trial: Any) -> bool:
+        """The sampler asked for the baseline again: its speedup is 1.0 by definition, so the
+        finished baseline trial's numbers are copied instead of spending a measurement on it."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.params.get("draft") == "none" and not t.user_attrs.get("reused_baseline"):
+                for k, v in t.user_attrs.items():
+                    if k not in ("worker", "duration_s"):
+                        trial.set_user_attr(k, v)
+                trial.set_user_attr("reused_baseline", True)
+                return True
+        return False

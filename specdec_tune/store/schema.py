@@ -1,0 +1,313 @@
+"""The profile schema: what `specdec-tune run` found best for one target on one accelerator, as
+plain dataclasses, built from parsed YAML with validation whose errors name the field path.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Union
+
+from ..domain import DRAFT_KINDS, Costs, Metrics, Result
+from ..errors import SpecDecError
+from ..limits import THRESHOLD_RANGE, threshold_ok
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class TargetInfo:
+    name: str  # what the user passed (HF id or folder) or "demo"
+    path: str
+    revision: str | None  # git commit of the HF snapshot when known
+    content_hash: str  # sha256 over config + weight files (first 16 hex)
+    dtype: str
+    num_params: int
+
+
+@dataclass
+class WorkloadInfo:
+    name: str
+    prompts: int
+    sha256: str  # hash of the prompts (first 16 hex)
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclass
+class SearchInfo:
+    sampler: str  # "tpe" or "grid"
+    trials: int  # finished trials counted into the study
+    failed: int
+    pruned: int
+    study_name: str
+    storage: str
+    seed: int
+    space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
+    finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
+    final_repeats: int = 0  # interleaved repeats of that final round
+
+
+@dataclass
+class Profile:
+    hardware: dict[str, Any]  # fingerprint from specdec_tune.hardware; must contain "slug"
+    target: TargetInfo
+    workload: WorkloadInfo
+    costs: Costs | None
+    search: SearchInfo
+    best: Result
+    alternatives: list[Result]  # next best, at most 4
+    baseline: Metrics  # gamma 0: plain target, speedup 1
+    versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
+    created: str = ""  # ISO 8601 UTC
+    schema_version: int = SCHEMA_VERSION
+
+
+def profile_from_dict(d: Any) -> Profile:
+    """Build and validate a Profile from plain data (parsed YAML).
+
+    Raises SpecDecError naming the offending field path, e.g. 'best.config.gamma'.
+    """
+    if not isinstance(d, dict):
+        raise SpecDecError(f"a profile must be a YAML mapping at the top level, got {_describe(d)}")
+    if "schema_version" not in d:
+        # schema_version is the last key written, so a file without it was most likely cut off:
+        # converting the rest names the first field that went missing
+        _convert(d, Profile, "")
+        raise SpecDecError(
+            f"profile field 'schema_version' is missing: it is the last line specdec-tune writes, so the "
+            f"file may be cut off (this specdec-tune reads schema version {SCHEMA_VERSION})"
+        )
+    version = d["schema_version"]
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise SpecDecError(
+            f"profile schema_version {version!r} is not supported: this specdec-tune reads schema version "
+            f"{SCHEMA_VERSION} (re-run `specdec-tune run` to write a current profile, or install the "
+            f"specdec-tune that wrote it)"
+        )
+    profile = _convert(d, Profile, "")
+    _validate(profile)
+    return profile
+
+
+_NONE_TYPE = type(None)
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against the annotation `tp` and build dataclasses; path names the field."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(tp) if a is not _NONE_TYPE]
+        if value is None:
+            return None
+        return _convert(value, args[0], path)
+    if value is None:
+        raise _field_error(path, f"must be {_expected(tp)}{_range_of(path)}", value)
+    if is_dataclass(tp):
+        return convert_dataclass(value, tp, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _field_error(path, "must be a list", value)
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _field_error(path, "must be a mapping", value)
+        _, value_tp = typing.get_args(tp)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _field_error(path, "must have string keys", k)
+            out[k] = _convert(v, value_tp, f"{path}.{k}")
+        return out
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _field_error(path, "must be an int" + _range_of(path), value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _field_error(path, "must be a number" + _range_of(path), value)
+        if not math.isfinite(value):
+            raise _field_error(path, "must be a finite number" + _range_of(path), value)
+        return float(value)
+    if tp is str:
+        # YAML turns an unquoted ISO timestamp into a datetime; a hand-edited `created:` is still fine
+        if hasattr(value, "isoformat") and not isinstance(value, str):
+            return value.isoformat()
+        if not isinstance(value, str):
+            # an unquoted hash or version would have been mangled by YAML already (0123 is octal)
+            raise _field_error(path, "must be a string (quote it in YAML)", value)
+        return value
+    raise TypeError(f"profile schema has an unsupported annotation {tp!r} at {path}")  # a bug, not input
+
+
+def convert_dataclass(value: Any, cls: type, path: str) -> Any:
+    if not isinstance(value, dict):
+        raise _field_error(path or "(top level)", "must be a mapping", value)
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    unknown = [k for k in value if k not in known]
+    if unknown:
+        where = f"profile field '{_join(path, str(unknown[0]))}'"
+        raise SpecDecError(
+            f"{where} is not part of schema version {SCHEMA_VERSION} (known fields here: {', '.join(known)})"
+        )
+    kwargs = {}
+    for f in fields(cls):
+        sub = _join(path, f.name)
+        if f.name not in value:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise SpecDecError(
+                    f"profile field '{sub}' is missing (is the file truncated or hand-edited?)"
+                )
+            continue
+        kwargs[f.name] = _convert(value[f.name], hints[f.name], sub)
+    return cls(**kwargs)
+
+
+# The allowed range of a numeric field, named in type errors too ("must be an int >= 0, got 'x'")
+_FIELD_RANGES = {
+    "gamma": ">= 0",
+    "threshold": f"in {THRESHOLD_RANGE}",
+    "acceptance_rate": "in [0, 1]",
+    "acceptance_vector": "in [0, 1]",
+    "per_position_acceptance": "in [0, 1]",
+    "repeats": ">= 1",
+    "prompts": ">= 1",
+    "max_new_tokens": ">= 1",
+    "temperature": ">= 0",
+    "ngram_min": ">= 1",
+    "ngram_max": ">= 1",
+    "layers": ">= 1",
+}
+
+
+def _range_of(path: str) -> str:
+    name = path.rsplit(".", 1)[-1].split("[", 1)[0]
+    rng = _FIELD_RANGES.get(name)
+    return f" {rng}" if rng else ""
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _expected(tp: Any) -> str:
+    if is_dataclass(tp) or typing.get_origin(tp) is dict:
+        return "a mapping"
+    if typing.get_origin(tp) is list:
+        return "a list"
+    return {int: "an int", float: "a number", str: "a string"}.get(tp, "set")
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field_error(path: str, expectation: str, value: Any) -> SpecDecError:
+    return SpecDecError(f"profile field '{path}' {expectation}, got {_describe(value)}")
+
+
+# ------------------------------------------------------------------------------ semantic checks
+
+
+def _validate(p: Profile) -> None:
+    slug = p.hardware.get("slug")
+    if not isinstance(slug, str) or not slug:
+        raise _field_error("hardware.slug", "must be a non-empty string", slug)
+    _at_least(p.workload.temperature, 0.0, "workload.temperature")
+    _at_least(p.workload.max_new_tokens, 1, "workload.max_new_tokens")
+    _at_least(p.workload.prompts, 1, "workload.prompts")
+    _validate_result(p.best, "best")
+    for i, alt in enumerate(p.alternatives):
+        _validate_result(alt, f"alternatives[{i}]")
+    _validate_metrics(p.baseline, "baseline")
+    _at_least(p.search.finalists, 0, "search.finalists")
+    _at_least(p.search.final_repeats, 0, "search.final_repeats")
+    if p.costs is not None:
+        c = p.costs
+        _positive(c.t_target_ms, "costs.t_target_ms")
+        _at_least(c.context_len, 0, "costs.context_len")
+        for i, v in enumerate(c.verify_ms):
+            _positive(v, f"costs.verify_ms[{i}]")
+        for name in ("loop_overhead_ms", "step_overhead_ms"):
+            if getattr(c, name) is not None:
+                _at_least(getattr(c, name), 0.0, f"costs.{name}")
+        for i, dc in enumerate(c.drafts):
+            where = f"costs.drafts[{i}]"
+            _at_least(dc.t_draft_ms, 0.0, f"{where}.t_draft_ms")
+            _probability(dc.acceptance_rate, f"{where}.acceptance_rate")
+            for j, a in enumerate(dc.acceptance_vector):
+                _probability(a, f"{where}.acceptance_vector[{j}]")
+
+
+def _validate_result(r: Result, path: str) -> None:
+    d = r.config.draft
+    where = f"{path}.config.draft"
+    if d.kind not in DRAFT_KINDS:
+        raise _field_error(f"{where}.kind", f"must be one of {', '.join(DRAFT_KINDS)}", d.kind)
+    if d.kind == "model" and not d.path:
+        raise _field_error(
+            f"{where}.path", "must name the draft model folder or HF id for kind 'model'", d.path
+        )
+    if d.kind == "prompt_lookup":
+        for name in ("ngram_min", "ngram_max"):
+            v = getattr(d, name)
+            if v is None or v < 1:
+                raise _field_error(f"{where}.{name}", "must be an int >= 1 for kind 'prompt_lookup'", v)
+        if d.ngram_min > d.ngram_max:
+            raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
+    if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
+        raise _field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
+    gamma_path = f"{path}.config.gamma"
+    if d.kind == "none":
+        if r.config.gamma != 0:
+            raise _field_error(gamma_path, "must be 0 for draft kind 'none'", r.config.gamma)
+    else:
+        _at_least(r.config.gamma, 1, gamma_path)
+    t = r.config.threshold
+    if not threshold_ok(t):
+        raise _field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)
+    _validate_metrics(r.metrics, f"{path}.metrics")
+
+
+def _validate_metrics(m: Metrics, path: str) -> None:
+    _at_least(m.tokens_per_s, 0.0, f"{path}.tokens_per_s")
+    _at_least(m.baseline_tokens_per_s, 0.0, f"{path}.baseline_tokens_per_s")
+    _at_least(m.speedup, 0.0, f"{path}.speedup")
+    _at_least(m.speedup_spread, 0.0, f"{path}.speedup_spread")
+    _probability(m.acceptance_rate, f"{path}.acceptance_rate")
+    _at_least(m.mean_accepted_len, 0.0, f"{path}.mean_accepted_len")
+    for i, a in enumerate(m.per_position_acceptance):
+        _probability(a, f"{path}.per_position_acceptance[{i}]")
+    _at_least(m.repeats, 1, f"{path}.repeats")
+    if m.search_speedup is not None:
+        _at_least(m.search_speedup, 0.0, f"{path}.search_speedup")
+
+
+def _at_least(value: float, low: float, path: str) -> None:
+    if value < low:
+        kind = "an int" if isinstance(low, int) else "a number"
+        raise _field_error(path, f"must be {kind} >= {low}", value)
+
+
+def _positive(value: float, path: str) -> None:
+    if value <= 0:
+        raise _field_error(path, "must be a number > 0", value)
+
+
+def _probability(value: float, path: str) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise _field_error(path, "must be a number in [0, 1]", value)

@@ -1,0 +1,135 @@
+"""Profiles and costs files as YAML: to and from plain data (floats rounded so two profiles diff
+cleanly), written atomically, read back with every problem a one-line SpecDecError.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..domain import Costs
+from ..errors import SpecDecError
+from .atomic import atomic_write_text
+from .schema import SCHEMA_VERSION, Profile, convert_dataclass, profile_from_dict
+
+# Floats are written with this many significant digits: enough for timings and rates, few enough
+# that two profiles diff cleanly.
+FLOAT_DIGITS = 5
+
+
+def profile_to_dict(p: Profile) -> dict[str, Any]:
+    """The profile as plain YAML/JSON-able data, keys in dataclass field order, floats rounded."""
+    return _plain(p)
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    # numpy scalars sneak in from measurement code; YAML's safe dumper refuses them
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float):
+        return _round(value)
+    return str(value)
+
+
+def _round(x: float) -> float:
+    if not math.isfinite(x) or x == 0:
+        return x
+    return float(f"{x:.{FLOAT_DIGITS}g}")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Short lists of numbers on one line (`verify_ms: [7.1, 7.2]`): far easier to read and diff."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flat = all(isinstance(v, int | float | bool) or v is None for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat and bool(data))
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def profile_to_yaml(p: Profile) -> str:
+    """The YAML text `save_profile` writes, header comment included."""
+    data = profile_to_dict(p)
+    # a profile that could not be loaded back must never be written
+    profile_from_dict(data)
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    header = (
+        f"# specdec-tune profile — {p.target.name} on {p.hardware.get('slug')} "
+        f"(schema {p.schema_version}); written by `specdec-tune run`, read by check/export/show\n"
+    )
+    return header + body
+
+
+def save_profile(p: Profile, path: str | os.PathLike[str]) -> Path:
+    """Write the profile as YAML atomically (parent folders are created); returns the path."""
+    text = profile_to_yaml(p)
+    path = Path(path)
+    atomic_write_text(path, text)
+    return path
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile; every problem with the file is a SpecDecError, never a traceback."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecDecError(f"profile not found: {path}")
+    if path.is_dir():
+        raise SpecDecError(f"profile path is a folder, not a YAML file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecDecError(f"{path} is not a text file, so not a specdec-tune profile") from None
+    except OSError as e:
+        raise SpecDecError(f"cannot read profile {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(e, "problem", None) or "parse error"
+        raise SpecDecError(
+            f"{path} is not valid YAML{where}: {problem}; if the file was cut off, re-run `specdec-tune run`"
+        ) from None
+    if data is None:
+        raise SpecDecError(f"profile {path} is empty")
+    try:
+        return profile_from_dict(data)
+    except SpecDecError as e:
+        raise SpecDecError(f"{path}: {e}") from None
+
+
+def costs_to_yaml(costs: Costs, hardware: dict[str, Any]) -> str:
+    """The `specdec-tune profile --out` file: measured costs and the hardware they belong to."""
+    doc = {"schema_version": SCHEMA_VERSION, "hardware": _plain(hardware), "costs": _plain(costs)}
+    return "# specdec-tune measured costs\n" + yaml.dump(
+        doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True
+    )
+
+
+def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
+    """Read a costs file written by `specdec-tune profile --out` -> (costs, hardware)."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecDecError(f"cannot read costs file {p}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or "costs" not in doc or not isinstance(doc.get("hardware"), dict):
+        raise SpecDecError(f"{p} is not a costs file written by `specdec-tune profile --out`")
+    return convert_dataclass(doc["costs"], Costs, "costs"), doc["hardware"]

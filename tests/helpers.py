@@ -1,0 +1,249 @@
+"""What several test modules share: tiny models and tokenizers built in memory, the CLI runner,
+and a realistic, fully filled Profile (an 8B target with a 1B draft on one H200).
+
+`make_sample_profile(kind=..., gamma=..., threshold=...)` swaps the best config's drafter; any other
+keyword replaces the Profile field of that name. Numbers have at most 5 significant digits, so a
+save/load round trip is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from typer.testing import CliRunner
+
+from specdec_tune.cli import app
+from specdec_tune.domain import Config, Costs, DraftCosts, DraftSpec, Metrics, Result
+from specdec_tune.store.schema import Profile, SearchInfo, TargetInfo, WorkloadInfo
+
+BASELINE_TOK_S = 144.93
+
+DRAFTS = {
+    "model": DraftSpec(name="llama-3.2-1b", kind="model", path="/models/Llama-3.2-1B-Instruct"),
+    "prompt_lookup": DraftSpec(name="lookup", kind="prompt_lookup", ngram_min=1, ngram_max=3),
+    "layer_skip": DraftSpec(name="skip-8l", kind="layer_skip", layers=8),
+    "none": DraftSpec(name="none", kind="none"),
+}
+
+
+def make_metrics(speedup: float, acceptance: float, tau: float, per_position: list[float]) -> Metrics:
+    return Metrics(
+        tokens_per_s=round(BASELINE_TOK_S * speedup, 2),
+        baseline_tokens_per_s=BASELINE_TOK_S,
+        speedup=speedup,
+        speedup_spread=0.031,
+        acceptance_rate=acceptance,
+        mean_accepted_len=tau,
+        per_position_acceptance=per_position,
+        repeats=3,
+        predicted_speedup=round(speedup * 0.97, 4) if acceptance > 0 else None,
+    )
+
+
+def make_costs() -> Costs:
+    return Costs(
+        t_target_ms=6.9,
+        t_target_spread=0.012,
+        verify_ms=[7.1, 7.2, 7.3, 7.4, 7.6, 7.7, 7.9, 8.1],
+        verify_spread=0.024,
+        context_len=512,
+        loop_overhead_ms=0.21,
+        step_overhead_ms=0.38,
+        drafts=[
+            DraftCosts(
+                name="llama-3.2-1b",
+                t_draft_ms=2.6,
+                c=0.37681,
+                acceptance_rate=0.73,
+                acceptance_vector=[0.82, 0.78, 0.75, 0.72, 0.7, 0.68, 0.66, 0.64],
+            ),
+            DraftCosts(
+                name="lookup",
+                t_draft_ms=0.05,
+                c=0.0072464,
+                acceptance_rate=0.21,
+                acceptance_vector=[0.12, 0.35, 0.45, 0.5, 0.52, 0.54, 0.55, 0.55],
+            ),
+            DraftCosts(
+                name="skip-8l",
+                t_draft_ms=3.3,
+                c=0.47826,
+                acceptance_rate=0.62,
+                acceptance_vector=[0.71, 0.66, 0.62, 0.6, 0.58, 0.56, 0.54, 0.52],
+            ),
+        ],
+        copy_bandwidth_gbps=3950.2,
+        decode_bandwidth_gbps=2310.7,
+        roofline_share=0.58496,
+        matmul_tflops=612.4,
+    )
+
+
+def make_result(kind: str, gamma: int, threshold: float, speedup: float) -> Result:
+    draft = dataclasses.replace(DRAFTS[kind])
+    if kind == "none":
+        return Result(Config(draft, 0, 0.0), make_metrics(1.0, 0.0, 1.0, []))
+    per_position = [0.82, 0.78, 0.75, 0.72, 0.7, 0.68, 0.66, 0.64][:gamma]
+    return Result(Config(draft, gamma, threshold), make_metrics(speedup, 0.7412, 3.12, per_position))
+
+
+def make_sample_profile(
+    kind: str = "model", gamma: int = 4, threshold: float = 0.3, **overrides: Any
+) -> Profile:
+    """A complete profile whose best config uses drafter `kind`; `overrides` replace Profile fields."""
+    best = make_result(kind, gamma, threshold, 1.3102)
+    if kind != "none":
+        best.metrics.search_speedup = 1.3517  # re-measured in the final round
+    profile = Profile(
+        hardware={
+            "kind": "cuda",
+            "slug": "nvidia-h200",
+            "gpu_name": "NVIDIA H200",
+            "compute_capability": "9.0",
+            "gpu_memory_gb": 139.8,
+            "sm_count": 132,
+            "cuda": "12.8",
+            "driver": "570.86.15",
+            "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
+            "physical_cores": 16,
+        },
+        target=TargetInfo(
+            name="meta-llama/Llama-3.1-8B-Instruct",
+            path="/models/Llama-3.1-8B-Instruct",
+            revision="0e9e39f249a16976918f6564b8830bc894c89659",
+            content_hash="5c1f0d8a9e3b7d42",
+            dtype="bfloat16",
+            num_params=8030261248,
+        ),
+        workload=WorkloadInfo(
+            name="chat-mix", prompts=64, sha256="a3f09c1d2e4b5867", max_new_tokens=128, temperature=0.0
+        ),
+        costs=make_costs(),
+        search=SearchInfo(
+            sampler="tpe",
+            trials=40,
+            failed=1,
+            pruned=6,
+            study_name="llama-3.1-8b-instruct@nvidia-h200",
+            storage="sqlite:///specdec-tune.db",
+            seed=0,
+            finalists=3,
+            final_repeats=4,
+            space={
+                "drafts": ["llama-3.2-1b", "lookup", "skip-8l"],
+                "gamma": [1, 8],
+                "threshold": [0.0, 0.6],
+            },
+        ),
+        best=best,
+        alternatives=[
+            make_result("model", 5, 0.2, 1.2871),
+            make_result("model", 3, 0.0, 1.2503),
+            make_result("layer_skip", 3, 0.0, 1.0412),
+            make_result("prompt_lookup", 4, 0.0, 0.9811),
+        ],
+        baseline=Metrics(
+            tokens_per_s=BASELINE_TOK_S,
+            baseline_tokens_per_s=BASELINE_TOK_S,
+            speedup=1.0,
+            speedup_spread=0.018,
+            acceptance_rate=0.0,
+            mean_accepted_len=1.0,
+            per_position_acceptance=[],
+            repeats=3,
+            predicted_speedup=None,
+        ),
+        versions={
+            "specdec_tune": "0.1.0",
+            "torch": "2.13.0",
+            "transformers": "5.24.0",
+            "optuna": "4.5.0",
+            "python": "3.11.7",
+        },
+        created="2025-11-29T10:00:00Z",
+    )
+    return dataclasses.replace(profile, **overrides)
+
+
+# ------------------------------------------------------------------------- tiny models
+
+VOCAB = 96
+
+
+def tiny_llama(layers: int = 3, hidden: int = 64, vocab: int = VOCAB, seed: int = 0, init: float = 0.3):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=hidden * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=init,
+        eos_token_id=vocab - 1,
+        bos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def noisy_copy(model, noise: float, seed: int = 1):
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+    return draft.eval()
+
+
+def tiny_tokenizer(vocab: int = VOCAB):
+    """A word-level tokenizer: token id i is the word w{i}; w0 pads, the last id ends a sequence."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="w1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=f"w{vocab - 1}", pad_token="w0", unk_token="w1"
+    )
+
+
+def save_pair(folder, target, draft, vocab: int = VOCAB):
+    """Save target and draft with the tiny tokenizer as loadable model folders."""
+    tok = tiny_tokenizer(vocab)
+    paths = {}
+    for name, model in (("target", target), ("draft", draft)):
+        p = folder / name
+        model.save_pretrained(p)
+        tok.save_pretrained(p)
+        paths[name] = str(p)
+    return paths
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def tiny_args(d, *extra):
+    return ["--target", d["target"], "--workload", d["workload"], "--device", "cpu", *extra]
+
+
+def one_red_line(result) -> None:
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err, err
+    assert "Traceback" not in result.output

@@ -1,0 +1,415 @@
+"""The search: end to end, resume, failing trials, shared storage between processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+from helpers import invoke, tiny_args
+
+from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
+from specdec_tune.measure.bench import Measurement
+from specdec_tune.runtime.workloads import Case
+from specdec_tune.search import final, tuner
+from specdec_tune.search.final import pick_finalists
+from specdec_tune.search.space import TuneSettings
+from specdec_tune.search.study import counted
+from specdec_tune.search.tuner import DrafterPool, tune
+from specdec_tune.store.yamlio import load_profile, profile_to_dict
+
+
+def small_case(prompts):
+    return Case([p for p in prompts[1:4]], [8, 8, 8], [], 0.0)
+
+
+def specs():
+    return [
+        DraftSpec("draft", "model", path="x"),
+        DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3),
+    ]
+
+
+def pool(target, draft):
+    return DrafterPool(specs(), target, load=lambda spec: draft)
+
+
+def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, prompts, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    settings = TuneSettings(trials=6, storage=storage, study_name="t", repeats=1, max_gamma=4)
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    finals = [r for r in res.rows if r["state"] == "FINAL"]
+    assert res.trials == 6 and len(res.rows) == 6 + len(finals) and 1 <= res.finalists == len(finals) <= 3
+    # The finalists (re-measured head to head) and the baseline lead, ranked by that final round;
+    # the other configs follow, ranked by their search trial.
+    head = res.results[: res.finalists + 1]
+    assert head == sorted(head, key=lambda r: -r.metrics.speedup)
+    assert all((r.metrics.search_speedup is not None) == (r.config.gamma > 0) for r in head)
+    rest = res.results[res.finalists + 1 :]
+    assert rest == sorted(rest, key=lambda r: -r.metrics.speedup)
+    assert all(r.metrics.search_speedup is None for r in rest)
+    assert all(r.metrics.repeats == settings.final_repeats for r in head if r.config.gamma)
+    study = optuna.load_study(study_name="t", storage=storage)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert done and all(
+        "acceptance_rate" in t.user_attrs and "per_position_acceptance" in t.user_attrs for t in done
+    )
+    # "none" (gamma 0) is always tried first: the answer may be "don't speculate".
+    assert study.trials[0].params == {"draft": "none"}
+
+
+def test_resume_keeps_finished_trials(tiny_target, tiny_draft, prompts, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    case = small_case(prompts)
+    calls = []
+
+    def stop_after_three(done, total, best):
+        calls.append(done)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    settings = TuneSettings(trials=5, storage=storage, study_name="r", repeats=1, max_gamma=4)
+    with pytest.raises(KeyboardInterrupt):
+        tune(
+            tiny_target,
+            specs(),
+            case,
+            settings,
+            pool=pool(tiny_target, tiny_draft),
+            on_trial=stop_after_three,
+        )
+    study = optuna.load_study(study_name="r", storage=storage)
+    first = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(first) == 3
+    res = tune(tiny_target, specs(), case, settings, pool=pool(tiny_target, tiny_draft))
+    study = optuna.load_study(study_name="r", storage=storage)
+    assert counted(study) == 5 and res.trials == 5
+    after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert all(after[n] == p for n, p in first.items())  # nothing lost, nothing re-run
+
+
+def test_failing_trial_does_not_kill_the_study(tiny_target, tiny_draft, prompts, tmp_path):
+    def load(spec):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    broken = DrafterPool(specs(), tiny_target, load=load)
+    settings = TuneSettings(
+        trials=8, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="f", repeats=1, max_gamma=3
+    )
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=broken)
+    assert res.failed >= 1 and res.trials == 8
+    errors = [r["error"] for r in res.rows if r["error"]]
+    assert errors and all("out of memory" in e for e in errors)
+    assert all(r.config.draft.name != "draft" for r in res.results)
+
+
+def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
+    out = tmp_path / "profiles" / "tiny.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            tiny_dirs["draft"],
+            "--draft",
+            "prompt-lookup",
+            "--layer-skip",
+            "1",
+            "--trials",
+            "6",
+            "--max-gamma",
+            "3",
+            "-n",
+            "8",
+            "--repeats",
+            "1",
+            "--storage",
+            f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "--out",
+            out,
+            "--json",
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    p = load_profile(out)
+    assert profile_to_dict(p) == {k: v for k, v in res.items() if k not in ("profile", "trials_csv")}
+    assert p.costs is not None and len(p.costs.verify_ms) == 3
+    assert p.search.trials == 6 and len(p.alternatives) <= 4
+    assert all(a.config.gamma > 0 for a in p.alternatives)  # the baseline has its own section
+    assert p.search.finalists >= 1 and p.search.final_repeats == 4
+    final = [a for a in p.alternatives if a.metrics.search_speedup is not None]
+    assert p.best.metrics.speedup >= max([a.metrics.speedup for a in final], default=0)
+    csv = out.with_suffix(".trials.csv").read_text().splitlines()
+    assert csv[0].startswith("number,state,draft,gamma,threshold,speedup")
+    assert (
+        len(csv) == 1 + 6 + p.search.finalists and sum(",FINAL," in row for row in csv) == p.search.finalists
+    )
+    # The stored profile is usable by the other commands.
+    assert invoke("show", out).exit_code == 0
+    plots = invoke("show", out, "--plot", tmp_path / "plots")
+    assert plots.exit_code == 0, plots.output
+    pngs = sorted((tmp_path / "plots").glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
+    e = invoke("export", out, "--to", "vllm")
+    assert e.exit_code == 0
+
+
+def test_corrupted_profile_is_exit_2(tiny_dirs, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nhardware: {slug: x}\nbest: [")
+    for cmd in (["show", bad], ["export", bad], ["check", bad]):
+        r = invoke(*cmd)
+        assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+WORKER = """
+import sys
+from specdec_tune.cli import app
+sys.argv = ["specdec-tune", *sys.argv[1:]]
+app()
+"""
+
+
+def test_two_processes_share_one_study(tiny_dirs, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    args = [
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            "prompt-lookup",
+            "--trials",
+            "6",
+            "--max-gamma",
+            "3",
+            "-n",
+            "6",
+            "--repeats",
+            "1",
+            "--no-profile",
+            "--storage",
+            storage,
+            "--study-name",
+            "shared",
+        )
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, "run", *args, "--out", str(tmp_path / f"p{i}.yaml"), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    study = optuna.load_study(study_name="shared", storage=storage)
+    finished = [t for t in study.trials if not t.user_attrs.get("surplus") and t.state.name != "RUNNING"]
+    assert counted(study) == 6 and len(finished) == 6
+    assert len({t.number for t in finished}) == 6
+
+
+def test_grid_run_with_sampling_covers_the_whole_grid(tiny_dirs, tmp_path):
+    out = tmp_path / "grid.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            "prompt-lookup",
+            "--layer-skip",
+            "1",
+            "--sampler",
+            "grid",
+            "--max-gamma",
+            "2",
+            "--temperature",
+            "0.7",
+            "-n",
+            "6",
+            "--repeats",
+            "1",
+            "--no-profile",
+            "--storage",
+            f"sqlite:///{tmp_path / 'g.db'}",
+            "--out",
+            out,
+            "--json",
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    # baseline + lookup γ1..2 + layer-skip γ1..2 × 4 thresholds = 11 configs, each tried once.
+    assert p.search.trials == 11 and p.search.sampler == "grid"
+    assert p.workload.temperature == 0.7
+    rows = [r for r in out.with_suffix(".trials.csv").read_text().splitlines()[1:] if ",FINAL," not in r]
+    configs = {tuple(row.split(",")[2:5]) for row in rows}
+    assert len(rows) == len(configs) == 11
+
+
+# ------------------------------------------------------------------------------ the final round
+
+
+def _result(draft: str, gamma: int, speedup: float, threshold: float = 0.0) -> Result:
+    spec = NO_DRAFT if draft == "none" else DraftSpec(draft, "model", path="x")
+    metrics = Metrics(
+        tokens_per_s=100 * speedup,
+        baseline_tokens_per_s=100.0,
+        speedup=speedup,
+        speedup_spread=0.1,
+        acceptance_rate=0.5,
+        mean_accepted_len=2.0,
+    )
+    return Result(Config(spec, gamma, threshold), metrics)
+
+
+def test_pick_finalists_takes_one_per_draft_first_and_skips_hopeless_configs():
+    results = [
+        _result("a", 2, 1.90),
+        _result("a", 3, 1.85),
+        _result("b", 4, 1.70),
+        _result("a", 1, 1.60),
+        _result("none", 0, 1.0),
+        _result("c", 1, 1.20),  # below 0.75 × 1.90: not a contender
+    ]
+    names = [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 3)]
+    assert names == [("a", 2), ("a", 3), ("b", 4)]  # one per draft first, then the next best overall
+    assert [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 2)] == [("a", 2), ("b", 4)]
+    assert pick_finalists(results, 0) == [] and pick_finalists([_result("none", 0, 1.0)], 3) == []
+    assert len(pick_finalists(results, 3, floor=0.0)) == 3
+
+
+def _fake_measurement(speedup: float) -> Measurement:
+    metrics = Metrics(
+        tokens_per_s=100 * speedup,
+        baseline_tokens_per_s=100.0,
+        speedup=speedup,
+        speedup_spread=0.05,
+        acceptance_rate=0.5,
+        mean_accepted_len=2.0,
+        per_position_acceptance=[0.6, 0.4],
+        repeats=4,
+    )
+    return Measurement(metrics, tokens=10, mismatches=0)
+
+
+def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    """The search's top config won on one lucky trial; the head-to-head round puts it second."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    # The grid's first trials are fixed configs, and no floor: the finalists do not depend on timing.
+    settings = TuneSettings(
+        trials=6,
+        storage=storage,
+        study_name="fr",
+        repeats=1,
+        max_gamma=3,
+        finalists=2,
+        sampler="grid",
+        final_floor=0.0,
+    )
+    monkeypatch.setattr(tuner, "final_round", lambda *a, **k: None)
+    searched = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    monkeypatch.undo()
+    expect = pick_finalists(searched.results, 2)
+    assert len(expect) == 2
+    calls = []
+
+    def fake_many(target, entries, case, repeats, seed=0):
+        calls.append([(e.gamma, e.threshold) for e in entries])
+        return [_fake_measurement(s) for s in (1.1, 1.4)]  # the search's winner is slower head to head
+
+    monkeypatch.setattr(final, "measure_many", fake_many)
+    started = []
+    res = tune(
+        tiny_target,
+        specs(),
+        small_case(prompts),
+        settings,
+        pool=pool(tiny_target, tiny_draft),
+        on_final=started.append,
+    )
+    assert started == [[r.config.label for r in expect]]
+    assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == expect[0].config.gamma
+    assert res.results[0].config == expect[1].config and res.results[0].metrics.speedup == 1.4
+    assert res.results[0].metrics.search_speedup == expect[1].metrics.speedup
+    assert res.results[1].config == expect[0].config and res.results[1].metrics.speedup == 1.1
+    assert res.results[2].config.gamma == 0  # the baseline (1.0×) closes the final round's ranking
+
+    # Rerunning the finished study reuses the stored round instead of measuring again.
+    def fail(*a, **k):
+        raise AssertionError("the final round ran twice")
+
+    monkeypatch.setattr(final, "measure_many", fail)
+    again = tune(
+        tiny_target,
+        specs(),
+        small_case(prompts),
+        settings,
+        pool=pool(tiny_target, tiny_draft),
+        on_final=started.append,
+    )
+    assert len(started) == 1  # reused: nothing was measured, so no progress to show
+    assert [r.config for r in again.results] == [r.config for r in res.results]
+    assert again.results[0].metrics == res.results[0].metrics
+
+
+def test_a_failing_final_round_keeps_the_search_ranking(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(final, "measure_many", boom)
+    settings = TuneSettings(
+        trials=5,
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        study_name="x",
+        repeats=1,
+        max_gamma=3,
+        sampler="grid",
+    )
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert res.finalists == 0 and "out of memory" in res.final_note
+    assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
+    assert all(r.metrics.search_speedup is None for r in res.results)
+
+
+def test_final_round_off_ranks_by_the_search(tiny_target, tiny_draft, prompts, tmp_path):
+    settings = TuneSettings(
+        trials=4,
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        study_name="o",
+        repeats=1,
+        max_gamma=3,
+        finalists=0,
+    )
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    assert res.finalists == 0 and res.final_note == "" and len(res.rows) == 4
+    assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
+
+
+def test_the_baseline_asked_for_again_is_reused_not_measured(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    settings = TuneSettings(trials=2, storage=storage, study_name="b", repeats=1, max_gamma=3, finalists=0)
+    tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    study = optuna.load_study(study_name="b", storage=storage)
+    study.enqueue_trial({"draft": "none"})  # as if the sampler picked "none" again
+
+    def no_timing(*a, **k):
+        raise AssertionError("the baseline was measured again")
+
+    monkeypatch.setattr(tuner, "measure", no_timing)
+    settings.trials = 3
+    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    first, again = (t for t in study.get_trials() if t.params.get("draft") == "none")
+    assert again.value == 1.0 and again.user_attrs["reused_baseline"] is True
+    assert again.user_attrs["baseline_tokens_per_s"] == first.user_attrs["baseline_tokens_per_s"]
+    assert res.trials == 3 and sum(r.config.gamma == 0 for r in res.results) == 1
