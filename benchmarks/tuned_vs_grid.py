@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.measure.bench import run_pass
-from specdec_tune.measure.costs import profile_costs
+from specdec_tune.measure.costs import measure_costs
 from specdec_tune.measure.hfcompare import HFConfig, run_hf_pass
 from specdec_tune.measure.timing import median, spread, timed
 from specdec_tune.runtime.drafters import build_drafter
@@ -80,7 +80,7 @@ def main() -> None:
     pool = DrafterPool(s.specs, target, load=lambda spec: s.drafts[spec.name].model)
     drafters = {spec.name: pool.get(spec.name) for spec in s.specs}
     t0 = time.monotonic()
-    costs = profile_costs(target, drafters, s.case, "cpu", max_gamma=args.max_gamma, repeats=5)
+    costs = measure_costs(target, drafters, s.case, "cpu", max_gamma=args.max_gamma, repeats=5)
     profile_s = time.monotonic() - t0
     db = Path(tempfile.mkdtemp()) / "bench.db"
     base = dict(

@@ -24,6 +24,7 @@ def test_help_imports_no_torch():
     assert out.split() == ["False", "False"]
 
 
+@pytest.mark.slow
 def test_bench_json(tiny_dirs, tmp_path):
     out = tmp_path / "outs.jsonl"
     r = invoke(
@@ -118,6 +119,7 @@ def test_bad_workload_names_the_line(tiny_dirs, tmp_path):
     assert "line 2" in r.stderr
 
 
+@pytest.mark.slow
 def test_profile_json_and_out(tiny_dirs, tmp_path):
     out = tmp_path / "costs.yaml"
     r = invoke(
@@ -155,3 +157,25 @@ def test_profile_json_and_out(tiny_dirs, tmp_path):
 )
 def test_profile_bad_input(tiny_dirs, extra):
     one_red_line(invoke("profile", *tiny_args(tiny_dirs, *extra)))
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--trials", "0"], "--trials"),
+        (["--max-gamma", "65"], "--max-gamma"),
+        (["--sampler", "random"], "sampler"),
+        (["--repeats", "0"], "--repeats"),
+        (["--finalists", "-1"], "--finalists"),
+        (["--final-repeats", "0"], "--final-repeats"),
+        (["--timeout", "0"], "--timeout"),
+        (["--prompts", "0"], "--prompts"),
+        (["--temperature", "-1"], "temperature"),
+    ],
+)
+def test_run_bad_input_is_one_red_line(tiny_dirs, tmp_path, extra, needle):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    r = invoke("run", *tiny_args(tiny_dirs, "--no-profile", "--storage", storage, *extra))
+    one_red_line(r)
+    assert needle in r.stderr
+    assert not (tmp_path / "s.db").exists()  # refused before anything was measured or stored

@@ -71,7 +71,7 @@ def drafter_pool(s: Any, specs: list[DraftSpec]) -> Any:
 
 
 def measure_costs(s: Any, pool: Any, max_gamma: int, repeats: int, progress: Progress) -> Costs:
-    from ..measure.costs import profile_costs as measure_costs
+    from ..measure.costs import measure_costs as measure
 
     drafters = {}
     for spec in s.specs:
@@ -82,7 +82,7 @@ def measure_costs(s: Any, pool: Any, max_gamma: int, repeats: int, progress: Pro
     # Costs and acceptance need fewer tokens than the search: a subset keeps `profile` quick.
     case = s.case.head(8)
     case.temperature = 0.0
-    return measure_costs(
+    return measure(
         s.target.model,
         drafters,
         case,

@@ -89,13 +89,13 @@ class OracleDrafter(Drafter):
         return self.full[len(seq) : len(seq) + gamma], None
 
 
-class _ForwardClock:
+class ForwardClock:
     """Wraps `model.forward` to add up the wall time spent inside it (device synchronised)."""
 
     def __init__(self, model: Any, device: str):
         self.model, self.device, self.ms, self.calls = model, device, 0.0, 0
 
-    def __enter__(self) -> _ForwardClock:
+    def __enter__(self) -> ForwardClock:
         inner = self.model.forward
 
         def clocked(*args: Any, **kwargs: Any) -> Any:
@@ -139,7 +139,7 @@ def measure_loop_overheads_ms(
 
     def clocked(generate: Callable[[], Any]) -> Callable[[int], tuple[int, float]]:
         def run(_r: int) -> tuple[int, float]:
-            with _ForwardClock(target, device) as clock:
+            with ForwardClock(target, device) as clock:
                 steps = generate().stats.target_forwards
             return steps, clock.ms
 
@@ -202,7 +202,7 @@ def default_context_len(case: Case) -> int:
 
 
 @torch.inference_mode()
-def profile_costs(
+def measure_costs(
     target: Any,
     drafters: dict[str, Drafter],
     case: Case,

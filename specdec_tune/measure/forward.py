@@ -72,7 +72,7 @@ def check_context_fits(model: Any, context_len: int, new_tokens: int) -> None:
         )
 
 
-def _warm_cache(model: Any, context_len: int, extra: int) -> tuple[Any, dict[str, Any], list[int]]:
+def warm_cache(model: Any, context_len: int, extra: int) -> tuple[Any, dict[str, Any], list[int]]:
     """A KV cache prefilled with `context_len` seeded random tokens, and `extra` further ids to feed."""
     check_count(context_len, "context_len")
     check_context_fits(model, context_len, extra)
@@ -84,7 +84,7 @@ def _warm_cache(model: Any, context_len: int, extra: int) -> tuple[Any, dict[str
     return cache, kw, ids[context_len:]
 
 
-def _forward_samples_ms(
+def forward_samples_ms(
     model: Any, cache: Any, kw: dict[str, Any], new_ids: list[int], sizes: list[int], repeats: int
 ) -> list[list[float]]:
     """Per-forward ms of one forward over n new tokens on the warm `cache`, `repeats` samples per n.
@@ -117,8 +117,8 @@ def forward_curve_ms(model: Any, context_len: int, sizes: list[int], repeats: in
     n in `sizes` (interleaved), `repeats` samples each: T_target is n = 1, C_ver(gamma) is n = gamma + 1."""
     check_count(repeats, "repeats")
     with no_gc():
-        cache, kw, new_ids = _warm_cache(model, context_len, max(sizes))
-        return _forward_samples_ms(model, cache, kw, new_ids, sizes, repeats)
+        cache, kw, new_ids = warm_cache(model, context_len, max(sizes))
+        return forward_samples_ms(model, cache, kw, new_ids, sizes, repeats)
 
 
 def decode_weight_bytes(model: Any) -> int:

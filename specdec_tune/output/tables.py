@@ -289,6 +289,8 @@ def trials_tables(trials: Any) -> list[Table]:
             t.add_column(col, justify="left" if col in ("draft", "best config") else "right")
         for row in df.itertuples(index=False):
             config = f"{row.draft} γ={row.gamma}" + (f" t={row.threshold:.2f}" if row.threshold else "")
+            if row.gamma == 0:
+                config = "no speculation"
             key = str(row.draft) if by == "draft" else str(row.gamma)
             t.add_row(key, config, times(row.speedup), times(row.median_speedup), str(row.trials))
         tables.append(t)

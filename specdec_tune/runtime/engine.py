@@ -71,6 +71,29 @@ class SpecStats:
             for i, v in enumerate(theirs):
                 mine[i] += v
 
+    @classmethod
+    def from_steps(cls, steps: list[tuple[int, int, int]], forwards: int, emitted: int) -> SpecStats:
+        """Counters of one generation from its steps: (allowed gamma g, proposed k, accepted n)."""
+        width = max((k for _, k, _ in steps), default=0)
+        allowed_width = max((g for g, _, _ in steps), default=0)
+        reached, accepted, allowed = [0] * width, [0] * width, [0] * allowed_width
+        for g, k, n in steps:
+            for i in range(min(n + 1, k)):
+                reached[i] += 1
+            for i in range(n):
+                accepted[i] += 1
+            for i in range(min(n + 1, g)):
+                allowed[i] += 1
+        return cls(
+            proposed=sum(k for _, k, _ in steps),
+            accepted=sum(n for _, _, n in steps),
+            target_forwards=forwards,
+            emitted=emitted,
+            reached_at=reached,
+            accepted_at=accepted,
+            allowed_at=allowed,
+        )
+
 
 @dataclass
 class Generation:
@@ -177,7 +200,7 @@ def speculative_generate(
             new = draft[:n].tolist()
             new.append(int(best[n]))
         else:
-            n, new = _verify_sampling(logits, draft, q, temperature, generator)
+            n, new = verify_sampling(logits, draft, q, temperature, generator)
         if k > n:
             cache.crop(n - k)  # keep [last, d_1..d_n] in the target's cache
         steps.append((g, k, n))
@@ -188,10 +211,10 @@ def speculative_generate(
             break
         drafter.commit(before + n)
         last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
-    return Generation(out, _stats(steps, forwards, len(out)))
+    return Generation(out, SpecStats.from_steps(steps, forwards, len(out)))
 
 
-def _verify_sampling(
+def verify_sampling(
     logits: torch.Tensor,
     draft: torch.Tensor,
     q: torch.Tensor | None,
@@ -225,25 +248,3 @@ def _verify_sampling(
     new = draft[:n].tolist()
     new.append(bonus)
     return n, new
-
-
-def _stats(steps: list[tuple[int, int, int]], forwards: int, emitted: int) -> SpecStats:
-    width = max((k for _, k, _ in steps), default=0)
-    allowed_width = max((g for g, _, _ in steps), default=0)
-    reached, accepted, allowed = [0] * width, [0] * width, [0] * allowed_width
-    for g, k, n in steps:
-        for i in range(min(n + 1, k)):
-            reached[i] += 1
-        for i in range(n):
-            accepted[i] += 1
-        for i in range(min(n + 1, g)):
-            allowed[i] += 1
-    return SpecStats(
-        proposed=sum(k for _, k, _ in steps),
-        accepted=sum(n for _, _, n in steps),
-        target_forwards=forwards,
-        emitted=emitted,
-        reached_at=reached,
-        accepted_at=accepted,
-        allowed_at=allowed,
-    )

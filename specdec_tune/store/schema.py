@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from ..domain import DRAFT_KINDS, Costs, Metrics, Result
 from ..errors import SpecDecError
-from ..limits import THRESHOLD_RANGE, threshold_ok
+from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
 SCHEMA_VERSION = 1
 
@@ -276,7 +276,8 @@ def _validate_result(r: Result, path: str) -> None:
         if r.config.gamma != 0:
             raise _field_error(gamma_path, "must be 0 for draft kind 'none'", r.config.gamma)
     else:
-        _at_least(r.config.gamma, 1, gamma_path)
+        if not 1 <= r.config.gamma <= MAX_GAMMA:
+            raise _field_error(gamma_path, f"must be an int in 1..{MAX_GAMMA}", r.config.gamma)
     t = r.config.threshold
     if not threshold_ok(t):
         raise _field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)

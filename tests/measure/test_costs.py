@@ -54,14 +54,14 @@ def test_forward_curve_times_the_forward_itself(tiny_target, monkeypatch):
 
 def test_forward_timing_leaves_the_cache_as_it_found_it(tiny_target):
     with torch.inference_mode():
-        cache, kw, new_ids = forward._warm_cache(tiny_target, context_len=20, extra=5)
-    forward._forward_samples_ms(tiny_target, cache, kw, new_ids, [1, 3, 5], repeats=2)
+        cache, kw, new_ids = forward.warm_cache(tiny_target, context_len=20, extra=5)
+    forward.forward_samples_ms(tiny_target, cache, kw, new_ids, [1, 3, 5], repeats=2)
     assert cache.get_seq_length() == 20
     # Same length is not enough: the kept keys/values must still be those of the context.
     x = torch.tensor([new_ids[:1]])
     with torch.inference_mode():
         after = tiny_target(input_ids=x, **kw).logits
-        _, fresh_kw, _ = forward._warm_cache(tiny_target, context_len=20, extra=5)
+        _, fresh_kw, _ = forward.warm_cache(tiny_target, context_len=20, extra=5)
         expected = tiny_target(input_ids=x, **fresh_kw).logits
     torch.testing.assert_close(after, expected)
 
@@ -136,7 +136,7 @@ def test_max_gamma_out_of_range_is_a_user_error(tiny_target, tiny_draft, prompts
     with pytest.raises(SpecDecError, match=r"1\.\.64"):
         profiler.acceptance_vector(tiny_target, ModelDrafter(tiny_draft), Case(prompts, [4] * 5), max_gamma)
     with pytest.raises(SpecDecError, match=r"1\.\.64"):
-        profiler.profile_costs(tiny_target, {}, Case(prompts, [4] * 5), "cpu", max_gamma=max_gamma)
+        profiler.measure_costs(tiny_target, {}, Case(prompts, [4] * 5), "cpu", max_gamma=max_gamma)
 
 
 def test_context_longer_than_the_model_allows_is_a_user_error(tiny_target):
@@ -187,7 +187,7 @@ def test_loop_overheads_are_finite_and_the_model_is_restored(tiny_target):
 
 def test_forward_clock_counts_calls_and_time_inside_forward(tiny_target):
     x = torch.tensor([[1, 2, 3]])
-    with torch.inference_mode(), profiler._ForwardClock(tiny_target, "cpu") as clock:
+    with torch.inference_mode(), profiler.ForwardClock(tiny_target, "cpu") as clock:
         tiny_target(input_ids=x)
         tiny_target(input_ids=x)
     assert clock.calls == 2 and clock.ms > 0
@@ -212,11 +212,11 @@ def test_slow_host_work_per_step_shows_up_as_step_overhead(tiny_target, monkeypa
     assert slow_step - loop > 2.0  # the plain loop has no drafter: untouched
 
 
-def test_profile_costs_fills_every_field_and_reports_progress(tiny_target, tiny_draft, prompts):
+def test_measure_costs_fills_every_field_and_reports_progress(tiny_target, tiny_draft, prompts):
     case = Case(prompts, [12] * len(prompts))
     drafters = {"draft": ModelDrafter(tiny_draft), "lookup": PromptLookupDrafter()}
     calls = []
-    costs = profiler.profile_costs(
+    costs = profiler.measure_costs(
         tiny_target,
         drafters,
         case,
@@ -252,8 +252,8 @@ def test_profile_costs_fills_every_field_and_reports_progress(tiny_target, tiny_
     assert profile_from_dict(data).costs.verify_ms == data["costs"]["verify_ms"]
 
 
-def test_profile_costs_without_bandwidth_skips_the_micro_benchmarks(tiny_target, prompts):
-    costs = profiler.profile_costs(
+def test_measure_costs_without_bandwidth_skips_the_micro_benchmarks(tiny_target, prompts):
+    costs = profiler.measure_costs(
         tiny_target, {}, Case(prompts, [4] * 5), "cpu", max_gamma=2, repeats=1, with_bandwidth=False
     )
     assert costs.copy_bandwidth_gbps is None and costs.matmul_tflops is None
@@ -262,12 +262,11 @@ def test_profile_costs_without_bandwidth_skips_the_micro_benchmarks(tiny_target,
 
 
 def test_effective_acceptance_counts_empty_positions_as_rejected():
-    from specdec_tune.runtime.engine import _stats
     from specdec_tune.search.costmodel import expected_tokens
 
     # gamma 4 each step: (allowed g, proposed k, accepted n). Step 1 proposed nothing, step 3 only 2.
     steps = [(4, 0, 0), (4, 4, 2), (4, 2, 2), (4, 4, 4), (4, 3, 1)]
-    st = _stats(steps, forwards=len(steps), emitted=sum(n + 1 for _, _, n in steps))
+    st = SpecStats.from_steps(steps, forwards=len(steps), emitted=sum(n + 1 for _, _, n in steps))
     assert st.allowed_at == [5, 4, 3, 1]
     assert st.accepted_at == [4, 3, 1, 1] and st.reached_at == [4, 4, 2, 1]
     assert st.effective_acceptance == [4 / 5, 3 / 4, 1 / 3, 1 / 1]

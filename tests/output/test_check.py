@@ -13,6 +13,8 @@ from helpers import invoke, tiny_args
 
 from specdec_tune.runtime import drafters
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def stored_profile(tiny_dirs, tmp_path_factory):

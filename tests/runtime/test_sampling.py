@@ -26,6 +26,8 @@ from specdec_tune.runtime import engine
 from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, speculative_generate
 
+pytestmark = pytest.mark.slow
+
 SAMPLES = 20_000
 VOCAB = 8
 DEPTH = 3  # tokens per sample whose joint is tested: two verified drafts + the bonus or residual token
@@ -291,7 +293,7 @@ def _resample_from_p(logits, draft, q, temperature, generator):
 
 def test_biased_verifier_is_detected(pair, monkeypatch):
     """The classic bug planted in the verifier (resample from p, not the residual): χ² p < 1e-6."""
-    monkeypatch.setattr(engine, "_verify_sampling", _resample_from_p)
+    monkeypatch.setattr(engine, "verify_sampling", _resample_from_p)
     target, prompt = pair["target"], [1]
     counts, _ = sample_speculative(target, ModelDrafter(pair["noisy"]), prompt, 3, 0.0, 1.0, seed=6)
     assert chi2_p_value(counts, exact_joint(target, prompt, 1.0, DEPTH)) < P_FAIL

@@ -105,6 +105,7 @@ def test_failing_trial_does_not_kill_the_study(tiny_target, tiny_draft, prompts,
     assert all(r.config.draft.name != "draft" for r in res.results)
 
 
+@pytest.mark.slow
 def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     out = tmp_path / "profiles" / "tiny.yaml"
     r = invoke(
@@ -173,6 +174,7 @@ app()
 """
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_study(tiny_dirs, tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     args = [
@@ -213,6 +215,7 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
     assert len({t.number for t in finished}) == 6
 
 
+@pytest.mark.slow
 def test_grid_run_with_sampling_covers_the_whole_grid(tiny_dirs, tmp_path):
     out = tmp_path / "grid.yaml"
     r = invoke(

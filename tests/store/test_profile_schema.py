@@ -229,7 +229,7 @@ def test_mistyped_gamma(tmp_path):
 
 def test_negative_gamma(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"].__setitem__("gamma", -2))
-    assert "profile field 'best.config.gamma' must be an int >= 1, got -2" in _load_error(path)
+    assert "profile field 'best.config.gamma' must be an int in 1..64, got -2" in _load_error(path)
 
 
 def test_unknown_draft_kind(tmp_path):

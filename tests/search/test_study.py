@@ -1,0 +1,102 @@
+"""The study survives losing a worker: Optuna's heartbeat fails the dead worker's trial (on any
+host, no pid check) and a rerun still reaches the requested number of finished trials."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from specdec_tune.search.study import counted, redact, study_name_for
+
+WORKER = r"""
+import sys, time, pathlib
+from specdec_tune.runtime.models import load_model
+from specdec_tune.runtime.workloads import Case
+from specdec_tune.domain import DraftSpec
+from specdec_tune.search import tuner
+from specdec_tune.search.space import TuneSettings
+
+target_dir, storage, marker = sys.argv[1:4]
+target = load_model(target_dir).model
+real_measure = tuner.measure
+calls = []
+
+def measure(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the second measured trial hangs until the test kills this process
+        pathlib.Path(marker).write_text("in trial")
+        time.sleep(120)
+    return real_measure(*args, **kwargs)
+
+tuner.measure = measure
+spec = DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3)
+settings = TuneSettings(trials=5, storage=storage, study_name="hb", repeats=1, max_gamma=3,
+                        finalists=0, heartbeat_s=1, grace_s=3)
+tuner.tune(target, [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_worker_costs_one_trial_and_the_study_completes(tiny_dirs, tmp_path):
+    from specdec_tune.domain import DraftSpec
+    from specdec_tune.runtime.models import load_model
+    from specdec_tune.runtime.workloads import Case
+    from specdec_tune.search.space import TuneSettings
+    from specdec_tune.search.tuner import tune
+
+    storage = f"sqlite:///{tmp_path / 'hb.db'}"
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, tiny_dirs["target"], storage, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    study = optuna.load_study(study_name="hb", storage=storage)
+    before = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(before) >= 1 and [t.state.name for t in study.trials].count("RUNNING") == 1
+
+    target = load_model(tiny_dirs["target"]).model
+    spec = DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3)
+    settings = TuneSettings(
+        trials=5,
+        storage=storage,
+        study_name="hb",
+        repeats=1,
+        max_gamma=3,
+        finalists=0,
+        heartbeat_s=1,
+        grace_s=3,
+    )
+    res = tune(target, [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
+    study = optuna.load_study(study_name="hb", storage=storage)
+    states = [t.state.name for t in study.trials]
+    assert counted(study) == 5 and res.trials == 5
+    assert "RUNNING" not in states
+    lost = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(lost) == 1 and "error" not in lost[0].user_attrs  # not counted as a real failure
+    after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert all(after[n] == p for n, p in before.items())  # nothing finished was lost or re-run
+
+
+def test_study_names_and_redaction():
+    a = study_name_for({"target_slug": "demo", "specdec_tune": "0.2.0", "x": 1})
+    assert a == study_name_for({"x": 1, "specdec_tune": "0.2.0", "target_slug": "demo"})
+    assert a != study_name_for(
+        {"target_slug": "demo", "specdec_tune": "0.3.0", "x": 1}
+    )  # an upgrade: new study
+    assert a.startswith("specdec-demo-")
+    assert redact("postgresql+psycopg://me:s3cret@db:5432/x") == "postgresql+psycopg://me:***@db:5432/x"
+    assert redact("sqlite:///tmp/a.db") == "sqlite:///tmp/a.db"
