@@ -109,6 +109,15 @@ def bench(
     save_outputs: Annotated[
         Path | None, typer.Option(help="Write JSONL with prompt, generated ids and text per prompt.")
     ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            "-b",
+            help="Requests in flight (closed loop: a finished one is replaced by the next prompt); "
+            "both sides use the batched engine. Default: one request at a time.",
+        ),
+    ] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -120,7 +129,9 @@ def bench(
 
         models = _models(target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt)
         with spinner("measuring…", json_out):
-            result = api.bench(models, draft, gamma, threshold, repeats, seed, compare_hf, save_outputs)
+            result = api.bench(
+                models, draft, gamma, threshold, repeats, seed, compare_hf, save_outputs, batch_size
+            )
         if json_out:
             print_json(result.as_dict())
             return

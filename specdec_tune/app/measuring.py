@@ -48,18 +48,39 @@ def bench(
     seed: int = 0,
     compare_hf: bool = False,
     save_outputs: Path | None = None,
+    batch_size: int | None = None,
 ) -> BenchResult:
-    """Measure one config against the plain target, timed in the same run."""
+    """Measure one config against the plain target, timed in the same run.
+
+    With `batch_size`, both run the batched engine at that concurrency (closed loop: a finished
+    request is replaced by the next prompt of the workload); without, one request at a time.
+    """
     from ..limits import check_decoding
-    from ..measure.bench import measure
-    from ..runtime.drafters import build_drafter
 
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
+    if batch_size is not None:
+        check_count(batch_size, "--batch-size")
+        if compare_hf:
+            raise SpecDecError(
+                "--compare-hf times transformers' assisted generation, which is batch size 1 only"
+            )
     s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
     spec = s.specs[0]
-    drafter = build_drafter(spec, s.target.model, s.draft_modules)
-    m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+    if batch_size is None:
+        from ..measure.bench import measure
+        from ..runtime.drafters import build_drafter
+
+        drafter = build_drafter(spec, s.target.model, s.draft_modules)
+        m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+    else:
+        from ..measure.serving import measure_batched
+        from ..runtime.batch import build_batch_drafter
+
+        def make() -> Any:
+            return build_batch_drafter(spec, s.target.model, s.draft_modules, batch_size)
+
+        m = measure_batched(s.target.model, make, gamma, threshold, s.case, batch_size, repeats, seed=seed)
     hf = None
     if compare_hf:
         from ..measure.hfcompare import HFConfig, measure_hf

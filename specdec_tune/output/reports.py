@@ -26,11 +26,24 @@ def bench_table(r: dict[str, Any]) -> Table:
     t.add_column("value", justify="right")
     t.add_row("speedup vs plain target", f"{r['speedup']:.3f}× (spread {r['speedup_spread'] * 100:.1f}%)")
     t.add_row("tokens/s speculative", f"{r['tokens_per_s']:.1f}")
-    t.add_row("tokens/s plain target", f"{r['baseline_tokens_per_s']:.1f}")
+    plain = "plain batched decoding" if "batch_size" in r else "plain target"
+    t.add_row(f"tokens/s {plain}", f"{r['baseline_tokens_per_s']:.1f}")
     t.add_row("acceptance rate α", f"{r['acceptance_rate']:.3f}")
     t.add_row("mean accepted length τ", f"{r['mean_accepted_len']:.2f} tokens / target forward")
     t.add_row("per-position acceptance", vec(r["per_position_acceptance"]))
     t.add_row("repeats (median reported)", str(r["repeats"]))
+    if "batch_size" in r:
+        spec, plain = r["speculative"], r["plain"]
+        t.add_row("batch size (requests in flight)", str(r["batch_size"]))
+        t.add_row(
+            "request latency p50 / p90",
+            f"{spec['latency_ms_p50']:.0f} / {spec['latency_ms_p90']:.0f} ms "
+            f"(plain {plain['latency_ms_p50']:.0f} / {plain['latency_ms_p90']:.0f} ms)",
+        )
+        if spec["peak_memory_mb"] is not None and plain["peak_memory_mb"] is not None:
+            t.add_row(
+                "peak memory", f"{spec['peak_memory_mb']:.0f} MB (plain {plain['peak_memory_mb']:.0f} MB)"
+            )
     if r["temperature"] == 0:
         exact = "yes" if r["mismatches"] == 0 else f"NO: {r['mismatches']} prompts differ"
         t.add_row("greedy output identical to target", exact)

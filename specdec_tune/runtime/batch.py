@@ -1,0 +1,271 @@
+"""Batched speculative decoding under closed-loop load: B requests in flight at all times.
+
+Each step every active row's drafter proposes up to gamma tokens (a draft model runs one batched
+forward per draft position, prompt lookup works per row, layer-skip is a batched model draft),
+the target verifies all rows' [last, d1..dk] in ONE forward over a `RowCache`, and each row keeps
+its own accepted length: greedy takes the longest prefix equal to the target's argmax, sampling
+uses rejection sampling per row (`engine.verify_sampling`). A row that finishes (EOS or its
+budget) is refilled at once with the next prompt of the queue. gamma 0 is plain batched decoding
+with the same cache and refill: the baseline at the same batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import SpecDecError
+from ..limits import check_count, check_decoding
+from .drafters import PromptLookupDrafter, truncated_view
+from .engine import SpecStats, verify_sampling
+from .rowcache import RowCache
+from .workloads import Case
+
+
+class BatchDrafter:
+    """Interface: `start` a row on a new prompt, `propose` for several rows, `commit` a row."""
+
+    name = "drafter"
+
+    def start(self, row: int, prompt_ids: list[int]) -> None:
+        """Row `row` now decodes `prompt_ids` (its previous sequence is forgotten)."""
+
+    def propose(
+        self,
+        seqs: dict[int, list[int]],
+        gammas: dict[int, int],
+        threshold: float,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per row: up to gammas[row] draft ids after seqs[row], and their distributions q (or None
+        for a point mass)."""
+        raise NotImplementedError
+
+    def commit(self, row: int, valid_len: int) -> None:
+        """The row's first `valid_len` tokens of seq + proposal are committed."""
+
+
+class BatchModelDrafter(BatchDrafter):
+    """A causal LM drafting for all rows at once: one batched forward per draft position."""
+
+    def __init__(self, model: Any, rows: int, name: str = "draft") -> None:
+        self.kv = RowCache(model, rows)
+        self.name = name
+
+    def start(self, row: int, prompt_ids: list[int]) -> None:
+        self.kv.prefill(row, prompt_ids[:-1])
+
+    @torch.inference_mode()
+    def propose(self, seqs, gammas, threshold, temperature, generator):
+        kv = self.kv
+        rows = [r for r in seqs if gammas[r] > 0]
+        out: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {r: ([], []) for r in seqs}
+        if not rows:
+            return {r: (torch.empty(0, dtype=torch.long, device=kv.device), None) for r in seqs}
+        # First forward: what each row's draft has not seen yet (accepted tokens and the bonus).
+        lengths = kv.lengths.tolist()
+        unseen = {r: seqs[r][lengths[r] :] for r in rows}
+        width = max(len(u) for u in unseen.values())
+        tokens = torch.zeros(kv.rows, width, dtype=torch.long, device=kv.device)
+        counts = torch.zeros(kv.rows, dtype=torch.long, device=kv.device)
+        for r, u in unseen.items():
+            tokens[r, : len(u)] = torch.tensor(u, dtype=torch.long, device=kv.device)
+            counts[r] = len(u)
+        logits = kv.forward(tokens, counts)
+        last = logits[torch.arange(kv.rows, device=kv.device), (counts - 1).clamp_min(0)]
+        running = list(rows)
+        for step in range(max(gammas[r] for r in rows)):
+            if temperature == 0.0:
+                picked = last.argmax(-1)
+                probs = torch.softmax(last.float(), -1) if threshold > 0.0 else None
+            else:
+                probs = torch.softmax(last.float() / temperature, -1)
+                picked = torch.multinomial(probs, 1, generator=generator).view(-1)
+            still = []
+            for r in running:
+                out[r][0].append(picked[r : r + 1])
+                if temperature > 0.0:
+                    out[r][1].append(probs[r])
+                # HF semantics: the unsure token is still proposed, drafting stops after it.
+                unsure = probs is not None and threshold > 0.0 and float(probs[r, picked[r]]) < threshold
+                if step + 1 < gammas[r] and not unsure:
+                    still.append(r)
+            running = still
+            if not running:
+                break
+            counts = torch.zeros(kv.rows, dtype=torch.long, device=kv.device)
+            counts[running] = 1
+            last = kv.forward(picked.view(-1, 1), counts)[:, 0]
+        result = {}
+        for r in seqs:
+            toks, qs = out[r]
+            draft = torch.cat(toks) if toks else torch.empty(0, dtype=torch.long, device=kv.device)
+            result[r] = (draft, torch.stack(qs) if qs else None)
+        return result
+
+    def commit(self, row: int, valid_len: int) -> None:
+        if int(self.kv.lengths[row]) > valid_len:
+            lengths = self.kv.lengths.clone()
+            lengths[row] = valid_len
+            self.kv.truncate(lengths)
+
+
+class BatchLookupDrafter(BatchDrafter):
+    """Prompt lookup, one n-gram index per row (no model, nothing to batch)."""
+
+    def __init__(self, rows: int, ngram_min: int, ngram_max: int, device: Any, name: str = "prompt-lookup"):
+        self.lookups = [PromptLookupDrafter(ngram_min, ngram_max, device, name) for _ in range(rows)]
+        self.name = name
+
+    def start(self, row: int, prompt_ids: list[int]) -> None:
+        self.lookups[row].start(prompt_ids)
+
+    def propose(self, seqs, gammas, threshold, temperature, generator):
+        return {
+            r: self.lookups[r].propose(seqs[r], gammas[r], threshold, temperature, generator) for r in seqs
+        }
+
+
+def build_batch_drafter(
+    spec: Any, target: Any, draft_models: dict[str, Any], rows: int
+) -> BatchDrafter | None:
+    """The batched drafter a `DraftSpec` describes (None for kind "none")."""
+    if spec.kind == "none":
+        return None
+    if spec.kind == "model":
+        if spec.name not in draft_models:
+            raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
+        return BatchModelDrafter(draft_models[spec.name], rows, spec.name)
+    if spec.kind == "prompt_lookup":
+        device = next(target.parameters()).device
+        return BatchLookupDrafter(rows, spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name)
+    if spec.kind == "layer_skip":
+        return BatchModelDrafter(truncated_view(target, int(spec.layers or 1)), rows, spec.name)
+    raise SpecDecError(f"unknown draft kind '{spec.kind}'")
+
+
+@dataclass
+class BatchRun:
+    """One closed-loop pass over a workload at batch size B."""
+
+    outputs: list[list[int]]  # new tokens per prompt, in the workload's order
+    stats: SpecStats
+    latencies_s: list[float] = field(default_factory=list)  # per prompt: admission to last token
+    steps: int = 0  # batched target forwards (prefills excluded)
+
+
+@dataclass
+class _Row:
+    index: int  # the prompt's place in the workload
+    seq: list[int]  # committed tokens; the last one is not in the target's cache yet
+    out: list[int]
+    budget: int
+    started: float
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (allowed g, proposed k, accepted n)
+
+
+@torch.inference_mode()
+def batch_generate(
+    target: Any,
+    drafter: BatchDrafter | None,
+    case: Case,
+    batch_size: int,
+    gamma: int,
+    threshold: float = 0.0,
+    seed: int = 0,
+) -> BatchRun:
+    """Decode every prompt of `case` with `batch_size` requests in flight (refilled from the queue)."""
+    check_count(batch_size, "batch size")
+    check_decoding(gamma, threshold, case.temperature, min(case.max_new_tokens))
+    if any(not p for p in case.prompts):
+        raise SpecDecError("the prompt is empty: nothing to condition on")
+    temperature = case.temperature
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+    eos = set(case.eos)
+    speculate = drafter is not None and gamma > 0
+    kv = RowCache(target, batch_size)
+    queue = deque(range(len(case.prompts)))
+    rows: list[_Row | None] = [None] * batch_size
+    outputs: list[list[int]] = [[] for _ in case.prompts]
+    latencies = [0.0] * len(case.prompts)
+    stats = SpecStats()
+    steps = 0
+
+    def admit(r: int) -> None:
+        i = queue.popleft()
+        prompt = case.prompts[i]
+        kv.prefill(r, prompt[:-1])
+        if speculate:
+            drafter.start(r, prompt)
+        rows[r] = _Row(i, list(prompt), [], case.max_new_tokens[i], time.perf_counter())
+
+    def finish(r: int, row: _Row) -> None:
+        outputs[row.index] = row.out
+        latencies[row.index] = time.perf_counter() - row.started
+        stats.add(SpecStats.from_steps(row.steps, len(row.steps), len(row.out)))
+        rows[r] = None
+        if queue:
+            admit(r)
+
+    for r in range(min(batch_size, len(queue))):
+        admit(r)
+    while any(rows):
+        active = {r: row for r, row in enumerate(rows) if row is not None}
+        # Never draft past a row's budget: k drafts emit at most k + 1 tokens.
+        allowed = {r: max(0, min(gamma, row.budget - len(row.out) - 1)) for r, row in active.items()}
+        drafts: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        if speculate:
+            drafts = drafter.propose(
+                {r: row.seq for r, row in active.items()}, allowed, threshold, temperature, generator
+            )
+        width = 1 + max((d.numel() for d, _ in drafts.values()), default=0)
+        tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+        counts = torch.zeros(batch_size, dtype=torch.long, device=device)
+        for r, row in active.items():
+            tokens[r, 0] = row.seq[-1]
+            k = drafts[r][0].numel() if speculate else 0
+            if k:
+                tokens[r, 1 : k + 1] = drafts[r][0]
+            counts[r] = k + 1
+        logits = kv.forward(tokens, counts)
+        steps += 1
+        best = logits.argmax(-1) if temperature == 0.0 else None
+        if best is not None and width > 1:
+            match = (best[:, : width - 1] == tokens[:, 1:]).long().cumprod(1)
+            accepted = match.sum(1).tolist()
+        keep = kv.lengths - counts  # each row's length before this step
+        best_list = best.tolist() if best is not None else None
+        for r, row in active.items():
+            k = int(counts[r]) - 1
+            if temperature == 0.0:
+                n = min(accepted[r], k) if width > 1 else 0
+                new = [*tokens[r, 1 : n + 1].tolist(), best_list[r][n]]
+            else:
+                draft, q = drafts[r] if speculate else (tokens[r, 1:1], None)
+                n, new = verify_sampling(logits[r, : k + 1], draft, q, temperature, generator)
+            row.steps.append((allowed[r], k, n))
+            keep[r] += n + 1  # last + the accepted drafts; the new last token is not cached
+            before = len(row.seq)
+            done = False
+            for t in new:
+                row.out.append(t)
+                row.seq.append(t)
+                if t in eos or len(row.out) >= row.budget:
+                    done = True
+                    break
+            if done:
+                finish(r, row)
+            elif speculate:
+                drafter.commit(r, before + n)
+        # Refilled rows were prefilled after `keep` was taken: leave their fresh length alone.
+        for r, row in enumerate(rows):
+            if row is None or len(row.out) == 0:
+                keep[r] = kv.lengths[r]
+        kv.truncate(keep)
+    return BatchRun(outputs, stats, latencies, steps)
