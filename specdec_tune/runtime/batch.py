@@ -22,6 +22,8 @@ from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
 from .drafters import PromptLookupDrafter, truncated_view
 from .engine import SpecStats, verify_sampling
+from .leandraft import LeanLlamaRows
+from .leandraft import supports as lean_supports
 from .rowcache import RowCache
 from .workloads import Case
 
@@ -53,8 +55,9 @@ class BatchDrafter:
 class BatchModelDrafter(BatchDrafter):
     """A causal LM drafting for all rows at once: one batched forward per draft position."""
 
-    def __init__(self, model: Any, rows: int, name: str = "draft") -> None:
-        self.kv = RowCache(model, rows)
+    def __init__(self, model: Any, rows: int, name: str = "draft", lean: bool = True) -> None:
+        # Llama-family drafts skip transformers' per-call machinery (see leandraft).
+        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else RowCache(model, rows)
         self.name = name
 
     def start(self, row: int, prompt_ids: list[int]) -> None:

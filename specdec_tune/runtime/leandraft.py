@@ -122,3 +122,74 @@ class LeanLlama:
             x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
         self.length = end
         return F.linear(F.rms_norm(x[-1], (x.shape[-1],), self.norm, eps), self.head)
+
+
+class LeanLlamaRows(LeanLlama):
+    """The lean forward for B rows at their own positions: the batched engine's Llama drafts.
+
+    Same interface as `rowcache.RowCache` (`prefill`, `forward`, `truncate`, `lengths`), but the
+    cache is preallocated per row, so rollback and refill only move a row's length.
+    """
+
+    def __init__(self, model: Any, rows: int, capacity: int = 512) -> None:
+        self.rows = rows
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=next(model.parameters()).device)
+        super().__init__(model, capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        shape = (len(self.layers), self.rows, self.n_kv, capacity, self.head_dim)
+        old = getattr(self, "k", None)
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        if old is not None:
+            k[..., : old.shape[3], :] = old
+            v[..., : old.shape[3], :] = self.v
+        self.k, self.v = k, v
+        pos = torch.arange(capacity, device=self.device).unsqueeze(0)
+        cos, sin = self.model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+
+    def prefill(self, row: int, ids: list[int]) -> None:
+        self.lengths[row] = 0
+        if ids:
+            x = torch.zeros(self.rows, len(ids), dtype=torch.long, device=self.device)
+            x[row] = torch.tensor(ids, dtype=torch.long, device=self.device)
+            counts = torch.zeros(self.rows, dtype=torch.long, device=self.device)
+            counts[row] = len(ids)
+            self.forward(x, counts, logits=False)
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        self.lengths = lengths.clone()
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, counts: torch.Tensor, logits: bool = True) -> torch.Tensor:
+        """Logits (B, T, vocab) after feeding row r's first counts[r] tokens of `tokens` (B, T)."""
+        b, t = tokens.shape
+        pos = self.lengths[:, None] + torch.arange(t, device=self.device)  # (B, T)
+        end = int((self.lengths + counts).max())
+        if max(end, int(pos.max()) + 1) > self.k.shape[3]:
+            self._alloc(max(2 * self.k.shape[3], end, int(pos.max()) + 1))
+        real = torch.arange(t, device=self.device)[None, :] < counts[:, None]
+        rows_idx, steps_idx = real.nonzero(as_tuple=True)
+        at = pos[rows_idx, steps_idx]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, T, head_dim)
+        mask = torch.arange(end, device=self.device)[None, None, :] <= pos[:, :, None]  # (B, T, end)
+        x = F.embedding(tokens, self.embed)  # (B, T, hidden)
+        nh, nkv, hd, eps = self.n_heads, self.n_kv, self.head_dim, self.eps
+        for i, (w_in, wq, wk, wv, wo, w_post, wg, wu, wd) in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), w_in, eps)
+            q = self._rope(F.linear(h, wq).view(b, t, nh, hd).transpose(1, 2), cos, sin)
+            k = self._rope(F.linear(h, wk).view(b, t, nkv, hd).transpose(1, 2), cos, sin)
+            v = F.linear(h, wv).view(b, t, nkv, hd).transpose(1, 2)
+            self.k[i, rows_idx, :, at] = k[rows_idx, :, steps_idx]
+            self.v[i, rows_idx, :, at] = v[rows_idx, :, steps_idx]
+            attn = F.scaled_dot_product_attention(
+                q, self.k[i, :, :, :end], self.v[i, :, :, :end], attn_mask=mask[:, None], enable_gqa=nkv != nh
+            )
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, nh * hd), wo)
+            h = F.rms_norm(x, (x.shape[-1],), w_post, eps)
+            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        self.lengths = self.lengths + counts
+        if not logits:
+            return x
+        return F.linear(F.rms_norm(x, (x.shape[-1],), self.norm, eps), self.head)
