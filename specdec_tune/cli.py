@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from . import __version__
+from .errors import SpecDecError
 from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
@@ -248,6 +249,21 @@ def run(
     out: Annotated[
         Path | None, typer.Option("--out", help="Default: profiles/<hardware>/<target>.yaml")
     ] = None,
+    batch_sizes: Annotated[
+        str,
+        typer.Option(
+            "--batch-sizes",
+            help="Comma-separated batch sizes (requests in flight) to tune for, e.g. 1,4,16; the profile "
+            "gets the best config per batch size and B*.",
+        ),
+    ] = "1",
+    budget: Annotated[
+        float,
+        typer.Option(
+            help="Wall-clock budget in seconds for the whole run when --trials is not given: the trial "
+            "count is sized from this machine's speed (0: no budget, 20 trials).",
+        ),
+    ] = 240.0,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -256,8 +272,12 @@ def run(
     with user_errors():
         quiet_libraries()
         from . import app as api
+        from .limits import parse_batch_sizes
         from .store.yamlio import profile_to_dict
 
+        sizes = parse_batch_sizes(batch_sizes)
+        if budget < 0:
+            raise SpecDecError(f"--budget must be >= 0 seconds, got {budget}")
         settings = api.TuneSettings(
             trials=trials,
             timeout_s=timeout,
@@ -272,7 +292,9 @@ def run(
         )
         models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
         with CliProgress(json_out, "loading", 1.0) as progress:
-            o = api.tune(models, settings, layer_skip, costs_file, no_profile, out, progress)
+            o = api.tune(
+                models, settings, layer_skip, costs_file, no_profile, out, progress, sizes, budget or None
+            )
         if json_out:
             print_json(
                 {"profile": str(o.path), "trials_csv": str(o.trials_csv), **profile_to_dict(o.profile)}

@@ -121,6 +121,18 @@ class DraftCosts:
 
 
 @dataclass
+class BatchCosts:
+    """Costs with B requests decoding together, at the workload's mid-generation context length."""
+
+    batch_size: int
+    t_target_ms: float  # one plain decode step of all B rows (C_ver(B, 0))
+    verify_ms: list[
+        float
+    ]  # C_ver(B, gamma): one target forward over B x (gamma + 1) tokens, gamma = 1..Gamma
+    t_draft_ms: dict[str, float] = field(default_factory=dict)  # per draft: ms per draft position, B rows
+
+
+@dataclass
 class Costs:
     """Hardware costs measured by the profiler (each a median over repeats)."""
 
@@ -138,6 +150,13 @@ class Costs:
     # step of the speculative loop besides draft and verification forwards; see costmodel.
     loop_overhead_ms: float | None = None
     step_overhead_ms: float | None = None
+    # The cost surface over batch sizes (empty when only batch size 1 was profiled), and the
+    # largest measured B whose verification of one draft token still costs about one decode step.
+    batch: list[BatchCosts] = field(default_factory=list)
+    memory_bound_until: int | None = None
+
+    def at_batch(self, batch_size: int) -> BatchCosts | None:
+        return next((b for b in self.batch if b.batch_size == batch_size), None)
 
     def draft(self, name: str) -> DraftCosts | None:
         return next((d for d in self.drafts if d.name == name), None)

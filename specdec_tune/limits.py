@@ -58,3 +58,13 @@ def check_decoding(gamma: int, threshold: float, temperature: float, max_new_tok
     check_threshold(threshold)
     check_temperature(temperature)
     check_count(max_new_tokens, "max_new_tokens")
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """`--batch-sizes 1,4,16` -> [1, 4, 16] (sorted, without repeats); anything else is a SpecDecError."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p.isdigit() or int(p) < 1 for p in parts):
+        raise SpecDecError(
+            f"--batch-sizes must be a comma-separated list of integers >= 1, e.g. 1,4,16; got {text!r}"
+        )
+    return sorted({int(p) for p in parts})

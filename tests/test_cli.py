@@ -171,6 +171,10 @@ def test_profile_bad_input(tiny_dirs, extra):
         (["--timeout", "0"], "--timeout"),
         (["--prompts", "0"], "--prompts"),
         (["--temperature", "-1"], "temperature"),
+        (["--batch-sizes", "1,x"], "--batch-sizes"),
+        (["--batch-sizes", "0"], "--batch-sizes"),
+        (["--batch-sizes", ""], "--batch-sizes"),
+        (["--budget", "-5"], "--budget"),
     ],
 )
 def test_run_bad_input_is_one_red_line(tiny_dirs, tmp_path, extra, needle):
@@ -179,3 +183,43 @@ def test_run_bad_input_is_one_red_line(tiny_dirs, tmp_path, extra, needle):
     one_red_line(r)
     assert needle in r.stderr
     assert not (tmp_path / "s.db").exists()  # refused before anything was measured or stored
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"), [(["-b", "0"], "--batch-size"), (["-b", "2", "--compare-hf"], "batch size 1")]
+)
+def test_bench_bad_batch_input_is_one_red_line(tiny_dirs, extra, needle):
+    r = invoke("bench", *tiny_args(tiny_dirs, "--draft", "prompt-lookup", *extra))
+    one_red_line(r)
+    assert needle in r.stderr
+
+
+@pytest.mark.slow
+def test_bench_at_a_batch_size_reports_both_sides(tiny_dirs):
+    r = invoke(
+        "bench",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            tiny_dirs["draft"],
+            "-g",
+            "3",
+            "-n",
+            "8",
+            "-b",
+            "2",
+            "--repeats",
+            "1",
+            "--json",
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert (
+        res["batch_size"] == 2 and res["mismatches"] == 0 and res["proposed"] if "proposed" in res else True
+    )
+    for side in ("speculative", "plain"):
+        s = res[side]
+        assert s["tokens_per_s"] > 0 and 0 < s["latency_ms_p50"] <= s["latency_ms_p90"]
+        assert s["peak_memory_mb"] is None or s["peak_memory_mb"] > 0
+    assert res["speedup"] == pytest.approx(res["tokens_per_s"] / res["baseline_tokens_per_s"], rel=0.5)

@@ -70,19 +70,28 @@ def drafter_pool(s: Any, specs: list[DraftSpec]) -> Any:
     return DrafterPool(specs, s.target.model, s.draft_model)
 
 
-def measure_costs(s: Any, pool: Any, max_gamma: int, repeats: int, progress: Progress) -> Costs:
+def measure_costs(
+    s: Any,
+    pool: Any,
+    max_gamma: int,
+    repeats: int,
+    progress: Progress,
+    batch_sizes: list[int] | None = None,
+) -> Costs:
+    """The costs profile of a session's target and drafts; with `batch_sizes` (other than just
+    [1]) also the cost surface over them."""
     from ..measure.costs import measure_costs as measure
 
     drafters = {}
-    for spec in s.specs:
+    for name in pool.specs:
         try:
-            drafters[spec.name] = pool.get(spec.name)
+            drafters[name] = pool.get(name)
         except Exception as exc:
-            progress.note(f"draft '{spec.name}' is unusable, skipped: {exc}")
+            progress.note(f"draft '{name}' is unusable, skipped: {exc}")
     # Costs and acceptance need fewer tokens than the search: a subset keeps `profile` quick.
     case = s.case.head(8)
     case.temperature = 0.0
-    return measure(
+    costs = measure(
         s.target.model,
         drafters,
         case,
@@ -91,6 +100,20 @@ def measure_costs(s: Any, pool: Any, max_gamma: int, repeats: int, progress: Pro
         repeats=repeats,
         progress=progress.stage,
     )
+    if batch_sizes and batch_sizes != [1]:
+        from ..measure.surface import measure_surface
+
+        makers = {name: (lambda b, name=name: pool.get(name, b)) for name in drafters}
+        costs.batch, costs.memory_bound_until = measure_surface(
+            s.target.model,
+            makers,
+            batch_sizes,
+            costs.context_len,
+            max_gamma,
+            repeats=max(2, repeats // 2),
+            progress=lambda label: progress.stage(label, 0.99),
+        )
+    return costs
 
 
 def check_writable(path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from .. import __version__
 from ..domain import DraftSpec
 from ..errors import SpecDecError
+from ..limits import check_count
 from ..search.space import TuneSettings
 from ..store.schema import Profile
 from .common import Models, Progress, check_writable, drafter_pool, measure_costs
@@ -24,7 +25,8 @@ class TuneOutcome:
     profile: Profile
     path: Path  # the profile YAML written
     trials_csv: Path  # one row per trial, beside it
-    result: Any  # search.results.TuneResult
+    result: Any  # search.results.TuneResult of the first (smallest) batch size
+    by_batch: dict[int, Any] = field(default_factory=dict)  # every batch size's TuneResult
 
 
 def tune(
@@ -35,19 +37,35 @@ def tune(
     no_profile: bool = False,
     out: Path | None = None,
     progress: Progress | None = None,
+    batch_sizes: list[int] | None = None,
+    budget_s: float | None = None,
 ) -> TuneOutcome:
-    """Profile the costs, search, and write the winning profile (default
-    `profiles/<hardware>/<target>.yaml`) with the trials CSV beside it."""
+    """Profile the costs, search at each batch size, and write the winning profile (default
+    `profiles/<hardware>/<target>.yaml`) with the trials CSV beside it.
+
+    With `budget_s` and no fixed `settings.trials`, the number of trials is sized from the time
+    one plain pass takes on this machine so the whole search, final rounds included, fits the
+    budget; the profile says what the budget allowed.
+    """
+    import time
+
     import pandas as pd
 
     from ..measure.hardware import hardware_info, same_hardware
     from ..runtime.models import content_hash, slugify
+    from ..search.costmodel import CostModel
     from ..search.tuner import tune as run_search
     from ..store.atomic import atomic_write_text
     from ..store.yamlio import load_costs, save_profile
 
+    started = time.monotonic()
     settings = settings or TuneSettings()
     progress = progress or Progress()
+    batch_sizes = sorted(set(batch_sizes or [settings.batch_size]))
+    for b in batch_sizes:
+        check_count(b, "--batch-sizes")
+    if budget_s is not None and not budget_s > 0:
+        raise SpecDecError(f"--budget must be > 0 seconds, got {budget_s}")
     if out is not None:
         check_writable(out)
     s = models.open()
@@ -64,7 +82,7 @@ def tune(
         if not same_hardware(costs_hw, hw):
             raise SpecDecError(f"{costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}")
     elif not no_profile:
-        costs = measure_costs(s, pool, settings.max_gamma, 5, progress)
+        costs = measure_costs(s, pool, settings.max_gamma, 5, progress, batch_sizes)
     key = {
         "specdec_tune": __version__,
         "hardware": hw["slug"],
@@ -77,14 +95,103 @@ def tune(
         "dtype": s.target.dtype,
         "repeats": settings.repeats,
     }
-    result = run_search(
-        s.target.model, specs, s.case, settings, costs, pool, key, progress.trial, progress.final
-    )
-    profile = make_profile(result, settings, hw, s.target, s.workload, s.case, costs)
+    results: dict[int, Any] = {}
+    notes = []
+    neighbour: list[dict[str, Any]] = []
+    for i, b in enumerate(batch_sizes):
+        settings_b = replace(settings, batch_size=b)
+        if settings.study_name and b != batch_sizes[0]:
+            settings_b.study_name = f"{settings.study_name}-b{b}"
+        if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
+            left = budget_s - (time.monotonic() - started)
+            settings_b, note = _fit_budget(s, pool, settings_b, left / (len(batch_sizes) - i))
+            notes.append(note)
+        key_b = key if b == 1 else {**key, "batch_size": b}
+        results[b] = run_search(
+            s.target.model,
+            specs,
+            s.case,
+            settings_b,
+            costs,
+            pool,
+            key_b,
+            progress.trial,
+            progress.final,
+            neighbour,
+        )
+        neighbour = [_params(results[b].results[0].config)]
+    first = results[batch_sizes[0]]
+    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs)
+    if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
+        profile.search.budget_s = budget_s
+        profile.search.budget_note = "; ".join(notes)
+    if batch_sizes != [1]:
+        model = CostModel(costs) if costs is not None else None
+        profile.batch_table = [_batch_row(b, results[b], model, settings.max_gamma) for b in batch_sizes]
+        losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
+        profile.b_star = min(losing) if losing else None
+        profile.predicted_b_star = model.b_star(settings.max_gamma) if model is not None else None
     save_profile(profile, out)
     csv_path = out.with_suffix(".trials.csv")
-    atomic_write_text(csv_path, pd.DataFrame(result.rows).to_csv(index=False))
-    return TuneOutcome(profile, out, csv_path, result)
+    rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
+    atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
+    return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _params(config: Any) -> dict[str, Any]:
+    """A config as trial params (what the study enqueues)."""
+    if config.gamma == 0:
+        return {"draft": "none"}
+    params: dict[str, Any] = {"draft": config.draft.name, "gamma": config.gamma}
+    if config.draft.has_threshold:
+        params["threshold"] = config.threshold
+    return params
+
+
+def _batch_row(batch_size: int, result: Any, model: Any, max_gamma: int) -> Any:
+    from ..store.schema import BatchRow
+
+    per_draft: dict[str, Any] = {}
+    for r in result.results:  # best first: the first of each draft is its best
+        if r.config.gamma > 0:
+            per_draft.setdefault(r.config.draft.name, r)
+    ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
+    predicted = max(1.0, ranked[0][2]) if ranked else None
+    return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)
+
+
+def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
+    """Trials and a timeout that fit `budget_s` seconds on this machine at `settings.batch_size`.
+
+    One plain pass over the workload is timed; a trial costs about 2 x repeats passes (the
+    config and the interleaved baseline), the final round (finalists + 1) x final_repeats.
+    """
+    import time
+
+    from ..measure.bench import run_pass
+    from ..runtime.batch import batch_generate
+    from ..search.space import DEFAULT_TRIALS
+
+    b = settings.batch_size
+    t0 = time.monotonic()
+    if b == 1:
+        run_pass(s.target.model, None, 0, 0.0, s.case)
+    else:
+        batch_generate(s.target.model, None, s.case, b, 0)
+    pass_s = time.monotonic() - t0
+    trial_s = 2 * settings.repeats * pass_s
+    final_s = (settings.finalists + 1) * settings.final_repeats * pass_s if settings.finalists else 0.0
+    fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
+    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
+    timeout = max(budget_s - final_s, trials * trial_s * 0.5)
+    note = f"B={b}: budget {budget_s:.0f} s, one plain pass {pass_s:.1f} s, so {trials} trials" + (
+        f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else ""
+    )
+    return replace(settings, trials=trials, timeout_s=timeout), note
+
+
+# The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
+MIN_BUDGET_TRIALS = 6
 
 
 def make_profile(

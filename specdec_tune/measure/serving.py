@@ -97,6 +97,15 @@ def _vm_hwm_mb() -> float | None:
     return None
 
 
+@dataclass
+class BatchEntry:
+    """One config to time at batch size B: a factory for its batched drafter, gamma, threshold."""
+
+    make_drafter: Callable[[], BatchDrafter | None]
+    gamma: int
+    threshold: float = 0.0
+
+
 def measure_batched(
     target: Any,
     make_drafter: Callable[[], BatchDrafter | None],
@@ -107,61 +116,96 @@ def measure_batched(
     repeats: int = 3,
     warmup: int = 1,
     seed: int = 0,
+    on_repeat: Callable[[int, float], None] | None = None,
 ) -> BatchMeasurement:
     """Time `case` at concurrency `batch_size` with the config and with plain batched decoding."""
+    hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
+    entry = BatchEntry(make_drafter, gamma, threshold)
+    return measure_batched_many(target, [entry], case, batch_size, repeats, warmup, seed, hook)[0]
+
+
+def measure_batched_many(
+    target: Any,
+    entries: list[BatchEntry],
+    case: Case,
+    batch_size: int,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    on_repeat: Callable[[int, list[float]], None] | None = None,
+) -> list[BatchMeasurement]:
+    """Several configs and plain batched decoding at concurrency `batch_size`, in one interleaved
+    run: one BatchMeasurement each (the batched counterpart of `bench.measure_many`)."""
     check_count(batch_size, "batch size")
     check_count(repeats, "repeats")
-    check_decoding(gamma, threshold, case.temperature, min(case.max_new_tokens))
+    if not entries:
+        raise ValueError("measure_batched_many needs at least one entry")
+    for e in entries:
+        check_decoding(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
     device = str(next(target.parameters()).device)
-    drafter = make_drafter() if gamma > 0 else None
-    memory: dict[str, list[float | None]] = {"plain": [], "spec": []}
+    drafters = [e.make_drafter() if e.gamma > 0 else None for e in entries]
+    speculative = [d is not None for d in drafters]
+    memory: dict[int, list[float | None]] = {i: [] for i in range(-1, len(entries))}
 
-    def side(name: str, d: BatchDrafter | None, g: int) -> Callable[[int], BatchRun]:
+    def side(key: int, d: BatchDrafter | None, g: int, t: float) -> Callable[[int], BatchRun]:
         def run(r: int) -> BatchRun:
-            with peak_memory(device, memory[name]):
-                return batch_generate(target, d, case, batch_size, g, threshold, seed + r)
+            with peak_memory(device, memory[key]):
+                return batch_generate(target, d, case, batch_size, g, t, seed + r)
 
         return run
 
-    runs = {"plain": side("plain", None, 0), "spec": side("spec", drafter, gamma)}
+    runs = {-1: side(-1, None, 0, 0.0)}
+    for i, (e, d) in enumerate(zip(entries, drafters, strict=True)):
+        if d is not None:
+            runs[i] = side(i, d, e.gamma, e.threshold)
     warm = case.head(min(len(case.prompts), batch_size))
     for _ in range(warmup):
         batch_generate(target, None, warm, batch_size, 0, 0.0, seed)
-        if drafter is not None:
-            batch_generate(target, drafter, warm, batch_size, gamma, threshold, seed)
-    timings = interleaved(runs, repeats, device)
+        for e, d in zip(entries, drafters, strict=True):
+            if d is not None:
+                batch_generate(target, d, warm, batch_size, e.gamma, e.threshold, seed)
 
-    def rates(name: str) -> list[float]:
-        return [sum(map(len, run.outputs)) / sec for sec, run in timings[name]]
+    def rate(sec_run: tuple[float, BatchRun]) -> float:
+        return sum(map(len, sec_run[1].outputs)) / sec_run[0]
 
-    ratios = [s / p for s, p in zip(rates("spec"), rates("plain"), strict=True)]
-    stats = SpecStats()
-    for _, run in timings["spec"]:
-        stats.add(run.stats)
-    spec_out = timings["spec"][-1][1].outputs
-    plain_out = timings["plain"][-1][1].outputs
-    mismatches = sum(a != b for a, b in zip(spec_out, plain_out, strict=True)) if case.temperature == 0 else 0
-    speculative = gamma > 0
-    metrics = Metrics(
-        tokens_per_s=median(rates("spec")),
-        baseline_tokens_per_s=median(rates("plain")),
-        speedup=median(ratios),
-        speedup_spread=spread(ratios),
-        acceptance_rate=stats.acceptance_rate,
-        mean_accepted_len=stats.mean_accepted_len if speculative else 1.0,
-        per_position_acceptance=stats.per_position_acceptance,
-        repeats=repeats,
-    )
-    return BatchMeasurement(
-        batch_size=batch_size,
-        metrics=metrics,
-        speculative=_side(timings["spec"], rates("spec"), memory["spec"]),
-        plain=_side(timings["plain"], rates("plain"), memory["plain"]),
-        mismatches=mismatches,
-        speedups=ratios,
-        stats=stats,
-        outputs=spec_out,
-    )
+    ratios: list[list[float]] = [[] for _ in entries]
+
+    def after_repeat(r: int, last: dict[int, tuple[float, BatchRun]]) -> None:
+        base = rate(last[-1])
+        for i, spec in enumerate(speculative):
+            ratios[i].append(rate(last[i]) / base if spec else 1.0)
+        if on_repeat is not None:
+            on_repeat(r, [median(x) for x in ratios])
+
+    timings = interleaved(runs, repeats, device, after_repeat)
+    plain_rates = [rate(x) for x in timings[-1]]
+    plain = _side(timings[-1], plain_rates, memory[-1])
+    plain_out = timings[-1][-1][1].outputs
+    result = []
+    for i in range(len(entries)):
+        own = timings[i] if speculative[i] else timings[-1]
+        rates = [rate(x) for x in own]
+        stats = SpecStats()
+        if speculative[i]:
+            for _, run in own:
+                stats.add(run.stats)
+        out = own[-1][1].outputs
+        mismatches = 0
+        if case.temperature == 0:
+            mismatches = sum(a != b for a, b in zip(out, plain_out, strict=True))
+        metrics = Metrics(
+            tokens_per_s=median(rates),
+            baseline_tokens_per_s=median(plain_rates),
+            speedup=median(ratios[i]),
+            speedup_spread=spread(ratios[i]),
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_len=stats.mean_accepted_len if speculative[i] else 1.0,
+            per_position_acceptance=stats.per_position_acceptance,
+            repeats=repeats,
+        )
+        mine = _side(own, rates, memory[i]) if speculative[i] else plain
+        result.append(BatchMeasurement(batch_size, metrics, mine, plain, mismatches, ratios[i], stats, out))
+    return result
 
 
 def _side(

@@ -126,56 +126,78 @@ class CostModel:
     def drafts(self) -> list[str]:
         return [d.name for d in self.costs.drafts]
 
-    def predict(self, draft: str, gamma: int) -> float | None:
-        """Predicted speedup of `draft` at `gamma` (1.0 at gamma 0; None for an unmeasured draft)."""
+    def predict(self, draft: str, gamma: int, batch_size: int = 1) -> float | None:
+        """Predicted speedup of `draft` at `gamma` with `batch_size` requests in flight (1.0 at
+        gamma 0; None for a draft or batch size that was not measured).
+
+        At B > 1 the same formula takes the costs of the surface at B: a step verifies B rows at
+        once, every row gains E[tokens], so the throughput ratio is the per-row one.
+        """
         if gamma == 0:
             return 1.0
         d = self.costs.draft(draft)
         if d is None:
             return None
         c = self.costs
+        t_target, t_draft, verify = c.t_target_ms, d.t_draft_ms, c.verify_ms
+        if batch_size != 1:
+            b = c.at_batch(batch_size)
+            if b is None or draft not in b.t_draft_ms:
+                return None
+            t_target, t_draft, verify = b.t_target_ms, b.t_draft_ms[draft], b.verify_ms
         return predicted_speedup(
-            c.t_target_ms,
-            d.t_draft_ms,
-            c.verify_ms,
+            t_target,
+            t_draft,
+            verify,
             d.acceptance_vector,
             gamma,
             self.loop_overhead_ms,
             self.step_overhead_ms,
         )
 
-    def curve(self, draft: str, max_gamma: int | None = None) -> list[tuple[int, float]]:
+    def curve(self, draft: str, max_gamma: int | None = None, batch_size: int = 1) -> list[tuple[int, float]]:
         """(gamma, predicted speedup) for gamma = 1..max_gamma; by default up to the shorter of the
         measured verify curve and acceptance vector (no extrapolation)."""
         d = self.costs.draft(draft)
-        if d is None:
+        if d is None or (batch_size != 1 and self.costs.at_batch(batch_size) is None):
             return []
         if max_gamma is None:
             max_gamma = min(len(self.costs.verify_ms), len(d.acceptance_vector))
         _check_gamma(max_gamma)
-        return [(g, self.predict(draft, g) or 0.0) for g in range(1, max_gamma + 1)]
+        points = [(g, self.predict(draft, g, batch_size)) for g in range(1, max_gamma + 1)]
+        return [(g, v) for g, v in points if v is not None]
 
-    def best_gamma(self, draft: str, max_gamma: int) -> tuple[int, float]:
+    def best_gamma(self, draft: str, max_gamma: int, batch_size: int = 1) -> tuple[int, float]:
         """The gamma in 1..max_gamma with the highest predicted speedup, and that speedup.
 
         (0, 1.0) -- "don't speculate" -- when no gamma beats plain decoding. Ties go to the smaller
         gamma (less draft work, less memory).
         """
         best = (0, 1.0)
-        for gamma, speedup in self.curve(draft, max_gamma):
+        for gamma, speedup in self.curve(draft, max_gamma, batch_size):
             if speedup > best[1]:
                 best = (gamma, speedup)
         return best
 
-    def rank(self, max_gamma: int, drafts: list[str] | None = None) -> list[tuple[str, int, float]]:
+    def rank(
+        self, max_gamma: int, drafts: list[str] | None = None, batch_size: int = 1
+    ) -> list[tuple[str, int, float]]:
         """Every (draft, gamma, predicted speedup) for gamma in 1..max_gamma, best first.
 
         The plain baseline (1.0) is not listed. Ties break by draft name, then smaller gamma.
         """
         names = [n for n in self.drafts if drafts is None or n in drafts]
-        ranked = [(name, g, v) for name in names for g, v in self.curve(name, max_gamma)]
+        ranked = [(name, g, v) for name in names for g, v in self.curve(name, max_gamma, batch_size)]
         ranked.sort(key=lambda row: (-row[2], row[0], row[1]))
         return ranked
+
+    def b_star(self, max_gamma: int) -> int | None:
+        """The smallest profiled batch size at which no config is predicted to beat plain decoding."""
+        for b in sorted(x.batch_size for x in self.costs.batch):
+            ranked = self.rank(max_gamma, batch_size=b)
+            if ranked and ranked[0][2] <= 1.0:
+                return b
+        return None
 
 
 def _conditional_rates(proposed_at: Sequence[int], accepted_at: Sequence[int]) -> list[float]:

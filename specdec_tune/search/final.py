@@ -13,6 +13,7 @@ from typing import Any
 
 from ..domain import Metrics, Result
 from ..measure.bench import Entry, measure_many
+from ..measure.serving import BatchEntry, measure_batched_many
 from ..runtime.workloads import Case
 from .results import TuneResult, csv_row
 from .space import TuneSettings
@@ -69,10 +70,29 @@ def final_round(
         if on_start is not None:
             on_start([r.config.label for r in finalists])
         try:
-            entries = [
-                Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold) for r in finalists
-            ]
-            ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
+            if settings.batch_size == 1:
+                entries = [
+                    Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold)
+                    for r in finalists
+                ]
+                ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
+            else:
+                batched = [
+                    BatchEntry(
+                        _maker(pool, r.config.draft.name, settings.batch_size),
+                        r.config.gamma,
+                        r.config.threshold,
+                    )
+                    for r in finalists
+                ]
+                ms = measure_batched_many(
+                    pool.target,
+                    batched,
+                    case,
+                    settings.batch_size,
+                    settings.final_repeats,
+                    seed=settings.seed,
+                )
         except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
             result.final_note = f"final round skipped: {type(exc).__name__}: {exc}"[:300]
             pool.free_device_memory()
@@ -92,3 +112,7 @@ def final_round(
     result.finalists = len(final)
     for r in final:
         result.rows.append(csv_row(None, "FINAL", r.config, r.metrics.speedup, r.metrics.as_dict()))
+
+
+def _maker(pool: Any, name: str, batch_size: int) -> Callable[[], Any]:
+    return lambda: pool.get(name, batch_size)

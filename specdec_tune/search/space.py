@@ -40,6 +40,7 @@ class TuneSettings:
     # period belongs to a dead worker (on any host) and is failed, so the study goes on.
     heartbeat_s: int = 5
     grace_s: int = 20
+    batch_size: int = 1  # requests in flight while a trial is measured (closed loop)
 
     def __post_init__(self) -> None:
         if self.trials is not None:
@@ -54,6 +55,7 @@ class TuneSettings:
         check_count(self.final_repeats, "--final-repeats")
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
+        check_count(self.batch_size, "batch size")
         check_count(self.heartbeat_s, "heartbeat interval")
         if self.grace_s <= self.heartbeat_s:
             raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
@@ -102,7 +104,7 @@ def seed_configs(
     names = [n for n in model.drafts if n in by_name]
     per_draft = max(2, settings.seed_top // max(1, len(names)))
     seen: dict[str, int] = {}
-    for name, g, _ in model.rank(settings.max_gamma, names):
+    for name, g, _ in model.rank(settings.max_gamma, names, settings.batch_size):
         if seen.get(name, 0) >= per_draft:
             continue
         seen[name] = seen.get(name, 0) + 1

@@ -22,7 +22,9 @@ from typing import Any
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.bench import measure
-from ..runtime.drafters import Drafter, build_drafter
+from ..measure.serving import measure_batched
+from ..runtime.batch import build_batch_drafter
+from ..runtime.drafters import build_drafter
 from ..runtime.workloads import Case
 from .costmodel import CostModel
 from .final import final_round
@@ -53,17 +55,22 @@ class DrafterPool:
         self.specs = {s.name: s for s in specs}
         self.target = target
         self.load = load  # DraftSpec -> draft model module, for kind "model"
-        self._built: dict[str, Drafter | BaseException] = {}
+        self._built: dict[tuple[str, int | None], Any] = {}
 
-    def get(self, name: str) -> Drafter:
-        if name not in self._built:
+    def get(self, name: str, batch_size: int | None = None) -> Any:
+        """The drafter `name`: for the batch-1 engine, or batched for `batch_size` rows."""
+        key = (name, batch_size)
+        if key not in self._built:
             try:
                 spec = self.specs[name]
                 models = {name: self.load(spec)} if spec.kind == "model" and self.load else {}
-                self._built[name] = build_drafter(spec, self.target, models)
+                if batch_size is None:
+                    self._built[key] = build_drafter(spec, self.target, models)
+                else:
+                    self._built[key] = build_batch_drafter(spec, self.target, models, batch_size)
             except Exception as exc:  # recorded, and re-raised for every trial of this draft
-                self._built[name] = exc
-        built = self._built[name]
+                self._built[key] = exc
+        built = self._built[key]
         if isinstance(built, BaseException):
             raise built
         return built
@@ -93,8 +100,13 @@ def tune(
     study_key: dict[str, Any] | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
     on_final: Callable[[list[str]], None] | None = None,
+    extra_seeds: list[dict[str, Any]] | None = None,
 ) -> TuneResult:
-    """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it."""
+    """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
+
+    `extra_seeds` (trial params, e.g. the neighbouring batch size's winner) are tried right after
+    the cost model's seeds when the study is new.
+    """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -118,7 +130,9 @@ def tune(
     )
     study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s)
     identity = {"space": space, "key": study_key or {}}
-    claim_identity(study, identity, seed_configs(specs, model, settings), redact(storage_url))
+    seeds = seed_configs(specs, model, settings)
+    seeds += [p for p in extra_seeds or [] if p not in seeds and p.get("draft") in space["drafts"]]
+    claim_identity(study, identity, seeds, redact(storage_url))
 
     total = trial_count(specs, settings)
     objective = _Objective(study, pool, by_name, space, case, model, settings, total)
@@ -170,17 +184,31 @@ class _Objective:
                 if r == 0 and self.settings.repeats > 1 and prune_below and speedup < prune_below:
                     raise optuna.TrialPruned()
 
-            drafter = None if config.gamma == 0 else self.pool.get(config.draft.name)
-            m = measure(
-                self.pool.target,
-                drafter,
-                config.gamma,
-                config.threshold,
-                self.case,
-                self.settings.repeats,
-                seed=self.settings.seed,
-                on_repeat=on_repeat,
-            )
+            batch = self.settings.batch_size
+            if batch == 1:
+                drafter = None if config.gamma == 0 else self.pool.get(config.draft.name)
+                m = measure(
+                    self.pool.target,
+                    drafter,
+                    config.gamma,
+                    config.threshold,
+                    self.case,
+                    self.settings.repeats,
+                    seed=self.settings.seed,
+                    on_repeat=on_repeat,
+                )
+            else:
+                m = measure_batched(
+                    self.pool.target,
+                    lambda: self.pool.get(config.draft.name, batch),
+                    config.gamma,
+                    config.threshold,
+                    self.case,
+                    batch,
+                    self.settings.repeats,
+                    seed=self.settings.seed,
+                    on_repeat=on_repeat,
+                )
             if not math.isfinite(m.metrics.speedup):
                 raise RuntimeError("measured speedup is not finite")
             m.metrics.predicted_speedup = (

@@ -15,7 +15,9 @@ from ..domain import DRAFT_KINDS, Costs, Metrics, Result
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 profiles (before the batch table) still load: every field added since is optional.
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -49,6 +51,20 @@ class SearchInfo:
     space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
     finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
     final_repeats: int = 0  # interleaved repeats of that final round
+    budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
+    budget_note: str = ""  # what the budget allowed, in words
+
+
+@dataclass
+class BatchRow:
+    """The answer at one batch size: the best config with B requests in flight (closed loop), each
+    draft at its own best gamma, and the cost model's prediction there."""
+
+    batch_size: int
+    best: Result  # metrics: speedup over plain batched decoding at this B, tokens/s of both
+    per_draft: list[Result] = field(default_factory=list)  # each draft's best measured config
+    predicted_speedup: float | None = None  # the cost model's best prediction at this B
+    study_name: str = ""
 
 
 @dataclass
@@ -61,6 +77,11 @@ class Profile:
     best: Result
     alternatives: list[Result]  # next best, at most 4
     baseline: Metrics  # gamma 0: plain target, speedup 1
+    # With `run --batch-sizes`: the best config per batch size, and B* -- the smallest measured
+    # batch size where no speculation was fastest (None: speculation won at every measured B).
+    batch_table: list[BatchRow] = field(default_factory=list)
+    b_star: int | None = None
+    predicted_b_star: int | None = None  # the cost model's B* from the cost surface
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION
@@ -82,10 +103,10 @@ def profile_from_dict(d: Any) -> Profile:
             f"file may be cut off (this specdec-tune reads schema version {SCHEMA_VERSION})"
         )
     version = d["schema_version"]
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise SpecDecError(
             f"profile schema_version {version!r} is not supported: this specdec-tune reads schema version "
-            f"{SCHEMA_VERSION} (re-run `specdec-tune run` to write a current profile, or install the "
+            f"{' and '.join(map(str, READABLE_VERSIONS))} (re-run `specdec-tune run` to write a current profile, or install the "
             f"specdec-tune that wrote it)"
         )
     profile = _convert(d, Profile, "")
@@ -234,6 +255,21 @@ def _validate(p: Profile) -> None:
     for i, alt in enumerate(p.alternatives):
         _validate_result(alt, f"alternatives[{i}]")
     _validate_metrics(p.baseline, "baseline")
+    seen: set[int] = set()
+    for i, row in enumerate(p.batch_table):
+        where = f"batch_table[{i}]"
+        _at_least(row.batch_size, 1, f"{where}.batch_size")
+        if row.batch_size in seen:
+            raise _field_error(
+                f"{where}.batch_size", "must not repeat an earlier row's batch size", row.batch_size
+            )
+        seen.add(row.batch_size)
+        _validate_result(row.best, f"{where}.best")
+        for j, r in enumerate(row.per_draft):
+            _validate_result(r, f"{where}.per_draft[{j}]")
+    for name in ("b_star", "predicted_b_star"):
+        if getattr(p, name) is not None:
+            _at_least(getattr(p, name), 1, name)
     _at_least(p.search.finalists, 0, "search.finalists")
     _at_least(p.search.final_repeats, 0, "search.final_repeats")
     if p.costs is not None:

@@ -416,3 +416,72 @@ def test_the_baseline_asked_for_again_is_reused_not_measured(
     assert again.value == 1.0 and again.user_attrs["reused_baseline"] is True
     assert again.user_attrs["baseline_tokens_per_s"] == first.user_attrs["baseline_tokens_per_s"]
     assert res.trials == 3 and sum(r.config.gamma == 0 for r in res.results) == 1
+
+
+@pytest.mark.slow
+def test_run_at_several_batch_sizes_writes_a_batch_table(tiny_dirs, tmp_path):
+    out = tmp_path / "batch.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs,
+            "--draft",
+            tiny_dirs["draft"],
+            "--draft",
+            "prompt-lookup",
+            "--batch-sizes",
+            "3,1",
+            "--trials",
+            "4",
+            "--max-gamma",
+            "3",
+            "-n",
+            "6",
+            "--repeats",
+            "1",
+            "--final-repeats",
+            "1",
+            "--storage",
+            f"sqlite:///{tmp_path / 'b.db'}",
+            "--out",
+            out,
+        ),
+    )
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    assert p.schema_version == 2 and [row.batch_size for row in p.batch_table] == [1, 3]
+    assert p.batch_table[0].best.config == p.best.config  # batch size 1 is the classic answer
+    for row in p.batch_table:
+        assert row.best.metrics.baseline_tokens_per_s > 0 and row.study_name
+        assert all(r.config.gamma > 0 for r in row.per_draft)
+        assert len({r.config.draft.name for r in row.per_draft}) == len(row.per_draft)
+    losing = [row.batch_size for row in p.batch_table if row.best.config.gamma == 0]
+    assert p.b_star == (min(losing) if losing else None)
+    # The cost surface: T_target and C_ver at every batch size, T_draft per draft.
+    surface = {b.batch_size: b for b in p.costs.batch}
+    assert set(surface) == {1, 3}
+    assert all(len(b.verify_ms) == 3 and b.t_target_ms > 0 for b in surface.values())
+    assert set(surface[3].t_draft_ms) == {"draft", "prompt-lookup"}
+    assert p.predicted_b_star is None or p.predicted_b_star in surface
+    rows = out.with_suffix(".trials.csv").read_text().splitlines()
+    assert rows[0].endswith(",batch_size") and {r.rsplit(",", 1)[1] for r in rows[1:]} == {"1", "3"}
+    assert invoke("show", out).exit_code == 0
+
+
+@pytest.mark.slow
+def test_the_budget_sizes_the_search(tiny_dirs, tmp_path):
+    out = tmp_path / "budget.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs, "--draft", "prompt-lookup", "--budget", "0.5", "--max-gamma", "2", "-n", "4",
+            "--repeats", "1", "--finalists", "0", "--no-profile", "--storage", f"sqlite:///{tmp_path / 'g.db'}",
+            "--out", out,
+        ),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    # Half a second, most of it spent loading: the search stops early and says what it could do.
+    assert p.search.budget_s == 0.5 and "one plain pass" in p.search.budget_note
+    assert "fewer than the default 20" in p.search.budget_note
+    assert 1 <= p.search.trials < 20

@@ -207,8 +207,8 @@ def test_truncated_file_names_the_missing_field(tmp_path, fraction):
     path.write_text("".join(lines[: int(len(lines) * fraction)]), encoding="utf-8")
     msg = _load_error(path)
     assert str(path) in msg
-    # the first field that went missing is named, not just the trailing schema_version
-    assert re.search(r"profile field '[\w.\[\]]+' is missing", msg)
+    # the first field that went missing (or was cut to nothing) is named, not the trailing schema_version
+    assert re.search(r"profile field '[\w.\[\]]+' (is missing|must be a mapping, got null)", msg)
     assert "schema_version" not in msg
 
 
@@ -253,10 +253,39 @@ def test_acceptance_out_of_range(tmp_path):
 
 
 def test_wrong_schema_version(tmp_path):
-    path = _write_modified(tmp_path, lambda d: d.__setitem__("schema_version", 2))
+    path = _write_modified(tmp_path, lambda d: d.__setitem__("schema_version", 3))
     msg = _load_error(path)
-    assert "schema_version 2 is not supported" in msg
-    assert f"schema version {SCHEMA_VERSION}" in msg
+    assert "schema_version 3 is not supported" in msg
+    assert f"schema version 1 and {SCHEMA_VERSION}" in msg
+
+
+def test_version_1_profiles_still_load(tmp_path):
+    """The committed demo profile was written before the batch table (schema version 1)."""
+    from pathlib import Path
+
+    committed = Path(__file__).parents[2] / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
+    p = load_profile(committed)
+    assert p.schema_version == 1 and p.batch_table == [] and p.b_star is None
+    path = _write_modified(tmp_path, lambda d: (d.__setitem__("schema_version", 1), d.pop("batch_table")))
+    assert load_profile(path).schema_version == 1
+
+
+def test_batch_table_round_trips_and_is_validated(tmp_path):
+    from specdec_tune.store.schema import BatchRow
+
+    prof = make_sample_profile()
+    prof.batch_table = [
+        BatchRow(1, prof.best, [prof.best, *prof.alternatives[:1]], 1.9, "s-b1"),
+        BatchRow(16, prof.alternatives[0], [], None, "s-b16"),
+    ]
+    prof.b_star, prof.predicted_b_star = 32, 16
+    save_profile(prof, tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml") == prof
+    data = profile_to_dict(prof)
+    data["batch_table"] = [data["batch_table"][0]] * 2
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert "batch_table[1].batch_size' must not repeat" in _load_error(str(twice))
 
 
 def test_missing_schema_version(tmp_path):
@@ -266,7 +295,7 @@ def test_missing_schema_version(tmp_path):
 
 def test_unknown_field_is_rejected(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"].__setitem__("gama", 4))
-    assert "'best.config.gama' is not part of schema version 1" in _load_error(path)
+    assert f"'best.config.gama' is not part of schema version {SCHEMA_VERSION}" in _load_error(path)
 
 
 def test_hardware_needs_a_slug(tmp_path):
