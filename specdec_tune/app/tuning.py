@@ -179,19 +179,24 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     else:
         batch_generate(s.target.model, None, s.case, b, 0)
     pass_s = time.monotonic() - t0
-    trial_s = 2 * settings.repeats * pass_s
+    # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
+    # bookkeeping (sampler, storage writes).
+    trial_s = (2 * settings.repeats + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
     final_s = (settings.finalists + 1) * settings.final_repeats * pass_s if settings.finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
     timeout = max(budget_s - final_s, trials * trial_s * 0.5)
-    note = f"B={b}: budget {budget_s:.0f} s, one plain pass {pass_s:.1f} s, so {trials} trials" + (
-        f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else ""
+    note = (
+        f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, "
+        f"so {trials} trials"
+        + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )
     return replace(settings, trials=trials, timeout_s=timeout), note
 
 
 # The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
 MIN_BUDGET_TRIALS = 6
+TRIAL_OVERHEAD_S = 0.15
 
 
 def make_profile(
