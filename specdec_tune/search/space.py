@@ -40,6 +40,8 @@ class TuneSettings:
     # period belongs to a dead worker (on any host) and is failed, so the study goes on.
     heartbeat_s: int = 5
     grace_s: int = 20
+    # How long a worker waits for another worker's final round before ranking by the search.
+    final_wait_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.trials is not None:
