@@ -19,9 +19,10 @@ from typing import Any
 from ..errors import SpecDecError
 
 URL_HELP = "use sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST[:PORT]/DB"
+# The driver each backend's extra installs, and how to get it.
 DRIVERS = {
-    "postgresql": "the PostgreSQL driver is missing: pip install 'specdec-tune[postgres]' (psycopg 3)",
-    "mysql": "the MySQL driver is missing: pip install pymysql and use mysql+pymysql://…",
+    "postgresql": ("psycopg", "pip install 'specdec-tune[postgres]' (psycopg 3)"),
+    "mysql": ("pymysql", "pip install pymysql"),
 }
 
 
@@ -57,7 +58,12 @@ def check_url(url: str) -> str:
     try:
         dialect.import_dbapi()
     except ImportError:
-        hint = DRIVERS.get(u.get_backend_name(), f"the driver for '{u.drivername}' is not installed")
+        driver, install = DRIVERS.get(u.get_backend_name(), ("", ""))
+        hint = f"the driver {u.get_driver_name()} is not installed"
+        if install and u.get_driver_name() == driver:
+            hint += f": {install}"
+        elif install:
+            hint += f": install it, or {install} and use {u.get_backend_name()}+{driver}://"
         raise SpecDecError(f"--storage '{redact(url)}': {hint}") from None
     return url
 
