@@ -83,15 +83,14 @@ def tune_workers(
                     "out": str(Path(tmp) / f"worker{i}.yaml"),  # this process writes the real one
                     "cores": cores,
                 }
+                path = Path(tmp) / f"worker{i}.json"
+                path.write_text(json.dumps(job))
                 p = subprocess.Popen(
-                    [sys.executable, "-c", CHILD],
-                    stdin=subprocess.PIPE,
+                    [sys.executable, "-c", CHILD, str(path)],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
                 )
-                p.stdin.write(json.dumps(job))
-                p.stdin.close()
                 children.append(p)
             _pin(shares[0])
             outcome = tune(models, settings, layer_skip, costs_file, no_profile, out, progress)
@@ -109,8 +108,8 @@ def tune_workers(
 
 
 def child() -> None:
-    """A worker started by `tune_workers`: its job arrives as JSON on stdin."""
-    job: dict[str, Any] = json.loads(sys.stdin.read())
+    """A worker started by `tune_workers`: its job is a JSON file named in argv."""
+    job: dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
     _pin(job["cores"])
     settings = job["settings"]
     settings["grid_thresholds"] = tuple(settings["grid_thresholds"])

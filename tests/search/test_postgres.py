@@ -211,3 +211,41 @@ def test_a_missing_driver_names_the_extra(monkeypatch):
     r = invoke("studies", "list", "--storage", "postgresql://tuner:secret@db.internal/specdec")
     one_red_line(r)
     assert "specdec-tune[postgres]" in r.stderr and "secret" not in r.output
+
+
+@pytest.mark.slow
+def test_run_workers_starts_local_processes_on_one_study(tiny_dirs, tmp_path):
+    """`--workers 2` on SQLite (no server needed): two processes, one study, 12 trials exactly."""
+    storage = f"sqlite:///{tmp_path / 'w.db'}"
+    args = [a for a in run_args(tiny_dirs, storage) if a != "--json"]
+    p = start([*args, "--workers", "2"], tmp_path / "w.yaml", tmp_path)
+    _out, err = p.communicate(timeout=400)
+    assert p.returncode == 0, err
+    study = optuna.load_study(study_name="shared", storage=storage)
+    assert states(study) == {"COMPLETE": 12}
+    assert len(list(tmp_path.glob("final-*"))) <= 1  # children are not instrumented; at most this one
+    assert yaml.safe_load((tmp_path / "w.yaml").read_text())["search"]["trials"] == 12
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_sqlite_run_and_a_rerun_lose_no_finished_trial(tiny_dirs, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'k.db'}"
+    args = run_args(tiny_dirs, storage, trials=6)
+    victim = start(args, tmp_path / "k.yaml", tmp_path, hang_at=3)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "hanging").exists():
+        assert victim.poll() is None, victim.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    study = optuna.load_study(study_name="shared", storage=storage)
+    before = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(before) >= 2 and states(study).get("RUNNING") == 1
+    rerun = start(args, tmp_path / "k.yaml", tmp_path)  # the same command again
+    _out, err = rerun.communicate(timeout=400)
+    assert rerun.returncode == 0, err
+    study = optuna.load_study(study_name="shared", storage=storage)
+    assert states(study) == {"COMPLETE": 6, "FAIL": 1} and counted(study) == 6
+    after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
+    assert all(after[n] == p for n, p in before.items())  # nothing finished was lost or re-run
