@@ -264,6 +264,15 @@ def run(
             "count is sized from this machine's speed (0: no budget, 20 trials).",
         ),
     ] = 240.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Local worker processes on this study, each pinned to its share of the cores "
+            "(helps only a target that leaves cores idle: I/O or GPU bound)."
+        ),
+    ] = 1,
+    heartbeat: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_HEARTBEAT_S")] = 5,
+    grace: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_GRACE_S")] = 20,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -289,11 +298,24 @@ def run(
             final_repeats=final_repeats,
             storage=storage,
             study_name=study_name,
+            heartbeat_s=heartbeat,
+            grace_s=grace,
         )
         models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
         with CliProgress(json_out, "loading", 1.0) as progress:
-            o = api.tune(
-                models, settings, layer_skip, costs_file, no_profile, out, progress, sizes, budget or None
+            from .app.workers import tune_workers
+
+            o = tune_workers(
+                models,
+                settings,
+                workers,
+                layer_skip,
+                costs_file,
+                no_profile,
+                out,
+                progress,
+                sizes,
+                budget or None,
             )
         if json_out:
             print_json(
@@ -401,6 +423,68 @@ def show(
                     out.print(table)
         for f in r.plots:
             out.print(f"wrote {f}")
+
+
+studies_app = typer.Typer(no_args_is_help=True, help="Inspect and prune the Optuna studies in a storage.")
+app.add_typer(studies_app, name="studies")
+StorageUrl = Annotated[
+    str | None,
+    typer.Option(
+        help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
+    ),
+]
+
+
+@studies_app.command("list")
+def studies_list(storage: StorageUrl = None, json_out: JsonOut = False) -> None:
+    """List the studies: trials by state, best speedup, start time."""
+    with user_errors():
+        from .app.studies import list_studies
+        from .output.studies import studies_table
+
+        rows = list_studies(storage)
+        if json_out:
+            print_json(rows)
+        else:
+            console().print(studies_table(rows))
+
+
+@studies_app.command("show")
+def studies_show(
+    name: Annotated[str, typer.Argument(help="Study name.")],
+    storage: StorageUrl = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Show one study: its settings, final round, lost trials and every trial."""
+    with user_errors():
+        from .app.studies import show_study
+        from .output.studies import study_tables
+
+        info = show_study(name, storage)
+        if json_out:
+            print_json(info)
+            return
+        for table in study_tables(info):
+            console().print(table)
+
+
+@studies_app.command("delete")
+def studies_delete(
+    names: Annotated[list[str] | None, typer.Argument(help="Study names.")] = None,
+    all_studies: Annotated[bool, typer.Option("--all", help="Delete every study in the storage.")] = False,
+    storage: StorageUrl = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Delete studies (their trials and attributes) from the storage."""
+    with user_errors():
+        from .app.studies import delete_studies
+
+        gone = delete_studies(names or [], storage, all_studies)
+        if json_out:
+            print_json({"deleted": gone})
+        else:
+            for n in gone:
+                console().print(f"deleted {n}")
 
 
 def main() -> None:

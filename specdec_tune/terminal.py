@@ -39,7 +39,9 @@ def user_errors() -> Iterator[None]:
         err_console().print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(3) from None
     except SpecDecError as exc:
-        err_console().print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        from rich.markup import escape  # a message may hold brackets: pip install 'x[extra]'
+
+        err_console().print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console().print("[red]interrupted[/red]")

@@ -4,6 +4,13 @@ head in one interleaved run, and the winner comes from that round.
 Each search trial is one short noisy measurement, and the highest of many noisy values is biased
 upwards (the winner's curse): a config can top the search on one lucky trial. The finalists get
 fresh measurements timed side by side, which are unbiased and directly comparable.
+
+One round per study: the round is keyed by its finalists and stored in the study. Workers that
+finish together take a lock shared through the storage (`storage.StorageLock`); the first one
+measures and stores the round, the others wait for the lock and then reuse what it stored, so
+every worker ranks by the same round. A worker that dies while measuring drops the lock with its
+connection, and the next one measures instead. A failed round is stored too, so all workers fall
+back to the same search ranking.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ def final_round(
     case: Case,
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None = None,
+    claim: Any = None,
 ) -> None:
     """Re-measure the finalists and the baseline; rank them by this round, the rest follow.
 
@@ -63,46 +71,26 @@ def final_round(
         "configs": [list(r.config.key) for r in finalists],  # JSON-shaped, as stored
         "repeats": settings.final_repeats,
     }
-    stored = study.user_attrs.get("final_round")
-    if isinstance(stored, dict) and stored.get("key") == key:
-        measured = [Metrics.from_dict(m) for m in stored["metrics"]]
-    else:
-        if on_start is not None:
-            on_start([r.config.label for r in finalists])
-        try:
-            if settings.batch_size == 1:
-                entries = [
-                    Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold)
-                    for r in finalists
-                ]
-                ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
-            else:
-                batched = [
-                    BatchEntry(
-                        _maker(pool, r.config.draft.name, settings.batch_size),
-                        r.config.gamma,
-                        r.config.threshold,
-                    )
-                    for r in finalists
-                ]
-                ms = measure_batched_many(
-                    pool.target,
-                    batched,
-                    case,
-                    settings.batch_size,
-                    settings.final_repeats,
-                    seed=settings.seed,
-                )
-        except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
-            result.final_note = f"final round skipped: {type(exc).__name__}: {exc}"[:300]
-            pool.free_device_memory()
-            return
-        measured = []
-        for r, m in zip(finalists, ms, strict=True):
-            m.metrics.predicted_speedup = r.metrics.predicted_speedup
-            m.metrics.search_speedup = r.metrics.speedup
-            measured.append(m.metrics)
-        study.set_user_attr("final_round", {"key": key, "metrics": [m.as_dict() for m in measured]})
+    # Another worker may be measuring this round: wait for it (or for its death).
+    waiting = claim is not None and _stored(study, key) is None
+    if waiting and not claim.acquire(timeout_s=settings.final_wait_s):
+        result.final_note = (
+            f"final round skipped: another worker was still measuring it after "
+            f"{settings.final_wait_s:.0f} s; ranked by the search"
+        )
+        return
+    try:
+        stored = _stored(study, key)
+        if stored is None:
+            stored = _measure(finalists, pool, case, settings, on_start)
+            study.set_user_attr("final_round", {"key": key, **stored})
+    finally:
+        if claim is not None:
+            claim.release()
+    if "error" in stored:
+        result.final_note = stored["error"]
+        return
+    measured = [Metrics.from_dict(m) for m in stored["metrics"]]
     final = [Result(r.config, m) for r, m in zip(finalists, measured, strict=True)]
     base = [r for r in result.results if r.config.gamma == 0]
     head = sorted(final + base, key=lambda r: -r.metrics.speedup)
@@ -112,6 +100,49 @@ def final_round(
     result.finalists = len(final)
     for r in final:
         result.rows.append(csv_row(None, "FINAL", r.config, r.metrics.speedup, r.metrics.as_dict()))
+
+
+def _stored(study: Any, key: dict[str, Any]) -> dict[str, Any] | None:
+    stored = study.user_attrs.get("final_round")
+    return stored if isinstance(stored, dict) and stored.get("key") == key else None
+
+
+def _measure(
+    finalists: list[Result],
+    pool: Any,
+    case: Case,
+    settings: TuneSettings,
+    on_start: Callable[[list[str]], None] | None,
+) -> dict[str, Any]:
+    """The round as stored: {"metrics": [...], "worker": ...} or {"error": why it did not run}."""
+    from .study import WORKER
+
+    if on_start is not None:
+        on_start([r.config.label for r in finalists])
+    try:
+        if settings.batch_size == 1:
+            entries = [
+                Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold) for r in finalists
+            ]
+            ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
+        else:
+            b = settings.batch_size
+            batched = [
+                BatchEntry(_maker(pool, r.config.draft.name, b), r.config.gamma, r.config.threshold)
+                for r in finalists
+            ]
+            ms = measure_batched_many(
+                pool.target, batched, case, b, settings.final_repeats, seed=settings.seed
+            )
+    except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
+        pool.free_device_memory()
+        return {"error": f"final round skipped: {type(exc).__name__}: {exc}"[:300], "worker": WORKER}
+    measured = []
+    for r, m in zip(finalists, ms, strict=True):
+        m.metrics.predicted_speedup = r.metrics.predicted_speedup
+        m.metrics.search_speedup = r.metrics.speedup
+        measured.append(m.metrics.as_dict())
+    return {"metrics": measured, "worker": WORKER}
 
 
 def _maker(pool: Any, name: str, batch_size: int) -> Callable[[], Any]:

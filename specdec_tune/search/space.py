@@ -41,6 +41,8 @@ class TuneSettings:
     heartbeat_s: int = 5
     grace_s: int = 20
     batch_size: int = 1  # requests in flight while a trial is measured (closed loop)
+    # How long a worker waits for another worker's final round before ranking by the search.
+    final_wait_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.trials is not None:

@@ -12,15 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from .storage import open_storage, redact
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"  # who ran a trial, in its user attrs
 
 # Trial user attributes that mark a trial as not counted.
-SURPLUS = "surplus"  # started after the study was already full (lost a race with another worker)
+# Started after the study was full (lost the race for the last slot; only on a storage without a
+# lock): ended as pruned, not counted.
+SURPLUS = "surplus"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C
 
 
@@ -36,37 +41,34 @@ def study_name_for(key: dict[str, Any]) -> str:
     return f"specdec-{key.get('target_slug', 'target')}-{digest}"
 
 
-def redact(url: str) -> str:
-    """Never write or print a database password."""
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+def on_lost_trial(study: Any, trial: Any) -> None:
+    """Optuna's heartbeat failed `trial`: its worker stopped (killed, out of memory, host gone).
+    The trial is not counted, so another one takes its place; the study records the loss where
+    `studies show` and optuna-dashboard see it."""
+    study.set_user_attr(
+        f"lost_trial_{trial.number}",
+        {"worker": trial.user_attrs.get("worker"), "params": trial.params, "noticed_by": WORKER},
+    )
 
 
 def open_study(name: str, storage_url: str, sampler: Any, heartbeat_s: int, grace_s: int) -> Any:
-    """Create or load the study; retried because workers starting together race on a new database."""
+    """Create or load the study on a storage with Optuna's heartbeat; retried because workers
+    starting together race on a new database."""
     import optuna
 
+    storage = open_storage(storage_url, heartbeat_s, grace_s, on_lost_trial)
     last: Exception | None = None
     for attempt in range(5):
         try:
-            kwargs: dict[str, Any] = {}
-            if storage_url.startswith("sqlite"):
-                # Wait for another process's write lock instead of failing at once.
-                kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-            storage = optuna.storages.RDBStorage(
-                storage_url, heartbeat_interval=heartbeat_s, grace_period=grace_s, **kwargs
-            )
             return optuna.create_study(
                 study_name=name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True
             )
-        except (ImportError, ValueError) as exc:
-            last = exc
-            break
-        except Exception as exc:  # sqlalchemy: a schema race, a bad URL, an unreachable server
+        except Exception as exc:  # a race on the new study's rows
             last = exc
             time.sleep(0.2 * (attempt + 1))
     first = str(last).splitlines()[0] if str(last) else ""
     raise SpecDecError(
-        f"cannot open Optuna storage '{redact(storage_url)}': {type(last).__name__}: {first}"
+        f"cannot open study '{name}' in '{redact(storage_url)}': {type(last).__name__}: {first}"
     ) from None
 
 
@@ -96,6 +98,8 @@ def counted(study: Any) -> int:
 
     n = 0
     for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(SURPLUS):
+            continue
         failed_here = t.state == TrialState.FAIL and "error" in t.user_attrs
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or failed_here:
             n += 1

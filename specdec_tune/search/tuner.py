@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -30,9 +28,11 @@ from .costmodel import CostModel
 from .final import final_round
 from .results import TuneResult, summarise
 from .space import TuneSettings, search_space, seed_configs, suggest, trial_count
+from .storage import StorageLock
 from .study import (
     INTERRUPTED,
     SURPLUS,
+    WORKER,
     best_value,
     claim_identity,
     counted,
@@ -44,7 +44,6 @@ from .study import (
     study_name_for,
 )
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
 POLL_S = 1.0  # how often a worker looks again while others hold the study's last slots
 
 
@@ -84,10 +83,6 @@ class DrafterPool:
                 torch.cuda.empty_cache()
         except Exception:
             pass
-
-
-class _Surplus(Exception):
-    """This trial started after the study was full (another worker took the last slot)."""
 
 
 def tune(
@@ -137,20 +132,41 @@ def tune(
     total = trial_count(specs, settings)
     objective = _Objective(study, pool, by_name, space, case, model, settings, total)
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
-    while (done := counted(study)) < total:
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        if done + running(study) >= total:
-            # Other workers hold the last slots: wait for them, or for their heartbeat to go stale.
-            fail_stale(study)
-            time.sleep(POLL_S)
-            continue
-        study.optimize(objective, n_trials=1, catch=(Exception,))
-        if on_trial is not None:
-            on_trial(counted(study), total, best_value(study))
+    # Counting the free slots and creating the trial happen under one lock shared by all workers,
+    # so two workers never take the last slot together; the trial releases it once it exists.
+    slots = StorageLock(storage_url, f"{name}:trials")
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            # A holder that hangs without dying must not stall the others for ever.
+            slots.acquire(timeout_s=3 * settings.grace_s)
+            try:
+                done = counted(study)
+                if done >= total:
+                    break
+                if done + running(study) >= total:
+                    # Other workers hold the last slots: wait for them, or for their heartbeat to
+                    # go stale.
+                    slots.release()
+                    fail_stale(study)
+                    time.sleep(POLL_S)
+                    continue
+                objective.on_start = slots.release
+                study.optimize(objective, n_trials=1, catch=(Exception,))
+            finally:
+                slots.release()
+            if on_trial is not None:
+                on_trial(counted(study), total, best_value(study))
+    finally:
+        slots.close()
     result = summarise(study, specs, name, storage_url, space)
     if settings.finalists > 0:
-        final_round(study, result, pool, case, settings, on_final)
+        claim = StorageLock(storage_url, f"{name}:final")
+        try:
+            final_round(study, result, pool, case, settings, on_final, claim)
+        finally:
+            claim.close()
     return result
 
 
@@ -161,16 +177,20 @@ class _Objective:
     def __init__(self, study, pool, specs, space, case, model, settings, total) -> None:
         self.study, self.pool, self.specs, self.space = study, pool, specs, space
         self.case, self.model, self.settings, self.total = case, model, settings, total
+        self.on_start: Callable[[], None] = lambda: None
 
     def __call__(self, trial: Any) -> float:
         import optuna
 
+        self.on_start()
         started = time.monotonic()
         trial.set_user_attr("worker", WORKER)
         try:
             if counted(self.study) + running(self.study, before=trial.number) >= self.total:
+                # Only without a storage lock: this trial lost the race for the last slot. Pruned,
+                # not failed, and not counted; it is no failure.
                 trial.set_user_attr(SURPLUS, True)
-                raise _Surplus()
+                raise optuna.TrialPruned()
             config = suggest(trial, self.specs, self.space)
             if config.gamma == 0 and self._reuse_baseline(trial):
                 return 1.0
@@ -217,7 +237,7 @@ class _Objective:
             for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
                 trial.set_user_attr(k, v)
             return m.metrics.speedup
-        except (optuna.TrialPruned, _Surplus):
+        except optuna.TrialPruned:
             raise
         except KeyboardInterrupt:
             trial.set_user_attr(INTERRUPTED, True)
