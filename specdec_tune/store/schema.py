@@ -11,7 +11,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
-from ..domain import DRAFT_KINDS, Costs, Metrics, Result
+from ..domain import DRAFT_KINDS, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
@@ -269,6 +269,14 @@ def _validate_result(r: Result, path: str) -> None:
                 raise _field_error(f"{where}.{name}", "must be an int >= 1 for kind 'prompt_lookup'", v)
         if d.ngram_min > d.ngram_max:
             raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
+    if d.lookup_match is not None and d.lookup_match not in LOOKUP_MATCHES:
+        raise _field_error(
+            f"{where}.lookup_match", f"must be one of {', '.join(LOOKUP_MATCHES)}", d.lookup_match
+        )
+    if d.threshold_mode is not None and d.threshold_mode not in THRESHOLD_MODES:
+        raise _field_error(
+            f"{where}.threshold_mode", f"must be one of {', '.join(THRESHOLD_MODES)}", d.threshold_mode
+        )
     if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
         raise _field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
     gamma_path = f"{path}.config.gamma"
