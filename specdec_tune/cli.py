@@ -237,6 +237,13 @@ def run(
     out: Annotated[
         Path | None, typer.Option("--out", help="Default: profiles/<hardware>/<target>.yaml")
     ] = None,
+    for_engine: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="hf, vllm, llamacpp or sglang: search only configs that engine can run, with its policies.",
+        ),
+    ] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -258,6 +265,7 @@ def run(
             final_repeats=final_repeats,
             storage=storage,
             study_name=study_name,
+            engine=for_engine,
         )
         models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
         with CliProgress(json_out, "loading", 1.0) as progress:
@@ -315,18 +323,29 @@ def check(
 def export(
     profile: Annotated[Path, typer.Argument(help="A profile YAML written by `specdec-tune run`.")],
     to: Annotated[str, typer.Option("--to", help="hf, vllm, llamacpp or sglang.")] = "hf",
+    engine_version: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-version",
+            help="Flag set of an older engine release, e.g. b8953 for llama.cpp (default: current).",
+        ),
+    ] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Print a profile's best config as a serving engine's settings (gaps are said on stderr)."""
+    """Print the best config the engine runs as measured, as its settings (gaps and a fallback are
+    said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
         from . import app as api
 
-        r = api.export(profile, to)
+        r = api.export(profile, to, engine_version)
         if json_out:
-            print_json({"engine": to, "settings": r.settings, "warnings": r.warnings})
+            print_json(r.as_dict())
         elif r.text:
             typer.echo(r.text.rstrip("\n"))
         err = err_console()
+        if r.exported is None:
+            err.print(f"[red]nothing exported:[/red] {r.nothing}", soft_wrap=True)
+            raise typer.Exit(5)
         for w in r.warnings:
             err.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True)
 

@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
 from ..domain import DRAFT_KINDS, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
+from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
@@ -21,9 +22,9 @@ SCHEMA_VERSION = 1
 @dataclass
 class TargetInfo:
     name: str  # what the user passed (HF id or folder) or "demo"
-    path: str
+    path: str  # portable reference (store.refs): demo name, HF id, or "./"/"../" folder from the profile
     revision: str | None  # git commit of the HF snapshot when known
-    content_hash: str  # sha256 over config + weight files (first 16 hex)
+    content_hash: str  # "sha256:" + 16 hex over config + full weight files; 16 bare hex: older format
     dtype: str
     num_params: int
 
@@ -49,6 +50,7 @@ class SearchInfo:
     space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
     finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
     final_repeats: int = 0  # interleaved repeats of that final round
+    engine: str | None = None  # the serving engine the search was restricted to (`run --for`)
 
 
 @dataclass
@@ -236,6 +238,8 @@ def _validate(p: Profile) -> None:
     _validate_metrics(p.baseline, "baseline")
     _at_least(p.search.finalists, 0, "search.finalists")
     _at_least(p.search.final_repeats, 0, "search.final_repeats")
+    if p.search.engine is not None and p.search.engine not in ENGINES:
+        raise _field_error("search.engine", f"must be one of {', '.join(ENGINES)}", p.search.engine)
     if p.costs is not None:
         c = p.costs
         _positive(c.t_target_ms, "costs.t_target_ms")
