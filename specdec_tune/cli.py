@@ -293,6 +293,13 @@ def check(
         bool, typer.Option("--allow-other-hardware", help="Compare even on different hardware.")
     ] = False,
     junit: Annotated[Path | None, typer.Option(help="Also write the result as JUnit XML.")] = None,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="table, json, or benchmark-action (github-action-benchmark's customBiggerIsBetter JSON).",
+        ),
+    ] = "table",
     device: Device = "auto",
     json_out: JsonOut = False,
 ) -> None:
@@ -300,12 +307,21 @@ def check(
     with user_errors():
         quiet_libraries()
         from . import app as api
+        from .errors import SpecDecError
 
-        with spinner("re-measuring…", json_out):
+        if output_format not in ("table", "json", "benchmark-action"):
+            raise SpecDecError(f"unknown --format '{output_format}': use table, json or benchmark-action")
+        json_out = json_out or output_format == "json"
+        machine = json_out or output_format == "benchmark-action"
+        with spinner("re-measuring…", machine):
             report = api.check(
                 profile, device, tolerance, acceptance_tolerance, repeats, allow_other_hardware, junit
             )
-        if json_out:
+        if output_format == "benchmark-action":
+            from .output.benchmark_action import benchmark_action_entries
+
+            print_json(benchmark_action_entries(report))
+        elif json_out:
             print_json(report.as_dict())
         else:
             from .output.reports import check_table
