@@ -273,6 +273,13 @@ def run(
     ] = 1,
     heartbeat: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_HEARTBEAT_S")] = 5,
     grace: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_GRACE_S")] = 20,
+    for_engine: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="hf, vllm, llamacpp or sglang: search only configs that engine can run, with its policies.",
+        ),
+    ] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -300,6 +307,7 @@ def run(
             study_name=study_name,
             heartbeat_s=heartbeat,
             grace_s=grace,
+            engine=for_engine,
         )
         models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
         with CliProgress(json_out, "loading", 1.0) as progress:
@@ -340,6 +348,13 @@ def check(
         bool, typer.Option("--allow-other-hardware", help="Compare even on different hardware.")
     ] = False,
     junit: Annotated[Path | None, typer.Option(help="Also write the result as JUnit XML.")] = None,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="table, json, or benchmark-action (github-action-benchmark's customBiggerIsBetter JSON).",
+        ),
+    ] = "table",
     device: Device = "auto",
     json_out: JsonOut = False,
 ) -> None:
@@ -347,12 +362,21 @@ def check(
     with user_errors():
         quiet_libraries()
         from . import app as api
+        from .errors import SpecDecError
 
-        with spinner("re-measuring…", json_out):
+        if output_format not in ("table", "json", "benchmark-action"):
+            raise SpecDecError(f"unknown --format '{output_format}': use table, json or benchmark-action")
+        json_out = json_out or output_format == "json"
+        machine = json_out or output_format == "benchmark-action"
+        with spinner("re-measuring…", machine):
             report = api.check(
                 profile, device, tolerance, acceptance_tolerance, repeats, allow_other_hardware, junit
             )
-        if json_out:
+        if output_format == "benchmark-action":
+            from .output.benchmark_action import benchmark_action_entries
+
+            print_json(benchmark_action_entries(report))
+        elif json_out:
             print_json(report.as_dict())
         else:
             from .output.reports import check_table
@@ -370,18 +394,29 @@ def check(
 def export(
     profile: Annotated[Path, typer.Argument(help="A profile YAML written by `specdec-tune run`.")],
     to: Annotated[str, typer.Option("--to", help="hf, vllm, llamacpp or sglang.")] = "hf",
+    engine_version: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-version",
+            help="Flag set of an older engine release, e.g. b8953 for llama.cpp (default: current).",
+        ),
+    ] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Print a profile's best config as a serving engine's settings (gaps are said on stderr)."""
+    """Print the best config the engine runs as measured, as its settings (gaps and a fallback are
+    said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
         from . import app as api
 
-        r = api.export(profile, to)
+        r = api.export(profile, to, engine_version)
         if json_out:
-            print_json({"engine": to, "settings": r.settings, "warnings": r.warnings})
+            print_json(r.as_dict())
         elif r.text:
             typer.echo(r.text.rstrip("\n"))
         err = err_console()
+        if r.exported is None:
+            err.print(f"[red]nothing exported:[/red] {r.nothing}", soft_wrap=True)
+            raise typer.Exit(5)
         for w in r.warnings:
             err.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True)
 

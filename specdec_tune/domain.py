@@ -12,6 +12,10 @@ from typing import Any
 DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip")
 # Drafters with a confidence to threshold (prompt lookup has none).
 THRESHOLD_KINDS = ("model", "layer_skip")
+# Engine policies a drafter can be measured with (see engines.py). Prompt lookup: which earlier
+# occurrence of the n-gram is continued; confidence stop: which probability the threshold compares.
+LOOKUP_MATCHES = ("latest", "earliest")  # latest: this tool's default and llama.cpp; earliest: HF, vLLM
+THRESHOLD_MODES = ("hf", "topk10")  # hf: p(token) of the full softmax; topk10: llama.cpp's p-min
 
 
 @dataclass
@@ -29,12 +33,15 @@ class DraftSpec:
     ngram_min: int | None = None
     ngram_max: int | None = None
     layers: int | None = None
+    lookup_match: str | None = None  # prompt lookup; None = "latest"
+    threshold_mode: str | None = None  # model, layer-skip; None = "hf"
 
     @property
     def label(self) -> str:
         """Short human label of the drafter, e.g. "lookup (n=1..3)" or "skip (8 layers)"."""
         if self.kind == "prompt_lookup":
-            return f"{self.name} (n={self.ngram_min}..{self.ngram_max})"
+            policy = ", earliest" if self.lookup_match == "earliest" else ""
+            return f"{self.name} (n={self.ngram_min}..{self.ngram_max}{policy})"
         if self.kind == "layer_skip":
             return f"{self.name} ({self.layers} layers)"
         return self.name

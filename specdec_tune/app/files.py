@@ -6,28 +6,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..output.export import Export as ExportResult
 from ..store.schema import Profile
+
+__all__ = ["ExportResult", "ShowResult", "export", "show"]
 
 # --------------------------------------------------------------------------------- export, show
 
 
-@dataclass
-class ExportResult:
-    engine: str
-    settings: Any  # a dict (hf, vllm) or an argv list (llamacpp, sglang); None / [] when nothing
-    text: str  # what to paste: JSON or a shell-quoted command line
-    warnings: list[str] = field(default_factory=list)
-
-
-def export(path: Path, to: str = "hf") -> ExportResult:
-    """A stored profile's best config as one serving engine's settings; gaps are in `warnings`."""
-    from ..output.export import export_profile, export_settings
+def export(path: Path, to: str = "hf", engine_version: str | None = None) -> ExportResult:
+    """A stored profile's best config that engine `to` (at `engine_version`, default the current
+    release) runs as measured, as its settings; a fallback and every gap are in `warnings`, and
+    `exported` is None (`nothing` says why) when there is nothing to export."""
+    from ..output.export import export as export_config
+    from ..store.refs import engine_path
     from ..store.yamlio import load_profile
 
     p = load_profile(path)
-    settings, warnings = export_settings(p, to)
-    text, _ = export_profile(p, to)
-    return ExportResult(to.strip().lower(), settings, text, warnings)
+    folder = Path(path).parent
+    return export_config(p, to, engine_version, lambda ref: engine_path(ref, folder))
 
 
 @dataclass

@@ -3,6 +3,7 @@ profile here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,8 +174,9 @@ def check(
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
     from ..output.check import judge, junit_xml, speedup_floor
     from ..runtime.drafters import build_drafter
-    from ..runtime.models import content_hash
+    from ..runtime.models import content_hash_like
     from ..store.atomic import atomic_write_text
+    from ..store.refs import resolve_ref, target_ref
     from ..store.yamlio import load_profile
 
     started = time.monotonic()
@@ -183,8 +185,12 @@ def check(
     check_count(repeats, "--repeats")
     if junit is not None:
         check_writable(junit)
+    # models are named relative to the profile's folder (store.refs), so any working directory works
+    folder = Path(path).parent
     spec = p.best.config.draft
-    target = p.target.name if p.target.name != p.target.path else p.target.path
+    if spec.path:
+        spec = dataclasses.replace(spec, path=resolve_ref(spec.path, folder))
+    target = resolve_ref(target_ref(p), folder)
     s = Models(
         target=target,
         drafts=[spec] if spec.kind != "none" else [],
@@ -212,7 +218,8 @@ def check(
     again = None
     if m.metrics.speedup < floor:
         again = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1)
-    report = judge(p, str(path), m, again, content_hash(s.target.path), tolerance, acceptance_tolerance)
+    weights = content_hash_like(p.target.content_hash, s.target.path)
+    report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
     report.seconds = time.monotonic() - started
     if junit is not None:
         atomic_write_text(junit, junit_xml(report))

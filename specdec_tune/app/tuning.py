@@ -56,6 +56,7 @@ def tune(
     from ..search.costmodel import CostModel
     from ..search.tuner import tune as run_search
     from ..store.atomic import atomic_write_text
+    from ..store.refs import make_portable
     from ..store.yamlio import load_costs, save_profile
 
     started = time.monotonic()
@@ -72,6 +73,13 @@ def tune(
     specs = list(s.specs) + [
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []
     ]
+    if settings.engine is not None:  # `run --for`: what that engine runs, with its policies
+        from ..engines import restrict
+
+        specs, notes = restrict(specs, settings.engine)
+        s.specs = [x for x in specs if x.kind != "layer_skip"]  # the drafts the costs profile measures
+        for n in notes:
+            progress.note(n)
     hw = hardware_info(s.device)
     out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.yaml"
     check_writable(out)
@@ -131,6 +139,8 @@ def tune(
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None
         profile.predicted_b_star = model.b_star(settings.max_gamma) if model is not None else None
+    # models named so the profile works from any folder and machine (store.refs)
+    profile = make_portable(profile, out, models.target or s.target.name)
     save_profile(profile, out)
     csv_path = out.with_suffix(".trials.csv")
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
@@ -210,7 +220,7 @@ def make_profile(
 ) -> Profile:
     """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload)."""
     from ..runtime.models import content_hash
-    from ..search.study import redact
+    from ..store.refs import storage_for_record
     from ..store.schema import SearchInfo, TargetInfo, WorkloadInfo
 
     versions = {"specdec_tune": __version__, "python": platform.python_version()}
@@ -244,11 +254,12 @@ def make_profile(
             failed=result.failed,
             pruned=result.pruned,
             study_name=result.study_name,
-            storage=redact(result.storage),
+            storage=storage_for_record(result.storage),
             seed=settings.seed,
             space=result.space,
             finalists=result.finalists,
             final_repeats=settings.final_repeats if result.finalists else 0,
+            engine=settings.engine,
         ),
         best=result.results[0],
         # The baseline has its own section; as an alternative it would only take a config's place.

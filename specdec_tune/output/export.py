@@ -1,55 +1,135 @@
-"""Translate a profile's best config into one serving engine's settings (HF, vLLM, llama.cpp, SGLang).
+"""Translate a profile into one serving engine's settings (HF, vLLM, llama.cpp, SGLang), per engine
+version, exporting only a config the engine runs the way it was measured.
 
-Only settings the engine really has are emitted; whatever has no equivalent there becomes a warning
-string, never an invented flag. Plain data in, text out, no torch.
+When the best config cannot run there as measured (engines.blockers), the best measured
+alternative that can is exported instead and the warnings say which, at what measured speedup, and
+what was lost. When nothing in the profile can, nothing is exported (the CLI exits 5). Every emitted
+option is checked against the engine version's flag set (flagsets), so a renamed flag is a bug
+here, never a server that refuses to start. Plain data in, text out, no torch.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..domain import Config
-from ..errors import SpecDecError
+from ..domain import Config, Result
+from ..engines import ENGINES, blockers, engine_info
 from ..store.schema import Profile
+from .flagsets import FlagSet, flagset, problems
 
-ENGINES = ("hf", "vllm", "llamacpp", "sglang")
+__all__ = ["ENGINES", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
 
 NO_SPECULATION = "profile says: do not speculate (plain decoding was fastest on this hardware)"
 
 
-def export_settings(profile: Profile, to: str) -> tuple[Any, list[str]]:
-    """The best config as `to`'s settings, structured (a dict, an argv list, or None) plus warnings.
+@dataclass
+class Export:
+    engine: str
+    version: str
+    source: str  # where the flag set was read from
+    settings: Any  # a dict (hf, vllm) or an argv list (llamacpp, sglang); None when nothing exported
+    text: str  # what to paste: JSON or a shell-quoted command line; "" when nothing exported
+    warnings: list[str] = field(default_factory=list)
+    exported: Result | None = None  # the measured config handed over
+    fallback: bool = False  # True when that is not the profile's best config
+    lost: list[str] = field(default_factory=list)  # why the best could not be exported
+    nothing: str = ""  # one line: why nothing was exported
 
-    For `--json` output; `export_profile` renders the same settings as text.
+    def as_dict(self) -> dict[str, Any]:
+        r = self.exported
+        return {
+            "engine": self.engine,
+            "engine_version": self.version,
+            "flags_source": self.source,
+            "exported": r is not None,
+            "config": r.config.label if r else None,
+            "measured_speedup": r.metrics.speedup if r else None,
+            "fallback": self.fallback,
+            "lost": self.lost,
+            "settings": self.settings,
+            "warnings": self.warnings,
+            "nothing": self.nothing or None,
+        }
+
+
+def export(
+    profile: Profile,
+    to: str,
+    version: str | None = None,
+    model_path: Callable[[str], str] | None = None,
+) -> Export:
+    """The best config `to` can run as measured, as its settings for engine `version` (None: current).
+
+    `model_path` turns a stored draft reference into what the engine should load (app passes the
+    resolver of the profile's portable references); by default the reference is used as written.
     """
-    engine = to.strip().lower()
-    if engine not in _EXPORTERS:
-        raise SpecDecError(f"unknown export target {to!r}: choose one of {', '.join(ENGINES)}")
-    return _EXPORTERS[engine](profile)
+    e = engine_info(to)
+    fs = flagset(e.key, version)
+    resolve = model_path or (lambda ref: ref)
+    out = Export(e.key, fs.version, fs.source, None, "")
+    best = profile.best
+    if best.config.draft.kind == "none":
+        out.nothing = NO_SPECULATION
+        return out
+    out.lost = blockers(best.config, e.key)
+    chosen = best if not out.lost else _best_expressible(profile, e.key)
+    if chosen is None:
+        out.nothing = (
+            f"nothing in the profile runs on {e.display} as measured and beats plain decoding; "
+            f"best {best.config.label}: {'; '.join(out.lost)}"
+        )
+        return out
+    if chosen is not best:
+        out.fallback = True
+        loss = best.metrics.speedup - chosen.metrics.speedup
+        out.warnings.append(
+            f"the best config {best.config.label} (measured {best.metrics.speedup:.3f}x) cannot run on "
+            f"{e.display} as measured: {'; '.join(out.lost)}. Exported instead the best measured config it "
+            f"can run: {chosen.config.label}, measured {chosen.metrics.speedup:.3f}x ({loss:.3f}x less)"
+        )
+    d = chosen.config.draft
+    settings, notes = _EXPORTERS[e.key](profile, chosen.config, fs, resolve(d.path) if d.path else "")
+    bad = problems(fs, settings)
+    if bad:  # a bug in this module, not the user's input
+        raise RuntimeError(f"export to {e.key} {fs.version} emitted options it refuses: {'; '.join(bad)}")
+    out.settings, out.exported = settings, chosen
+    out.warnings += notes
+    out.text = _render(e.key, settings)
+    return out
 
 
-def export_profile(profile: Profile, to: str) -> tuple[str, list[str]]:
-    """The best config as text for `to` in hf|vllm|llamacpp|sglang: (text for stdout, warnings)."""
-    settings, warnings = export_settings(profile, to)
-    engine = to.strip().lower()
+def _best_expressible(profile: Profile, engine: str) -> Result | None:
+    """The first of the ranked alternatives `engine` runs as measured and that beats the baseline."""
+    for r in profile.alternatives:
+        if r.config.draft.kind != "none" and r.metrics.speedup > 1.0 and not blockers(r.config, engine):
+            return r
+    return None
+
+
+def export_settings(profile: Profile, to: str, version: str | None = None) -> tuple[Any, list[str]]:
+    """(settings, warnings) of `export`; settings None when nothing is exported."""
+    r = export(profile, to, version)
+    return r.settings, r.warnings + ([r.nothing] if r.nothing else [])
+
+
+def export_profile(profile: Profile, to: str, version: str | None = None) -> tuple[str, list[str]]:
+    """(text for stdout, warnings) of `export`; text "" when nothing is exported."""
+    r = export(profile, to, version)
+    return r.text, r.warnings + ([r.nothing] if r.nothing else [])
+
+
+def _render(engine: str, settings: Any) -> str:
     if engine == "hf":
-        return json.dumps(settings, indent=2), warnings
+        return json.dumps(settings, indent=2)
     if engine == "vllm":
-        if settings is None:
-            return "", warnings
         compact = json.dumps(settings)
         # line 1 for LLM(speculative_config=...), line 2 for `vllm serve`
-        return f"{compact}\n--speculative-config {shlex.quote(compact)}", warnings
-    return shlex.join(settings), warnings
-
-
-def _no_layer_skip(engine: str, draft: str) -> str:
-    return (
-        f"{engine} has no layer-skip self-speculation (best draft '{draft}'): nothing to export; "
-        "use a draft-model or n-gram alternative from the profile"
-    )
+        return f"{compact}\n--speculative-config {shlex.quote(compact)}"
+    return shlex.join(settings)
 
 
 def _num(x: float) -> float:
@@ -61,47 +141,50 @@ def _flag_num(x: float) -> str:
     return f"{_num(x):g}"
 
 
-def _hf(p: Profile) -> tuple[dict[str, Any], list[str]]:
-    cfg = p.best.config
+def _lookup_notes(engine: str, display: str, cfg: Config, match: str | None) -> list[str]:
     d = cfg.draft
-    warnings: list[str] = []
+    measured = d.lookup_match or "latest"
+    if match is None or measured == match:
+        return []
+    return [
+        f"prompt lookup was measured continuing the {measured} earlier match of the n-gram; {display} "
+        f"continues the {match}, so its acceptance can differ (`specdec-tune run --for {engine}` "
+        "measures its policy)"
+    ]
+
+
+# -------------------------------------------------------------------------------------- engines
+
+
+def _hf(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any], list[str]]:
+    d = cfg.draft
+    notes: list[str] = []
     sampling: dict[str, Any] = {"do_sample": p.workload.temperature > 0}
     if p.workload.temperature > 0:
         sampling["temperature"] = p.workload.temperature
-    if d.kind == "none":
-        return {}, [NO_SPECULATION]
     if d.kind == "model":
         # transformers reads these three from the assistant's own generation_config, not from
         # generate() kwargs; its default threshold is 0.4, so 0 must be written out to disable it
         out = {
-            "generate_kwargs": {"assistant_model": d.path, **sampling},
+            "generate_kwargs": {"assistant_model": path, **sampling},
             "assistant_model.generation_config": _hf_assistant_fields(cfg),
         }
-        warnings += _hf_threshold_note(cfg)
-        return out, warnings
+        return out, _hf_threshold_note(cfg)
     if d.kind == "prompt_lookup":
-        kwargs = {
-            "prompt_lookup_num_tokens": cfg.gamma,
-            "max_matching_ngram_size": d.ngram_max,
-            **sampling,
-        }
+        kwargs = {"prompt_lookup_num_tokens": cfg.gamma, "max_matching_ngram_size": d.ngram_max, **sampling}
         if d.ngram_min is not None and d.ngram_min > 1:
-            warnings.append(
+            notes.append(
                 f"HF prompt lookup: max_matching_ngram_size = ngram_max ({d.ngram_max}); HF always falls "
                 f"back to n-grams down to 1, so ngram_min={d.ngram_min} has no equivalent"
             )
-        if cfg.threshold > 0:
-            warnings.append(
-                f"HF prompt lookup has no confidence threshold: t={_flag_num(cfg.threshold)} dropped"
-            )
-        return {"generate_kwargs": kwargs}, warnings
+        notes += _lookup_notes("hf", "HF", cfg, "earliest")
+        return {"generate_kwargs": kwargs}, notes
     # layer_skip: the early-exit drafter is the target itself, so its generation_config holds the knobs
     out = {
         "generate_kwargs": {"assistant_early_exit": d.layers, **sampling},
         "model.generation_config": _hf_assistant_fields(cfg),
     }
-    warnings += _hf_threshold_note(cfg)
-    return out, warnings
+    return out, _hf_threshold_note(cfg)
 
 
 def _hf_assistant_fields(cfg: Config) -> dict[str, Any]:
@@ -121,109 +204,65 @@ def _hf_threshold_note(cfg: Config) -> list[str]:
     ]
 
 
-def _vllm(p: Profile) -> tuple[dict[str, Any] | None, list[str]]:
-    cfg = p.best.config
+def _vllm(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any], list[str]]:
     d = cfg.draft
-    warnings: list[str] = []
-    if d.kind == "none":
-        return None, [NO_SPECULATION]
-    if d.kind == "layer_skip":
-        return None, [_no_layer_skip("vLLM", d.name)]
     if d.kind == "model":
-        out = {"method": "draft_model", "model": d.path, "num_speculative_tokens": cfg.gamma}
+        return {"method": "draft_model", "model": path, "num_speculative_tokens": cfg.gamma}, []
+    out = {
+        "method": "ngram",
+        "num_speculative_tokens": cfg.gamma,
+        "prompt_lookup_max": d.ngram_max,
+        "prompt_lookup_min": d.ngram_min,
+    }
+    return out, _lookup_notes("vllm", "vLLM", cfg, "earliest")
+
+
+def _llamacpp(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str], list[str]]:
+    d = cfg.draft
+    old = fs.version == "b8953"
+    if d.kind == "model":
+        notes = []
+        if not path.endswith(".gguf"):
+            notes.append(
+                f"llama.cpp loads GGUF files: convert the draft ({path}) with convert_hf_to_gguf.py "
+                "and pass the .gguf path instead"
+            )
+        # p-min's default was 0.75 before b9235 and is 0.0 since, so it is always written
+        if old:
+            args = ["-md", path, "--draft-max", str(cfg.gamma), "--draft-min", "0"]
+            args += ["--draft-p-min", _flag_num(cfg.threshold)]
+        else:
+            # since b9464 a draft model does not enable drafting by itself: --spec-type draft-simple
+            args = [] if fs.version == "b8955" else ["--spec-type", "draft-simple"]
+            args += ["--spec-draft-model", path, "--spec-draft-n-max", str(cfg.gamma)]
+            args += ["--spec-draft-n-min", "0", "--spec-draft-p-min", _flag_num(cfg.threshold)]
+        return args, notes
+    notes = _lookup_notes("llamacpp", "llama.cpp", cfg, "latest")
+    if d.ngram_min != d.ngram_max:
+        notes.append(
+            f"llama.cpp's ngram-simple matches one n-gram length (n = ngram_max {d.ngram_max}) and does "
+            f"not fall back to shorter ones down to ngram_min {d.ngram_min}"
+        )
+    if old:
+        args = ["--spec-type", "ngram-simple", "--spec-ngram-size-n", str(d.ngram_max)]
+        args += ["--spec-ngram-size-m", str(cfg.gamma), "--draft-max", str(cfg.gamma)]
     else:
-        out = {
-            "method": "ngram",
-            "num_speculative_tokens": cfg.gamma,
-            "prompt_lookup_max": d.ngram_max,
-            "prompt_lookup_min": d.ngram_min,
-        }
-    if cfg.threshold > 0:
-        warnings.append(
-            f"vLLM has no draft confidence threshold: t={_flag_num(cfg.threshold)} dropped, "
-            f"the draft always proposes {cfg.gamma} tokens"
-        )
-    return out, warnings
+        args = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(d.ngram_max)]
+        args += ["--spec-ngram-simple-size-m", str(cfg.gamma)]
+    return args, notes
 
 
-def _llamacpp(p: Profile) -> tuple[list[str], list[str]]:
-    cfg = p.best.config
-    d = cfg.draft
-    if d.kind == "none":
-        return [], [NO_SPECULATION]
-    if d.kind == "layer_skip":
-        return [], [_no_layer_skip("llama.cpp", d.name)]
-    if d.kind == "model":
-        warnings = []
-        if not str(d.path).endswith(".gguf"):
-            warnings.append(
-                f"llama.cpp loads GGUF files: convert the draft ({d.path}) with convert_hf_to_gguf.py "
-                "and pass the .gguf path to -md"
-            )
-        # --draft-p-min is llama.cpp's confidence early stop; its default is not 0, so always write it
-        args = [
-            "-md", str(d.path),
-            "--draft-max", str(cfg.gamma),
-            "--draft-min", "0",
-            "--draft-p-min", _flag_num(cfg.threshold),
-        ]  # fmt: skip
-        return args, warnings
-    warnings = [
-        f"llama.cpp's ngram-simple matches one n-gram length (--spec-ngram-size-n = ngram_max "
-        f"{d.ngram_max}) and does not fall back to shorter ones down to ngram_min {d.ngram_min}",
-        "--spec-type needs a recent llama-server; older builds only have lookup decoding in the "
-        "separate llama-lookup example",
-    ]
-    if cfg.threshold > 0:
-        warnings.append(
-            f"llama.cpp n-gram drafting has no confidence threshold: t={_flag_num(cfg.threshold)} dropped"
-        )
+def _sglang(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str], list[str]]:
+    # only draft models reach here (engines.blockers); SGLang counts the last verified token as
+    # the root of the draft tree, so a chain of gamma drafts is gamma + 1 draft tokens
     args = [
-        "--spec-type", "ngram-simple",
-        "--spec-ngram-size-n", str(d.ngram_max),
-        "--spec-ngram-size-m", str(cfg.gamma),
-        "--draft-max", str(cfg.gamma),
-    ]  # fmt: skip
-    return args, warnings
-
-
-def _sglang(p: Profile) -> tuple[list[str], list[str]]:
-    cfg = p.best.config
-    d = cfg.draft
-    warnings: list[str] = []
-    if d.kind == "none":
-        return [], [NO_SPECULATION]
-    if d.kind == "layer_skip":
-        return [], [_no_layer_skip("SGLang", d.name)]
-    # SGLang counts the last verified token as the root of the draft tree, hence gamma + 1
-    if d.kind == "model":
-        args = [
-            "--speculative-algorithm", "STANDALONE",
-            "--speculative-draft-model-path", str(d.path),
-            "--speculative-num-steps", str(cfg.gamma),
-            "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(cfg.gamma + 1),
-        ]  # fmt: skip
-        if cfg.threshold > 0:
-            warnings.append(
-                f"SGLang has no draft confidence early stop: t={_flag_num(cfg.threshold)} dropped "
-                "(--speculative-accept-threshold-* relax verification instead; do not use them for this)"
-            )
-        return args, warnings
-    args = [
-        "--speculative-algorithm", "NGRAM",
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", path,
+        "--speculative-num-steps", str(cfg.gamma),
+        "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", str(cfg.gamma + 1),
-        "--speculative-ngram-min-match-window-size", str(d.ngram_min),
-        "--speculative-ngram-max-match-window-size", str(d.ngram_max),
-        "--speculative-ngram-max-bfs-breadth", "1",
     ]  # fmt: skip
-    warnings.append(
-        "SGLang's NGRAM drafts from a token cache shared across requests and runs on CUDA only; "
-        "its acceptance can differ from the per-prompt lookup measured here"
-    )
-    if cfg.threshold > 0:
-        warnings.append(f"SGLang NGRAM has no confidence threshold: t={_flag_num(cfg.threshold)} dropped")
-    return args, warnings
+    return args, []
 
 
 _EXPORTERS = {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp, "sglang": _sglang}

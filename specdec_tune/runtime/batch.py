@@ -55,10 +55,15 @@ class BatchDrafter:
 class BatchModelDrafter(BatchDrafter):
     """A causal LM drafting for all rows at once: one batched forward per draft position."""
 
-    def __init__(self, model: Any, rows: int, name: str = "draft", lean: bool = True) -> None:
+    def __init__(
+        self, model: Any, rows: int, name: str = "draft", lean: bool = True, threshold_mode: str | None = None
+    ) -> None:
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
         self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else RowCache(model, rows)
         self.name = name
+        # "hf": the unsure token is proposed, drafting stops after it; "topk10": llama.cpp's p-min,
+        # the unsure token is not proposed (see drafters.ModelDrafter).
+        self.threshold_mode = threshold_mode or "hf"
 
     def start(self, row: int, prompt_ids: list[int]) -> None:
         self.kv.prefill(row, prompt_ids[:-1])
@@ -82,7 +87,14 @@ class BatchModelDrafter(BatchDrafter):
         logits = kv.forward(tokens, counts)
         last = logits[torch.arange(kv.rows, device=kv.device), (counts - 1).clamp_min(0)]
         running = list(rows)
+        topk10 = threshold > 0.0 and self.threshold_mode == "topk10"
         for step in range(max(gammas[r] for r in rows)):
+            if topk10:
+                top = last.float().topk(min(10, last.shape[-1]), dim=-1).values
+                sure = (torch.softmax(top, -1)[:, 0] >= threshold).tolist()
+                running = [r for r in running if sure[r]]
+                if not running:
+                    break
             if temperature == 0.0:
                 picked = last.argmax(-1)
                 probs = torch.softmax(last.float(), -1) if threshold > 0.0 else None
@@ -95,7 +107,12 @@ class BatchModelDrafter(BatchDrafter):
                 if temperature > 0.0:
                     out[r][1].append(probs[r])
                 # HF semantics: the unsure token is still proposed, drafting stops after it.
-                unsure = probs is not None and threshold > 0.0 and float(probs[r, picked[r]]) < threshold
+                unsure = (
+                    not topk10
+                    and probs is not None
+                    and threshold > 0.0
+                    and float(probs[r, picked[r]]) < threshold
+                )
                 if step + 1 < gammas[r] and not unsure:
                     still.append(r)
             running = still
@@ -121,8 +138,16 @@ class BatchModelDrafter(BatchDrafter):
 class BatchLookupDrafter(BatchDrafter):
     """Prompt lookup, one n-gram index per row (no model, nothing to batch)."""
 
-    def __init__(self, rows: int, ngram_min: int, ngram_max: int, device: Any, name: str = "prompt-lookup"):
-        self.lookups = [PromptLookupDrafter(ngram_min, ngram_max, device, name) for _ in range(rows)]
+    def __init__(
+        self,
+        rows: int,
+        ngram_min: int,
+        ngram_max: int,
+        device: Any,
+        name: str = "prompt-lookup",
+        match: str | None = None,
+    ):
+        self.lookups = [PromptLookupDrafter(ngram_min, ngram_max, device, name, match) for _ in range(rows)]
         self.name = name
 
     def start(self, row: int, prompt_ids: list[int]) -> None:
@@ -143,12 +168,15 @@ def build_batch_drafter(
     if spec.kind == "model":
         if spec.name not in draft_models:
             raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
-        return BatchModelDrafter(draft_models[spec.name], rows, spec.name)
+        return BatchModelDrafter(draft_models[spec.name], rows, spec.name, threshold_mode=spec.threshold_mode)
     if spec.kind == "prompt_lookup":
         device = next(target.parameters()).device
-        return BatchLookupDrafter(rows, spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name)
+        return BatchLookupDrafter(
+            rows, spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
+        )
     if spec.kind == "layer_skip":
-        return BatchModelDrafter(truncated_view(target, int(spec.layers or 1)), rows, spec.name)
+        view = truncated_view(target, int(spec.layers or 1))
+        return BatchModelDrafter(view, rows, spec.name, threshold_mode=spec.threshold_mode)
     raise SpecDecError(f"unknown draft kind '{spec.kind}'")
 
 

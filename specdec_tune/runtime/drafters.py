@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..domain import LOOKUP_MATCHES, THRESHOLD_MODES
 from ..errors import SpecDecError
 from .cache import cache_kwarg, new_cache
 from .leandraft import LeanLlama
@@ -52,9 +53,18 @@ class ModelDrafter(Drafter):
 
     kind = "model"
 
-    def __init__(self, model: Any, name: str = "draft", lean: bool = True) -> None:
+    def __init__(
+        self, model: Any, name: str = "draft", lean: bool = True, threshold_mode: str | None = None
+    ) -> None:
+        if threshold_mode not in (None, *THRESHOLD_MODES):
+            raise SpecDecError(
+                f"unknown threshold mode '{threshold_mode}': use {' or '.join(THRESHOLD_MODES)}"
+            )
         self.model = model
         self.name = name
+        # "hf": stop after a token whose draft probability is below t (HF's
+        # assistant_confidence_threshold); "topk10": llama.cpp's p-min, see `propose`.
+        self.threshold_mode = threshold_mode or "hf"
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model)
         self.cache: Any = None
@@ -83,8 +93,15 @@ class ModelDrafter(Drafter):
         x = torch.tensor([seq[self.cached :]], dtype=torch.long, device=self.device)
         tokens: list[torch.Tensor] = []
         qs: list[torch.Tensor] = []
+        fed_last = False  # whether the last proposal was fed to the draft (its cache holds it)
         for _ in range(gamma):
             logits = self._logits(x)
+            fed_last = True
+            if threshold > 0.0 and self.threshold_mode == "topk10" and _topk10_confidence(logits) < threshold:
+                # llama.cpp's p-min: the unsure token is not proposed. The stop depends on the
+                # context only (not on a sampled token), so rejection sampling stays exact.
+                break
+            fed_last = False
             if temperature == 0.0:
                 tok = logits.argmax(-1, keepdim=True)
                 if threshold > 0.0:
@@ -97,10 +114,13 @@ class ModelDrafter(Drafter):
             tokens.append(tok)
             # Like HF's assistant_confidence_threshold: the unsure token is still proposed (so
             # rejection sampling stays exact), drafting stops after it.
-            if threshold > 0.0 and conf.item() < threshold:
+            if threshold > 0.0 and self.threshold_mode == "hf" and conf.item() < threshold:
                 break
             x = tok.view(1, 1)
-        self.cached = len(seq) + len(tokens) - 1  # the last proposal was never fed to the draft
+        # the cache holds seq and every proposal fed back; the last proposal usually was not
+        self.cached = len(seq) + len(tokens) - (0 if fed_last else 1)
+        if not tokens:
+            return torch.empty(0, dtype=torch.long, device=self.device), None
         return torch.cat(tokens), (torch.stack(qs) if qs else None)
 
     def commit(self, valid_len: int) -> None:
@@ -112,22 +132,39 @@ class ModelDrafter(Drafter):
             self.cached = valid_len
 
 
-class PromptLookupDrafter(Drafter):
-    """Propose the continuation of the most recent earlier match of the last n tokens (n max..min).
+def _topk10_confidence(logits: torch.Tensor) -> float:
+    """llama.cpp's draft confidence: the top-1 probability of a softmax over the 10 largest logits
+    at temperature 1 (its draft sampler is top-k 10 then dist; common/speculative.cpp)."""
+    top = logits.float().topk(min(10, logits.shape[-1])).values
+    return torch.softmax(top, -1)[0].item()
 
-    An index maps every n-gram of the committed sequence to the latest position it ended at, so a
-    lookup is O(ngram_max) per step instead of a scan over the sequence.
+
+class PromptLookupDrafter(Drafter):
+    """Propose the continuation of an earlier match of the last n tokens (n max..min, longest first).
+
+    `match` picks which earlier occurrence: "latest" (this tool's default; llama.cpp's ngram-simple)
+    or "earliest" (HF's prompt lookup and vLLM's ngram proposer). An index maps every n-gram of the
+    committed sequence to the latest (or first) position it ended at, so a lookup is O(ngram_max)
+    per step instead of a scan over the sequence.
     """
 
     kind = "prompt_lookup"
 
     def __init__(
-        self, ngram_min: int = 1, ngram_max: int = 3, device: Any = "cpu", name: str = "prompt-lookup"
+        self,
+        ngram_min: int = 1,
+        ngram_max: int = 3,
+        device: Any = "cpu",
+        name: str = "prompt-lookup",
+        match: str | None = None,
     ):
         if not 1 <= ngram_min <= ngram_max:
             raise SpecDecError(
                 f"prompt lookup needs 1 <= ngram_min <= ngram_max, got {ngram_min}..{ngram_max}"
             )
+        if match not in (None, *LOOKUP_MATCHES):
+            raise SpecDecError(f"unknown prompt lookup match '{match}': use {' or '.join(LOOKUP_MATCHES)}")
+        self.match = match or "latest"
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.device = torch.device(device)
         self.name = name
@@ -142,7 +179,11 @@ class PromptLookupDrafter(Drafter):
         end = len(seq) - 1  # the suffix ends here; only n-grams ending before it may match
         for j in range(self.indexed, end):
             for n in range(self.ngram_min, min(self.ngram_max, j + 1) + 1):
-                self.index[n][tuple(seq[j - n + 1 : j + 1])] = j
+                key = tuple(seq[j - n + 1 : j + 1])
+                if self.match == "latest":
+                    self.index[n][key] = j
+                else:
+                    self.index[n].setdefault(key, j)
         self.indexed = max(self.indexed, end)
         for n in range(min(self.ngram_max, len(seq)), self.ngram_min - 1, -1):
             j = self.index[n].get(tuple(seq[len(seq) - n :]))
@@ -192,8 +233,11 @@ class LayerSkipDrafter(ModelDrafter):
 
     kind = "layer_skip"
 
-    def __init__(self, target: Any, layers: int, name: str | None = None) -> None:
-        super().__init__(truncated_view(target, layers), name or f"layer-skip-{layers}")
+    def __init__(
+        self, target: Any, layers: int, name: str | None = None, threshold_mode: str | None = None
+    ) -> None:
+        view = truncated_view(target, layers)
+        super().__init__(view, name or f"layer-skip-{layers}", threshold_mode=threshold_mode)
         self.layers = layers
 
 
@@ -207,10 +251,12 @@ def build_drafter(spec: Any, target: Any, draft_models: dict[str, Any]) -> Draft
     if spec.kind == "model":
         if spec.name not in draft_models:
             raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
-        return ModelDrafter(draft_models[spec.name], spec.name)
+        return ModelDrafter(draft_models[spec.name], spec.name, threshold_mode=spec.threshold_mode)
     if spec.kind == "prompt_lookup":
         device = next(target.parameters()).device
-        return PromptLookupDrafter(spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name)
+        return PromptLookupDrafter(
+            spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
+        )
     if spec.kind == "layer_skip":
-        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name)
+        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name, spec.threshold_mode)
     raise SpecDecError(f"unknown draft kind '{spec.kind}'")

@@ -146,17 +146,51 @@ def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             )
 
 
-def content_hash(folder: str | Path) -> str:
-    """A cheap fingerprint of a model folder: config.json plus each weight file's size and first MiB."""
+HASH_PREFIX = "sha256:"  # content hashes over whole files; older profiles hold 16 bare hex digits
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _model_files(folder: Path) -> list[Path]:
+    return [f for f in sorted(folder.iterdir()) if f.name == "config.json" or f.suffix in _WEIGHT_SUFFIXES]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file; in the HF cache a weight file links to a blob named by its sha256, so that
+    name is used instead of reading gigabytes."""
+    blob = path.resolve()
+    if path.is_symlink() and _SHA256.match(blob.name) and blob.parent.name == "blobs":
+        return blob.name
     h = hashlib.sha256()
-    folder = Path(folder)
-    for f in sorted(folder.iterdir()):
-        if f.name == "config.json" or f.suffix in (".safetensors", ".bin"):
-            h.update(f.name.encode())
-            h.update(str(f.stat().st_size).encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 20))
+    with open(blob, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_hash(folder: str | Path) -> str:
+    """Fingerprint of a model folder: sha256 over config.json and every weight file, each by name and
+    full sha256, so a fine-tune with the same shapes hashes differently. "sha256:" + 16 hex."""
+    h = hashlib.sha256()
+    for f in _model_files(Path(folder)):
+        h.update(f"{f.name}:{file_sha256(f)}\n".encode())
+    return HASH_PREFIX + h.hexdigest()[:16]
+
+
+def content_hash_v1(folder: str | Path) -> str:
+    """The fingerprint of profiles written before "sha256:" hashes: each file's size and first MiB."""
+    h = hashlib.sha256()
+    for f in _model_files(Path(folder)):
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+def content_hash_like(stored: str, folder: str | Path) -> str:
+    """This folder's hash in the format of a stored one, so old profiles are still compared."""
+    return content_hash(folder) if stored.startswith(HASH_PREFIX) else content_hash_v1(folder)
 
 
 def eos_ids(loaded: LoadedModel) -> list[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..domain import NO_DRAFT, Config, DraftSpec
+from ..engines import engine_info, tunes_threshold
 from ..errors import SpecDecError
 from ..limits import check_count, check_gamma, threshold_ok
 from .costmodel import CostModel
@@ -36,6 +37,7 @@ class TuneSettings:
     final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
     storage: str | None = None
     study_name: str | None = None
+    engine: str | None = None  # `run --for`: only configs this serving engine can run (engines.py)
     # A worker writes a heartbeat this often; a trial whose heartbeat is older than the grace
     # period belongs to a dead worker (on any host) and is failed, so the study goes on.
     heartbeat_s: int = 5
@@ -58,6 +60,8 @@ class TuneSettings:
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
         check_count(self.batch_size, "batch size")
+        if self.engine is not None:
+            self.engine = engine_info(self.engine).key
         check_count(self.heartbeat_s, "heartbeat interval")
         if self.grace_s <= self.heartbeat_s:
             raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
@@ -71,12 +75,15 @@ def trial_count(specs: list[DraftSpec], settings: TuneSettings) -> int:
 
 
 def search_space(specs: list[DraftSpec], settings: TuneSettings) -> dict[str, Any]:
-    return {
+    space = {
         "drafts": ["none", *[s.name for s in specs]],
         "gamma": [1, settings.max_gamma],
         "threshold": [0.0, settings.threshold_max, THRESHOLD_STEP],
-        "threshold_drafts": [s.name for s in specs if s.has_threshold],
+        "threshold_drafts": [s.name for s in specs if tunes_threshold(s, settings.engine)],
     }
+    if settings.engine is not None:  # also keeps a restricted study apart from an unrestricted one
+        space["engine"] = settings.engine
+    return space
 
 
 def grid_size(specs: list[DraftSpec], settings: TuneSettings) -> int:
@@ -92,7 +99,7 @@ def seed_configs(
     configs: list[dict[str, Any]] = [{"draft": "none"}]
     if settings.sampler == "grid":
         for s in specs:
-            thresholds = settings.grid_thresholds if s.has_threshold else (None,)
+            thresholds = settings.grid_thresholds if tunes_threshold(s, settings.engine) else (None,)
             for g in range(1, settings.max_gamma + 1):
                 for t in thresholds:
                     c: dict[str, Any] = {"draft": s.name, "gamma": g}
@@ -111,7 +118,7 @@ def seed_configs(
             continue
         seen[name] = seen.get(name, 0) + 1
         c = {"draft": name, "gamma": g}
-        if by_name[name].has_threshold:
+        if tunes_threshold(by_name[name], settings.engine):
             c["threshold"] = 0.0
         configs.append(c)
         if len(configs) > settings.seed_top:
@@ -126,7 +133,7 @@ def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> C
         return Config(NO_DRAFT, 0, 0.0)
     gamma = trial.suggest_int("gamma", *space["gamma"])
     threshold = 0.0
-    if specs[draft].has_threshold:
+    if draft in space.get("threshold_drafts", ()):
         lo, hi, step = space["threshold"]
         threshold = trial.suggest_float("threshold", lo, hi, step=step)
     return Config(specs[draft], gamma, round(threshold, 4))

@@ -11,7 +11,8 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
-from ..domain import DRAFT_KINDS, Costs, Metrics, Result
+from ..domain import DRAFT_KINDS, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
+from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
@@ -23,9 +24,9 @@ READABLE_VERSIONS = (1, 2)
 @dataclass
 class TargetInfo:
     name: str  # what the user passed (HF id or folder) or "demo"
-    path: str
+    path: str  # portable reference (store.refs): demo name, HF id, or "./"/"../" folder from the profile
     revision: str | None  # git commit of the HF snapshot when known
-    content_hash: str  # sha256 over config + weight files (first 16 hex)
+    content_hash: str  # "sha256:" + 16 hex over config + full weight files; 16 bare hex: older format
     dtype: str
     num_params: int
 
@@ -53,6 +54,7 @@ class SearchInfo:
     final_repeats: int = 0  # interleaved repeats of that final round
     budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
     budget_note: str = ""  # what the budget allowed, in words
+    engine: str | None = None  # the serving engine the search was restricted to (`run --for`)
 
 
 @dataclass
@@ -272,6 +274,8 @@ def _validate(p: Profile) -> None:
             _at_least(getattr(p, name), 1, name)
     _at_least(p.search.finalists, 0, "search.finalists")
     _at_least(p.search.final_repeats, 0, "search.final_repeats")
+    if p.search.engine is not None and p.search.engine not in ENGINES:
+        raise _field_error("search.engine", f"must be one of {', '.join(ENGINES)}", p.search.engine)
     if p.costs is not None:
         c = p.costs
         _positive(c.t_target_ms, "costs.t_target_ms")
@@ -305,6 +309,14 @@ def _validate_result(r: Result, path: str) -> None:
                 raise _field_error(f"{where}.{name}", "must be an int >= 1 for kind 'prompt_lookup'", v)
         if d.ngram_min > d.ngram_max:
             raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
+    if d.lookup_match is not None and d.lookup_match not in LOOKUP_MATCHES:
+        raise _field_error(
+            f"{where}.lookup_match", f"must be one of {', '.join(LOOKUP_MATCHES)}", d.lookup_match
+        )
+    if d.threshold_mode is not None and d.threshold_mode not in THRESHOLD_MODES:
+        raise _field_error(
+            f"{where}.threshold_mode", f"must be one of {', '.join(THRESHOLD_MODES)}", d.threshold_mode
+        )
     if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
         raise _field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
     gamma_path = f"{path}.config.gamma"

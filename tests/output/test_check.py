@@ -82,6 +82,16 @@ def test_unchanged_setup_passes(stored_profile, tmp_path):
     assert suite.get("failures") == "0" and int(suite.get("tests")) >= 4
 
 
+def test_benchmark_action_format_prints_the_entries(stored_profile):
+    r = invoke(
+        "check", stored_profile, "--tolerance", "0.5", "--repeats", "1", "--format", "benchmark-action"
+    )
+    assert r.exit_code == 0, r.output
+    entries = json.loads(r.stdout)
+    assert {e["name"].rsplit(": ", 1)[1] for e in entries} >= {"speedup", "acceptance_rate", "tokens_per_s"}
+    assert all(isinstance(e["value"], float) for e in entries)
+
+
 def test_slower_draft_is_a_regression(stored_profile, tmp_path, monkeypatch):
     real = drafters.ModelDrafter.propose
 

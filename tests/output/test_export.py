@@ -1,56 +1,208 @@
-"""Export of the best config to HF, vLLM, llama.cpp and SGLang settings, with warnings for gaps.
+"""Export to HF, vLLM, llama.cpp and SGLang per engine version: every emitted option is in the
+engine's recorded flag set, a config the engine cannot run as measured falls back to one it can.
 
-Golden files hold the exact stdout for the sample profile; regenerate them after an intended change
-with `UPDATE_GOLDEN=1 pytest tests/test_export.py` and review the diff.
+Golden files hold the exact stdout per engine and version for two sample profiles; regenerate them
+after an intended change with `UPDATE_GOLDEN=1 pytest tests/output/test_export.py` and review the diff.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
 from pathlib import Path
 
 import pytest
-from helpers import make_sample_profile
+from helpers import invoke, make_result, make_sample_profile
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.output.export import ENGINES, NO_SPECULATION, export_profile, export_settings
+from specdec_tune.output.export import ENGINES, NO_SPECULATION, export, export_profile, export_settings
+from specdec_tune.output.flagsets import FLAGSETS, flagset, problems
 
 GOLDEN = Path(__file__).parent / "golden"
-
-# the sample's best config: draft model at an HF folder, γ=4, t=0.3, greedy
-SAMPLE_WARNINGS = {
-    "hf": ["scikit-learn"],
-    "vllm": ["vLLM has no draft confidence threshold: t=0.3 dropped"],
-    "llamacpp": ["llama.cpp loads GGUF files"],
-    "sglang": ["SGLang has no draft confidence early stop: t=0.3 dropped"],
-}
+DEMO_PROFILE = Path(__file__).parents[2] / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
+ALL_SETS = [(e, fs.version) for e in ENGINES for fs in FLAGSETS[e]]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_sample_profile_matches_golden(engine):
-    text, warnings = export_profile(make_sample_profile(), engine)
-    golden = GOLDEN / f"export_{engine}.txt"
+def lookup_profile():
+    """Best: prompt lookup n=1..3 γ=4 measured with the earliest-match policy."""
+    p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
+    p.best.config.draft.lookup_match = "earliest"
+    return p
+
+
+def llamacpp_profile():
+    """Best: a GGUF draft with a threshold measured as llama.cpp's p-min (`run --for llamacpp`)."""
+    p = make_sample_profile(threshold=0.3)
+    p.best.config.draft.path = "/models/draft-q8.gguf"
+    p.best.config.draft.threshold_mode = "topk10"
+    return p
+
+
+SAMPLES = {"model": make_sample_profile, "lookup": lookup_profile, "llamacpp-pmin": llamacpp_profile}
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+@pytest.mark.parametrize(("engine", "version"), ALL_SETS)
+def test_golden_per_engine_and_version(engine, version, sample):
+    r = export(SAMPLES[sample](), engine, version)
+    golden = GOLDEN / f"export_{engine}_{version}_{sample}.txt"
+    text = r.text if r.exported else f"(nothing exported: {r.nothing})"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text + "\n", encoding="utf-8")
     assert text + "\n" == golden.read_text(encoding="utf-8")
-    assert len(warnings) == len(SAMPLE_WARNINGS[engine])
-    for got, expected in zip(warnings, SAMPLE_WARNINGS[engine], strict=True):
-        assert expected in got
 
 
-def test_hf_draft_model_settings_go_on_the_assistant_generation_config():
-    settings, _ = export_settings(make_sample_profile(), "hf")
-    assert settings["generate_kwargs"] == {
-        "assistant_model": "/models/Llama-3.2-1B-Instruct",
-        "do_sample": False,
-    }
-    assert settings["assistant_model.generation_config"] == {
-        "num_assistant_tokens": 4,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.3,
-    }
+@pytest.mark.parametrize("sample", SAMPLES)
+@pytest.mark.parametrize(("engine", "version"), ALL_SETS)
+def test_every_emitted_option_is_in_the_recorded_flag_set(engine, version, sample):
+    r = export(SAMPLES[sample](), engine, version)
+    if r.exported is None:
+        return
+    fs = flagset(engine, version)
+    assert problems(fs, r.settings) == []
+    if engine in ("llamacpp", "sglang"):
+        assert problems(fs, shlex.split(r.text)) == []  # what a user pastes
+        assert not set(shlex.split(r.text)) & set(fs.removed)
+    if engine == "vllm":
+        first, second = r.text.splitlines()
+        assert problems(fs, shlex.split(second)) == []
+        assert json.loads(shlex.split(second)[1]) == json.loads(first) == r.settings
+
+
+def test_flag_sets_record_their_source_commit():
+    for sets in FLAGSETS.values():
+        for fs in sets:
+            assert " @ " in fs.source and "20" in fs.source, fs  # a commit and its date
+            for name, opt in fs.options.items():
+                assert name not in fs.removed
+                for need, _ in opt.requires:
+                    assert need in fs.options, (fs.engine, fs.version, need)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["-md", "d.gguf", "--draft-max", "4"], "--draft-max was removed"),
+        (["-md", "d.gguf", "--spec-draft-n-max", "4"], "needs --spec-type draft-simple"),
+        (["--spec-type", "draft", "-md", "d.gguf"], "not a valid list"),
+        (["--spec-type", "draft-simple", "-md", "d.gguf", "--spec-draft-n-max", "x"], "not a valid int"),
+        (["--spec-type", "ngram-simple", "--spec-ngram-size-n", "3"], "--spec-ngram-size-n was removed"),
+        (["--spec-type", "draft-simple", "--spec-draft-p-min", "1.5", "-md", "d"], "not a valid float"),
+    ],
+)
+def test_current_llamacpp_flag_set_refuses_what_llama_server_refuses(argv, needle):
+    assert any(needle in p for p in problems(flagset("llamacpp"), argv))
+
+
+def test_sglang_and_vllm_flag_sets_refuse_removed_options():
+    sg = problems(
+        flagset("sglang"),
+        ["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "3"],
+    )
+    assert any("removed" in p for p in sg)
+    assert any(
+        "removed" in p for p in problems(flagset("vllm"), {"method": "ngram", "disable_by_batch_size": 4})
+    )
+    assert any(
+        "needs method to include ngram" in p
+        for p in problems(flagset("vllm"), {"method": "draft_model", "prompt_lookup_max": 3})
+    )
+
+
+def test_engine_version_picks_the_set_by_llamacpp_build():
+    assert flagset("llamacpp").version == "b9464"
+    assert flagset("llamacpp", "b8000").version == "b8953"
+    assert flagset("llamacpp", "b8954").version == "b8953"
+    assert flagset("llamacpp", "b9000").version == "b8955"
+    assert flagset("llamacpp", "10573").version == "b9464"
+    with pytest.raises(SpecDecError, match="b9464, b8955, b8953"):
+        flagset("llamacpp", "v1")
+    with pytest.raises(SpecDecError, match="current"):
+        flagset("vllm", "0.6")
+
+
+def test_llamacpp_current_needs_spec_type_and_new_names():
+    args = shlex.split(export(llamacpp_profile(), "llamacpp").text)
+    assert args == [
+        "--spec-type", "draft-simple", "--spec-draft-model", "/models/draft-q8.gguf", "--spec-draft-n-max", "4",
+        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.3",
+    ]  # fmt: skip
+    old = shlex.split(export(llamacpp_profile(), "llamacpp", "b8953").text)
+    assert old == [
+        "-md",
+        "/models/draft-q8.gguf",
+        "--draft-max",
+        "4",
+        "--draft-min",
+        "0",
+        "--draft-p-min",
+        "0.3",
+    ]
+
+
+# ------------------------------------------------------------------------------------ fallback
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
+def test_threshold_config_falls_back_to_the_measured_t0_alternative(engine):
+    # sample: best model γ=4 t=0.3 (HF semantics); alternatives γ=5 t=0.2, then γ=3 t=0 (1.2503x)
+    r = export(make_sample_profile(), engine)
+    assert r.fallback and r.exported is not None
+    assert (r.exported.config.gamma, r.exported.config.threshold) == (3, 0.0)
+    assert r.lost and ("threshold" in r.lost[0] or "p-min" in r.lost[0])
+    assert any("cannot run" in w and "1.250x" in w and "1.310x" in w for w in r.warnings)
+
+
+def test_hf_exports_the_best_threshold_config_itself():
+    r = export(make_sample_profile(), "hf")
+    assert not r.fallback and r.exported.config.threshold == 0.3
+    assert r.settings["assistant_model.generation_config"]["assistant_confidence_threshold"] == 0.3
+
+
+def test_layer_skip_best_falls_back_outside_hf():
+    p = make_sample_profile(kind="layer_skip", threshold=0.0)
+    assert export(p, "hf").settings["generate_kwargs"]["assistant_early_exit"] == 8
+    r = export(p, "vllm")
+    assert r.fallback and r.exported.config.draft.kind == "model"
+    assert "no layer-skip" in r.lost[0]
+
+
+def test_nothing_expressible_exports_nothing():
+    p = make_sample_profile(kind="layer_skip", threshold=0.0)
+    p.alternatives = [make_result("layer_skip", 3, 0.0, 1.04), make_result("model", 3, 0.2, 1.2)]
+    r = export(p, "sglang")
+    assert r.exported is None and r.settings is None and r.text == ""
+    assert "nothing in the profile runs on SGLang" in r.nothing and "\n" not in r.nothing
+
+
+def test_alternatives_slower_than_plain_decoding_are_never_exported():
+    p = make_sample_profile()
+    p.alternatives = [make_result("model", 3, 0.0, 0.97)]
+    assert export(p, "vllm").exported is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_speculation_profile_exports_nothing(engine):
+    r = export(make_sample_profile(kind="none"), engine)
+    assert r.exported is None and r.nothing == NO_SPECULATION
+
+
+def test_sglang_has_no_counterpart_of_prompt_lookup():
+    r = export(lookup_profile(), "sglang")
+    assert r.fallback and r.exported.config.draft.kind == "model"
+    assert "NGRAM" in r.lost[0]
+
+
+def test_lookup_policy_difference_is_said():
+    p = make_sample_profile(kind="prompt_lookup", threshold=0.0)  # measured with the latest match
+    _, warnings = export_settings(p, "vllm")
+    assert any("latest" in w and "earliest" in w and "run --for vllm" in w for w in warnings)
+    assert export_settings(lookup_profile(), "vllm")[1] == []
+
+
+# ----------------------------------------------------------------------- settings per engine
 
 
 def test_hf_writes_threshold_zero_explicitly_because_its_default_is_not_zero():
@@ -67,94 +219,21 @@ def test_hf_sampling_workload_sets_do_sample_and_temperature():
     assert settings["generate_kwargs"]["temperature"] == 0.7
 
 
-def test_hf_prompt_lookup():
-    p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
+def test_hf_prompt_lookup_ngram_min_has_no_equivalent():
+    p = lookup_profile()
     p.best.config.draft.ngram_min = 2
     settings, warnings = export_settings(p, "hf")
     assert settings == {
         "generate_kwargs": {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 3, "do_sample": False}
     }
     assert len(warnings) == 1 and "ngram_min=2 has no equivalent" in warnings[0]
-    # with ngram_min 1 HF's fallback down to 1-grams is exactly ours: nothing to warn about
-    assert export_settings(make_sample_profile(kind="prompt_lookup", threshold=0.0), "hf")[1] == []
 
 
-def test_hf_layer_skip_uses_assistant_early_exit():
-    settings, warnings = export_settings(make_sample_profile(kind="layer_skip", threshold=0.0), "hf")
-    assert settings["generate_kwargs"] == {"assistant_early_exit": 8, "do_sample": False}
-    assert settings["model.generation_config"]["num_assistant_tokens"] == 4
-    assert warnings == []
-
-
-@pytest.mark.parametrize("engine", ["vllm", "llamacpp", "sglang"])
-def test_layer_skip_has_no_equivalent_outside_hf(engine):
-    text, warnings = export_profile(make_sample_profile(kind="layer_skip"), engine)
-    assert text == ""
-    assert len(warnings) == 1 and "no layer-skip self-speculation" in warnings[0]
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_no_speculation_profile(engine):
-    text, warnings = export_profile(make_sample_profile(kind="none"), engine)
-    assert text == ("{}" if engine == "hf" else "")
-    assert warnings == [NO_SPECULATION]
-    assert "do not speculate" in NO_SPECULATION
-
-
-def test_vllm_lines_agree_and_parse():
-    text, _ = export_profile(make_sample_profile(), "vllm")
-    first, second = text.splitlines()
-    flag, value = shlex.split(second)
-    assert flag == "--speculative-config"
-    assert json.loads(value) == json.loads(first)
-    assert json.loads(first) == {
-        "method": "draft_model",
-        "model": "/models/Llama-3.2-1B-Instruct",
-        "num_speculative_tokens": 4,
-    }
-
-
-def test_vllm_prompt_lookup_is_ngram_method():
-    settings, warnings = export_settings(make_sample_profile(kind="prompt_lookup", threshold=0.0), "vllm")
-    assert settings == {
-        "method": "ngram",
-        "num_speculative_tokens": 4,
-        "prompt_lookup_max": 3,
-        "prompt_lookup_min": 1,
-    }
-    assert warnings == []
-
-
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_no_threshold_warning_when_threshold_is_zero(engine):
-    _, warnings = export_profile(make_sample_profile(threshold=0.0), engine)
-    assert not any("threshold" in w or "early stop" in w for w in warnings)
-
-
-def test_llamacpp_threshold_maps_to_draft_p_min_even_when_zero():
-    p = make_sample_profile(threshold=0.0)
-    p.best.config.draft.path = "/models/draft q8.gguf"
-    text, warnings = export_profile(p, "llamacpp")
-    assert shlex.split(text) == [
-        "-md", "/models/draft q8.gguf", "--draft-max", "4", "--draft-min", "0", "--draft-p-min", "0",
-    ]  # fmt: skip
-    assert warnings == []  # a .gguf path needs no conversion hint
-
-
-def test_llamacpp_prompt_lookup_warns_about_the_fixed_ngram_size():
-    text, warnings = export_profile(make_sample_profile(kind="prompt_lookup", threshold=0.0), "llamacpp")
-    assert text == "--spec-type ngram-simple --spec-ngram-size-n 3 --spec-ngram-size-m 4 --draft-max 4"
-    assert any("ngram_min 1" in w for w in warnings)
-    assert any("llama-lookup" in w for w in warnings)
-
-
-def test_sglang_ngram_counts_the_root_token():
-    text, warnings = export_profile(make_sample_profile(kind="prompt_lookup", threshold=0.0), "sglang")
-    args = shlex.split(text)
-    assert args[:2] == ["--speculative-algorithm", "NGRAM"]
+def test_sglang_chain_counts_the_root_token():
+    args = shlex.split(export(make_sample_profile(threshold=0.0), "sglang").text)
     assert args[args.index("--speculative-num-draft-tokens") + 1] == "5"
-    assert args[args.index("--speculative-ngram-max-match-window-size") + 1] == "3"
-    assert any("CUDA only" in w for w in warnings)
+    assert args[args.index("--speculative-num-steps") + 1] == "4"
+    assert args[args.index("--speculative-eagle-topk") + 1] == "1"
 
 
 def test_unknown_engine_lists_the_choices():
@@ -164,3 +243,41 @@ def test_unknown_engine_lists_the_choices():
 
 def test_engine_name_is_case_insensitive():
     assert export_profile(make_sample_profile(), "VLLM") == export_profile(make_sample_profile(), "vllm")
+
+
+# ----------------------------------------------------------------------------------- the CLI
+
+
+def test_demo_profile_exports_a_draft_path_that_exists():
+    r = invoke("export", DEMO_PROFILE, "--to", "hf", "--json")
+    assert r.exit_code == 0, r.output
+    path = json.loads(r.stdout)["settings"]["generate_kwargs"]["assistant_model"]
+    assert Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+def test_cli_fallback_is_said_and_nothing_is_exit_5(tmp_path):
+    from specdec_tune.store.yamlio import save_profile
+
+    r = invoke("export", DEMO_PROFILE, "--to", "vllm")
+    assert r.exit_code == 0 and json.loads(r.stdout.splitlines()[0])["method"] == "ngram"
+    assert "cannot run on vLLM" in r.stderr and "1.528x" in r.stderr
+    p = make_sample_profile(kind="layer_skip", threshold=0.0)
+    p.alternatives = []
+    path = save_profile(p, tmp_path / "p.yaml")
+    r = invoke("export", path, "--to", "llamacpp")
+    assert r.exit_code == 5 and r.stdout == ""
+    assert r.stderr.strip().startswith("nothing exported:") and "\n" not in r.stderr.strip()
+    j = invoke("export", path, "--to", "llamacpp", "--json")
+    assert j.exit_code == 5 and json.loads(j.stdout)["exported"] is False
+    r = invoke("export", path, "--to", "llamacpp", "--engine-version", "v9")
+    assert r.exit_code == 2
+
+
+def test_cli_engine_version_of_llamacpp(tmp_path):
+    from specdec_tune.store.yamlio import save_profile
+
+    path = save_profile(dataclasses.replace(llamacpp_profile()), tmp_path / "p.yaml")
+    new = invoke("export", path, "--to", "llamacpp")
+    old = invoke("export", path, "--to", "llamacpp", "--engine-version", "b8953")
+    assert "--spec-type draft-simple" in new.stdout and "--draft-max" not in new.stdout
+    assert old.stdout.startswith("-md ") and "--draft-max 4" in old.stdout

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_tune.errors import SpecDecError
+from specdec_tune.runtime import drafters as drafters_mod
 from specdec_tune.runtime.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, speculative_generate
 
@@ -16,7 +17,15 @@ MAX_NEW = 24
 
 
 def drafters(target, draft):
-    return [ModelDrafter(draft), PromptLookupDrafter(1, 3), LayerSkipDrafter(target, 1)]
+    """Every drafter with every engine policy (HF/vLLM earliest match, llama.cpp's top-k p-min)."""
+    return [
+        ModelDrafter(draft),
+        ModelDrafter(draft, name="draft-topk10", threshold_mode="topk10"),
+        PromptLookupDrafter(1, 3),
+        PromptLookupDrafter(1, 3, name="lookup-earliest", match="earliest"),
+        LayerSkipDrafter(target, 1),
+        LayerSkipDrafter(target, 1, "skip-topk10", threshold_mode="topk10"),
+    ]
 
 
 def hf_greedy(model, prompt, max_new, eos=None):
@@ -112,6 +121,44 @@ def test_prompt_lookup_proposes_most_recent_match():
     assert d.propose([8], 3, 0.0, 0.0, None)[0].numel() == 0
 
 
+def test_prompt_lookup_earliest_match_is_hf_and_vllm_policy():
+    d = PromptLookupDrafter(1, 2, match="earliest")
+    seq = [1, 2, 3, 9, 1, 2, 4, 5, 1, 2]
+    d.start(seq)
+    assert d.propose(seq, 2, 0.0, 0.0, None)[0].tolist() == [3, 9]  # the first "1 2" wins
+    seq2 = [*seq, 4, 7, 7]
+    assert d.propose(seq2, 3, 0.0, 0.0, None)[0].tolist() == [7]  # longest n first
+    with pytest.raises(SpecDecError, match="earliest"):
+        PromptLookupDrafter(1, 2, match="first")
+
+
+def test_topk10_confidence_is_llamacpp_p_min():
+    # 12 logits: the top-1 share of the top-10 softmax, not of the full softmax
+    logits = torch.tensor([3.0, 2.0, *([1.0] * 8), 0.5, 0.5])
+    top10 = torch.softmax(torch.tensor([3.0, 2.0, *([1.0] * 8)]), -1)[0].item()
+    assert drafters_mod._topk10_confidence(logits) == pytest.approx(top10)
+    assert top10 > torch.softmax(logits, -1)[0].item()  # so the same t stops drafting later
+
+
+def test_topk10_threshold_drops_the_unsure_token(tiny_target, tiny_draft, prompts):
+    """HF proposes the unsure token and stops after it; llama.cpp stops before it."""
+    p = prompts[3]
+    hf = ModelDrafter(tiny_draft)
+    llama = ModelDrafter(tiny_draft, threshold_mode="topk10")
+    hf.start(p)
+    llama.start(p)
+    # t just above the first token's confidence in both senses: HF proposes 1, llama.cpp 0
+    hf_first = hf.propose(p, 4, 0.999999, 0.0, None)[0]
+    llama_first = llama.propose(p, 4, 0.999999, 0.0, None)[0]
+    assert hf_first.numel() == 1 and llama_first.numel() == 0
+    assert llama.cached == len(p)  # the prompt was fed, nothing beyond it
+    # the engine then adds the target's token; the drafter goes on from there (t = 0: gamma tokens)
+    llama.commit(len(p))
+    assert llama.propose([*p, int(hf_first[0])], 4, 0.0, 0.0, None)[0].numel() == 4
+    with pytest.raises(SpecDecError, match="threshold mode"):
+        ModelDrafter(tiny_draft, threshold_mode="p-min")
+
+
 def test_layer_skip_view_shares_weights_and_leaves_target_intact(tiny_target):
     view = truncated_view(tiny_target, 1)
     assert len(view.model.layers) == 1 and len(tiny_target.model.layers) == 3
@@ -148,7 +195,7 @@ def test_empty_prompt_is_a_user_error(tiny_target, tiny_draft):
     seed=st.integers(0, 10_000),
     layers=st.integers(2, 3),
     noise=st.sampled_from([0.0, 0.01, 0.05, 0.5]),
-    kind=st.sampled_from(["model", "lookup", "layer_skip"]),
+    kind=st.sampled_from(["model", "model_topk10", "lookup", "lookup_earliest", "layer_skip"]),
     gamma=st.integers(1, 10),
     threshold=st.sampled_from([0.0, 0.3, 0.8]),
     prompt=st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=20),
@@ -159,8 +206,10 @@ def test_property_greedy_exact(seed, layers, noise, kind, gamma, threshold, prom
     target = tiny_llama(layers=layers, hidden=32, seed=seed)
     if kind == "model":
         drafter = ModelDrafter(noisy_copy(target, noise, seed=seed + 1))
-    elif kind == "lookup":
-        drafter = PromptLookupDrafter(1, 3)
+    elif kind == "model_topk10":
+        drafter = ModelDrafter(noisy_copy(target, noise, seed=seed + 1), threshold_mode="topk10")
+    elif kind in ("lookup", "lookup_earliest"):
+        drafter = PromptLookupDrafter(1, 3, match="earliest" if kind == "lookup_earliest" else None)
     else:
         drafter = LayerSkipDrafter(target, 1)
     want = autoregressive_generate(target, prompt, max_new, eos=eos).tokens

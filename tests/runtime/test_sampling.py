@@ -170,8 +170,8 @@ def exact_joint(target: Memoized, prompt: list[int], temperature: float, depth: 
 class Recording(ModelDrafter):
     """A model drafter that remembers how many tokens each proposal had."""
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, model, threshold_mode=None):
+        super().__init__(model, threshold_mode=threshold_mode)
         self.lengths: Counter = Counter()
 
     def propose(self, seq, gamma, threshold, temperature, generator):
@@ -253,6 +253,16 @@ def test_confidence_threshold_sampling_is_exact(pair):
     drafter = Recording(pair["noisy"])
     counts, _ = sample_speculative(target, drafter, prompt, 3, 0.3, 0.7, seed=3)
     assert drafter.lengths[1] > 0 and drafter.lengths[2] > 0  # both the early stop and the full draft
+    assert chi2_p_value(counts, exact_joint(target, prompt, 0.7, DEPTH)) > P_PASS
+
+
+def test_topk10_threshold_sampling_is_exact(pair):
+    """llama.cpp's p-min (top-10 renormalised, unsure token dropped), t 0.4 at T 0.7: p > 1e-3."""
+    target, prompt = pair["target"], [1]
+    drafter = Recording(pair["noisy"], threshold_mode="topk10")
+    counts, _ = sample_speculative(target, drafter, prompt, 3, 0.4, 0.7, seed=7)
+    # no draft at all (stopped before the first token), a stop mid-way, and the full draft (DEPTH - 1)
+    assert drafter.lengths[0] > 0 and drafter.lengths[1] > 0 and drafter.lengths[2] > 0
     assert chi2_p_value(counts, exact_joint(target, prompt, 0.7, DEPTH)) > P_PASS
 
 

@@ -1,0 +1,313 @@
+"""Each engine's speculative-decoding options, per version, as read from the engine's own source.
+
+The commit (and date) every set was read from is recorded beside it. `export` emits only options
+of the chosen set and checks its own output against it (`problems`), so a renamed flag fails a test
+instead of a user's server. Newer releases go first; the first set is the default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpecDecError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag (`--x`) or settings key: its value type and the companions it needs.
+
+    type: int, float, str (a path or model id), choice, list (comma-separated choices), bool, json.
+    requires: (option, value) pairs that must also be given; value None means any value, a list
+    type must contain the value.
+    """
+
+    type: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    requires: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    engine: str
+    version: str  # what --engine-version takes
+    applies_to: str
+    source: str  # repository, files, commit and date the options were read from
+    options: dict[str, Option]
+    removed: dict[str, str] = field(default_factory=dict)  # option -> what the engine says
+
+
+_LLAMA_SPEC_TYPES_OLD = ("none", "ngram-cache", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+_LLAMA_SPEC_TYPES = (
+    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+)  # fmt: skip
+_LLAMA_REMOVED = {
+    "--draft": "the argument has been removed. use --spec-draft-n-max or --spec-ngram-mod-n-max",
+    "--draft-n": "the argument has been removed. use --spec-draft-n-max or --spec-ngram-mod-n-max",
+    "--draft-max": "the argument has been removed. use --spec-draft-n-max or --spec-ngram-mod-n-max",
+    "--draft-min": "the argument has been removed. use --spec-draft-n-min or --spec-ngram-mod-n-min",
+    "--draft-n-min": "the argument has been removed. use --spec-draft-n-min or --spec-ngram-mod-n-min",
+    "--spec-ngram-size-n": "the argument has been removed. use the respective --spec-ngram-*-size-n",
+    "--spec-ngram-size-m": "the argument has been removed. use the respective --spec-ngram-*-size-m",
+    "--spec-ngram-min-hits": "the argument has been removed. use the respective --spec-ngram-*-min-hits",
+}
+_COUNT = Option("int", low=0)
+_NGRAM = Option("int", low=1, high=1024)
+_P = Option("float", low=0.0, high=1.0)
+
+LLAMACPP = [
+    FlagSet(
+        "llamacpp",
+        "b9464",
+        "llama-server builds b9464 and later (a draft model no longer enables drafting by itself)",
+        "ggml-org/llama.cpp common/arg.cpp, common/common.h, common/speculative.cpp @ 3f545bec "
+        "(2026-08-22, b10573-14); draft auto-enable removed in 5dcb7116 (#23988, 2026-06-01, b9464)",
+        {
+            "--spec-type": Option("list", choices=_LLAMA_SPEC_TYPES),
+            "--spec-draft-model": Option(
+                "str", aliases=("-md", "--model-draft"), requires=(("--spec-type", "draft-simple"),)
+            ),
+            "--spec-draft-n-max": _COUNT,
+            "--spec-draft-n-min": _COUNT,
+            "--spec-draft-p-min": Option("float", low=0.0, high=1.0, aliases=("--draft-p-min",)),
+            "--spec-ngram-simple-size-n": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
+            "--spec-ngram-simple-size-m": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
+        },
+        _LLAMA_REMOVED,
+    ),
+    FlagSet(
+        "llamacpp",
+        "b8955",
+        "llama-server builds b8955-b9463 (renamed flags; a draft model still enables drafting itself)",
+        "ggml-org/llama.cpp common/arg.cpp: renamed in 14e733e3 (#22397 'spec : refactor params', "
+        "2026-04-28, b8955); names as read @ 3f545bec; auto-enable until 5dcb7116 (b9464)",
+        {
+            "--spec-type": Option("list", choices=_LLAMA_SPEC_TYPES_OLD),
+            "--spec-draft-model": Option("str", aliases=("-md", "--model-draft")),
+            "--spec-draft-n-max": _COUNT,
+            "--spec-draft-n-min": _COUNT,
+            "--spec-draft-p-min": Option("float", low=0.0, high=1.0, aliases=("--draft-p-min",)),
+            "--spec-ngram-simple-size-n": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
+            "--spec-ngram-simple-size-m": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
+        },
+        _LLAMA_REMOVED,
+    ),
+    FlagSet(
+        "llamacpp",
+        "b8953",
+        "llama-server builds up to b8954 (before the rename; last release tag b8953)",
+        "ggml-org/llama.cpp common/arg.cpp, common/common.h @ 516e8d7a (build 8954, the parent of "
+        "14e733e3, 2026-04-28); tag b8953 = 434b2a1f (2026-04-27)",
+        {
+            "-md": Option("str", aliases=("--model-draft",)),
+            "--draft-max": Option("int", low=0, aliases=("--draft", "--draft-n")),
+            "--draft-min": Option("int", low=0, aliases=("--draft-n-min",)),
+            "--draft-p-min": _P,
+            "--spec-type": Option("choice", choices=_LLAMA_SPEC_TYPES_OLD),
+            "--spec-ngram-size-n": Option("int", low=1, requires=(("--spec-type", None),)),
+            "--spec-ngram-size-m": Option("int", low=1, requires=(("--spec-type", None),)),
+        },
+    ),
+]
+
+SGLANG = [
+    FlagSet(
+        "sglang",
+        "current",
+        "SGLang after 2026-04-01 (f8366580, #21225, removed the NGRAM match-window flags)",
+        "sgl-project/sglang python/sglang/srt/server_args.py, arg_groups/speculative_hook.py @ "
+        "65d3b47f (2026-06-08; last code commit f4eac503, 2026-05-28)",
+        {
+            "--speculative-algorithm": Option(
+                "choice", choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH")
+            ),
+            "--speculative-draft-model-path": Option(
+                "str", aliases=("--speculative-draft-model",), requires=(("--speculative-algorithm", None),)
+            ),
+            "--speculative-num-steps": Option("int", low=1, requires=(("--speculative-algorithm", None),)),
+            "--speculative-eagle-topk": Option("int", low=1, requires=(("--speculative-algorithm", None),)),
+            "--speculative-num-draft-tokens": Option(
+                "int", low=2, requires=(("--speculative-algorithm", None),)
+            ),
+        },
+        {
+            "--speculative-ngram-min-match-window-size": "removed in f8366580 (#21225): no replacement",
+            "--speculative-ngram-max-match-window-size": "removed in f8366580 (#21225): no replacement",
+            "--speculative-ngram-branch-length": "renamed --speculative-ngram-max-trie-depth (bc4aaab6)",
+        },
+    )
+]
+
+_VLLM_METHODS = (
+    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark",
+)  # fmt: skip
+
+VLLM = [
+    FlagSet(
+        "vllm",
+        "current",
+        "vLLM after 2026-02-23 (aa08a30f removed disable_by_batch_size)",
+        "vllm-project/vllm vllm/config/speculative.py, vllm/engine/arg_utils.py, "
+        "vllm/v1/spec_decode/ngram_proposer.py @ 8d9b52f7 (2026-08-07)",
+        {
+            "--speculative-config": Option("json", aliases=("-sc",)),
+            "method": Option("choice", choices=_VLLM_METHODS),
+            "model": Option("str", requires=(("method", "draft_model"),)),
+            "num_speculative_tokens": Option("int", low=1),
+            "prompt_lookup_max": Option("int", low=1, requires=(("method", "ngram"),)),
+            "prompt_lookup_min": Option("int", low=1, requires=(("method", "ngram"),)),
+        },
+        {
+            "disable_by_batch_size": "removed in aa08a30f (#35060, 2026-02-23)",
+            "--speculative-model": "removed in 239b7bef (#15466, 2025-04-01): use --speculative-config",
+            "--num-speculative-tokens": "removed in 239b7bef (#15466, 2025-04-01)",
+            "--speculative-disable-by-batch-size": "removed in 239b7bef (#15466, 2025-04-01)",
+        },
+    )
+]
+
+HF = [
+    FlagSet(
+        "hf",
+        "current",
+        "transformers 5.x",
+        "huggingface/transformers src/transformers/generation/configuration_utils.py, "
+        "candidate_generator.py, utils.py @ decba1d2 (2026-08-19)",
+        {
+            "generate_kwargs.assistant_model": Option("str"),
+            "generate_kwargs.prompt_lookup_num_tokens": Option("int", low=1),
+            "generate_kwargs.max_matching_ngram_size": Option(
+                "int", low=1, requires=(("generate_kwargs.prompt_lookup_num_tokens", None),)
+            ),
+            "generate_kwargs.assistant_early_exit": Option("int", low=1),
+            "generate_kwargs.do_sample": Option("bool"),
+            "generate_kwargs.temperature": Option("float", low=0.0),
+            "assistant_model.generation_config.num_assistant_tokens": Option("int", low=1),
+            "assistant_model.generation_config.num_assistant_tokens_schedule": Option(
+                "choice", choices=("constant", "heuristic", "heuristic_transient")
+            ),
+            "assistant_model.generation_config.assistant_confidence_threshold": _P,
+            "model.generation_config.num_assistant_tokens": Option("int", low=1),
+            "model.generation_config.num_assistant_tokens_schedule": Option(
+                "choice", choices=("constant", "heuristic", "heuristic_transient")
+            ),
+            "model.generation_config.assistant_confidence_threshold": _P,
+        },
+    )
+]
+
+FLAGSETS: dict[str, list[FlagSet]] = {"hf": HF, "vllm": VLLM, "llamacpp": LLAMACPP, "sglang": SGLANG}
+
+
+def flagset(engine: str, version: str | None = None) -> FlagSet:
+    """The set for `engine` at `version` (None: the current release). For llama.cpp any build
+    number bNNNN picks the set that applies to it."""
+    sets = FLAGSETS[engine]
+    if version is None or version in ("current", "latest"):
+        return sets[0]
+    for s in sets:
+        if s.version == version:
+            return s
+    m = re.fullmatch(r"b?(\d+)", version.strip())
+    if engine == "llamacpp" and m:
+        build = int(m.group(1))
+        for s in sets:  # newest first: the first whose first build is not after this one
+            if build >= int(s.version[1:]) or s is sets[-1]:
+                return s
+    known = ", ".join(s.version for s in sets)
+    extra = " or any llama.cpp build number bNNNN" if engine == "llamacpp" else ""
+    raise SpecDecError(f"unknown --engine-version {version!r} for {engine}: use {known}{extra}")
+
+
+def _lookup(fs: FlagSet, name: str) -> tuple[str, Option] | None:
+    for key, opt in fs.options.items():
+        if name == key or name in opt.aliases:
+            return key, opt
+    return None
+
+
+def _value_problem(name: str, opt: Option, value: Any) -> str | None:
+    t = opt.type
+    try:
+        if t == "bool":
+            ok = isinstance(value, bool)
+        elif t == "int":
+            v = int(value) if isinstance(value, str) else value
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            ok = ok and (opt.low is None or v >= opt.low) and (opt.high is None or v <= opt.high)
+        elif t == "float":
+            v = float(value)
+            ok = (opt.low is None or v >= opt.low) and (opt.high is None or v <= opt.high)
+        elif t == "choice":
+            ok = value in opt.choices
+        elif t == "list":
+            ok = all(v in opt.choices for v in str(value).split(","))
+        elif t == "json":
+            ok = isinstance(json.loads(value), dict)
+        else:
+            ok = isinstance(value, str) and bool(value)
+    except (TypeError, ValueError):
+        ok = False
+    return None if ok else f"{name}: {value!r} is not a valid {t}"
+
+
+def _companions(fs: FlagSet, given: dict[str, Any]) -> list[str]:
+    out = []
+    for key in given:
+        for need, value in fs.options[key].requires:
+            have = given.get(need)
+            if have is None:
+                out.append(f"{key} needs {need}" + (f" {value}" if value else ""))
+            elif value is not None and value not in str(have).split(","):
+                out.append(f"{key} needs {need} to include {value}, got {have}")
+    return out
+
+
+def problems(fs: FlagSet, settings: Any) -> list[str]:
+    """What in `settings` (an argv list, or a mapping of keys, nested one level for HF) the engine
+    version `fs` would refuse: unknown or removed options, bad values, missing companions."""
+    given: dict[str, Any] = {}
+    out: list[str] = []
+    if isinstance(settings, list):
+        items: list[tuple[str, Any]] = []
+        i = 0
+        while i < len(settings):
+            name = settings[i]
+            found = _lookup(fs, name)
+            value = (
+                settings[i + 1]
+                if i + 1 < len(settings) and (found is None or found[1].type != "bool")
+                else True
+            )
+            items.append((name, value))
+            i += 1 if value is True else 2
+    else:
+        items = []
+        for k, v in (settings or {}).items():
+            if isinstance(v, dict) and fs.engine == "hf":
+                items += [(f"{k}.{kk}", vv) for kk, vv in v.items()]
+            else:
+                items.append((k, v))
+    for name, value in items:
+        if name in fs.removed:
+            out.append(f"{name} was removed: {fs.removed[name]}")
+            continue
+        found = _lookup(fs, name)
+        if found is None:
+            out.append(f"{name} is not an option of {fs.engine} {fs.version}")
+            continue
+        key, opt = found
+        problem = _value_problem(name, opt, value)
+        if problem:
+            out.append(problem)
+        if opt.type == "json" and problem is None:
+            out += problems(fs, json.loads(value))
+        given[key] = value
+    return out + _companions(fs, given)

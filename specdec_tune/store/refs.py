@@ -1,0 +1,103 @@
+"""Portable references in a profile: models by demo name, by HF id (the revision beside it), or by a
+folder relative to the profile's own folder ("./" or "../" first), never by an absolute path of the
+machine that ran the search; and the study storage URL without a password or a home folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from ..domain import Result
+from .schema import Profile
+
+
+def _is_demo(name: str) -> bool:
+    from ..runtime.models import is_demo_name
+
+    return is_demo_name(name)
+
+
+def portable_ref(name_or_path: str, profile_dir: Path) -> str:
+    """How a profile in `profile_dir` names the model the user passed as `name_or_path`."""
+    if _is_demo(name_or_path):
+        return name_or_path
+    p = Path(name_or_path).expanduser()
+    if not p.is_dir():
+        return name_or_path  # an HF id (loaded from the local cache)
+    rel = Path(os.path.relpath(p.resolve(), Path(profile_dir).resolve())).as_posix()
+    return rel if rel.startswith("../") or rel == ".." else f"./{rel}"
+
+
+def is_relative_ref(ref: str) -> bool:
+    return ref in (".", "..") or ref.startswith(("./", "../"))
+
+
+def resolve_ref(ref: str, profile_dir: Path) -> str:
+    """What the model loader takes for a stored reference: a relative folder joined to the profile's
+    folder; a demo name, an HF id or (in profiles written before references were portable) an
+    absolute path as written."""
+    if is_relative_ref(ref):
+        return str((Path(profile_dir) / ref).resolve())
+    return ref
+
+
+def engine_path(ref: str, profile_dir: Path) -> str:
+    """What a serving engine should load for a stored draft reference: the installed folder of a
+    demo model, the absolute folder of a relative one, an HF id as it is."""
+    if _is_demo(ref):
+        from ..runtime.models import demo_path
+
+        return str(demo_path(ref))
+    return resolve_ref(ref, profile_dir)
+
+
+def target_ref(profile: Profile) -> str:
+    """The stored target reference; for an old profile whose `path` is another machine's absolute
+    folder, what the user passed (`name`), as `check` always did."""
+    path = profile.target.path
+    if os.path.isabs(path) and not Path(path).is_dir():
+        return profile.target.name
+    return path
+
+
+def make_portable(profile: Profile, profile_path: Path, target_arg: str) -> Profile:
+    """The profile with its target and draft models named portably for a file at `profile_path`."""
+    folder = Path(profile_path).parent
+
+    def result(r: Result) -> Result:
+        d = r.config.draft
+        if d.kind != "model" or not d.path:
+            return r
+        draft = dataclasses.replace(d, path=portable_ref(d.path, folder))
+        return dataclasses.replace(r, config=dataclasses.replace(r.config, draft=draft))
+
+    ref = portable_ref(target_arg, folder)
+    target = dataclasses.replace(profile.target, name=ref, path=ref)
+    return dataclasses.replace(
+        profile,
+        target=target,
+        best=result(profile.best),
+        alternatives=[result(a) for a in profile.alternatives],
+        batch_table=[
+            dataclasses.replace(row, best=result(row.best), per_draft=[result(r) for r in row.per_draft])
+            for row in profile.batch_table
+        ],
+    )
+
+
+def storage_for_record(url: str) -> str:
+    """A storage URL as a profile may hold it: no password (SQLAlchemy's hide_password), and the
+    user's home folder written as ~."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        text = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL: keep the user part, drop any password
+        text = re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    home = str(Path.home())
+    if home not in ("", "/"):
+        text = text.replace(home.rstrip("/") + "/", "~/")
+    return text
