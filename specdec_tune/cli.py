@@ -348,6 +348,14 @@ def check(
         bool, typer.Option("--allow-other-hardware", help="Compare even on different hardware.")
     ] = False,
     junit: Annotated[Path | None, typer.Option(help="Also write the result as JUnit XML.")] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            "-b",
+            help="Re-measure only this batch table row (default: the best config and every row).",
+        ),
+    ] = None,
     output_format: Annotated[
         str,
         typer.Option(
@@ -370,7 +378,14 @@ def check(
         machine = json_out or output_format == "benchmark-action"
         with spinner("re-measuring…", machine):
             report = api.check(
-                profile, device, tolerance, acceptance_tolerance, repeats, allow_other_hardware, junit
+                profile,
+                device,
+                tolerance,
+                acceptance_tolerance,
+                repeats,
+                allow_other_hardware,
+                junit,
+                batch_size,
             )
         if output_format == "benchmark-action":
             from .output.benchmark_action import benchmark_action_entries

@@ -162,8 +162,10 @@ def check(
     repeats: int = 3,
     allow_other_hardware: bool = False,
     junit: Path | None = None,
+    batch_size: int | None = None,
 ) -> CheckReport:
-    """Re-measure a stored profile's best config here and judge it against what it stored.
+    """Re-measure a stored profile's best config here and judge it against what it stored; with a
+    batch table, every row at its batch size (only `batch_size`'s row when given).
 
     Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed. A speedup below the
     floor is measured again and judged on all repeats together.
@@ -183,17 +185,27 @@ def check(
     p = load_profile(path)
     floor = speedup_floor(p, tolerance)
     check_count(repeats, "--repeats")
+    rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
+    if batch_size is not None:
+        check_count(batch_size, "--batch-size")
+        if not rows:
+            sizes = ", ".join(str(r.batch_size) for r in p.batch_table) or "none (run --batch-sizes)"
+            raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
     if junit is not None:
         check_writable(junit)
     # models are named relative to the profile's folder (store.refs), so any working directory works
     folder = Path(path).parent
-    spec = p.best.config.draft
-    if spec.path:
-        spec = dataclasses.replace(spec, path=resolve_ref(spec.path, folder))
+
+    def local(spec: Any) -> Any:
+        return dataclasses.replace(spec, path=resolve_ref(spec.path, folder)) if spec.path else spec
+
+    spec = local(p.best.config.draft)
+    extra = [local(r.best.config.draft) for r in rows if r.best.config.draft.kind != "none"]
+    specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
     target = resolve_ref(target_ref(p), folder)
     s = Models(
         target=target,
-        drafts=[spec] if spec.kind != "none" else [],
+        drafts=list(specs.values()),
         workload=p.workload.name,
         prompts=p.workload.prompts,
         max_new_tokens=p.workload.max_new_tokens,
@@ -212,15 +224,73 @@ def check(
             f"workload '{p.workload.name}' has changed since the profile was made "
             f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
         )
-    drafter = build_drafter(spec, s.target.model, s.draft_modules)
-    cfg = p.best.config
-    m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
-    again = None
-    if m.metrics.speedup < floor:
-        again = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1)
     weights = content_hash_like(p.target.content_hash, s.target.path)
-    report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
+    if batch_size is None:
+        drafter = build_drafter(spec, s.target.model, s.draft_modules)
+        cfg = p.best.config
+        m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
+        again = None
+        if m.metrics.speedup < floor:
+            again = measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1
+            )
+        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
+        # The best config is the batch size 1 answer; the table's other rows follow.
+        others = [r for r in rows if r.batch_size != 1]
+        report.items += judge_batch_rows(
+            p, str(path), s, others, weights, tolerance, acceptance_tolerance, repeats, with_weights=False
+        ).items
+        if p.batch_table:
+            report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
+    else:
+        report = judge_batch_rows(p, str(path), s, rows, weights, tolerance, acceptance_tolerance, repeats)
+        report.config = f"batch size {batch_size}: {rows[0].best.config.label}"
     report.seconds = time.monotonic() - started
     if junit is not None:
         atomic_write_text(junit, junit_xml(report))
+    return report
+
+
+def judge_batch_rows(
+    p: Any,
+    path: str,
+    s: Any,
+    rows: list[Any],
+    weights: str,
+    tolerance: float,
+    acceptance_tolerance: float | None,
+    repeats: int,
+    with_weights: bool = True,
+) -> CheckReport:
+    """Each batch table row re-measured at its batch size (closed loop) and judged; items are
+    named with the batch size (e.g. "speedup @ B=4"). A speedup below the floor is measured again."""
+    from ..measure.bench import measure
+    from ..measure.serving import measure_batched
+    from ..output.check import CheckItem, judge_config
+    from ..runtime.batch import build_batch_drafter
+    from ..runtime.drafters import build_drafter
+
+    report = CheckReport(profile=path, config="")
+    if with_weights:
+        same = weights == p.target.content_hash
+        note = "" if same else "the target model files changed"
+        report.items.append(CheckItem("target weights", p.target.content_hash, weights, same, note))
+    for row in rows:
+        cfg, b = row.best.config, row.batch_size
+        spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
+
+        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b) -> Any:
+            if b == 1:
+                drafter = build_drafter(spec, s.target.model, s.draft_modules)
+                return measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed)
+            make = lambda: build_batch_drafter(spec, s.target.model, s.draft_modules, b)  # noqa: E731
+            return measure_batched(
+                s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed
+            )
+
+        m = once(0)
+        again = once(1) if m.metrics.speedup < row.best.metrics.speedup * (1 - tolerance) else None
+        report.items += judge_config(
+            row.best, p.workload.temperature, m, again, tolerance, acceptance_tolerance, f" @ B={b}"
+        )
     return report

@@ -46,11 +46,12 @@ class CheckReport:
         }
 
 
-def speedup_floor(profile: Profile, tolerance: float) -> float:
-    """The lowest speedup that still passes: the stored one minus `tolerance` (relative)."""
+def speedup_floor(profile: Profile, tolerance: float, stored: Any = None) -> float:
+    """The lowest speedup that still passes: the stored one (the best config's, or `stored`
+    metrics') minus `tolerance` (relative)."""
     if not 0 < tolerance < 1:
         raise SpecDecError(f"--tolerance must be in (0, 1), got {tolerance}")
-    return profile.best.metrics.speedup * (1 - tolerance)
+    return (stored or profile.best.metrics).speedup * (1 - tolerance)
 
 
 def judge(
@@ -64,47 +65,63 @@ def judge(
 ) -> CheckReport:
     """Compare a re-measurement (`bench.Measurement` of the best config; `again`: the second one
     taken when the first fell below the floor) with what the profile stored."""
-    best = profile.best
-    stored = best.metrics
-    m = measured.metrics
-    report = CheckReport(profile=profile_path, config=best.config.label)
+    report = CheckReport(profile=profile_path, config=profile.best.config.label)
     same = weights_hash == profile.target.content_hash
     note = "" if same else "the target model files changed"
     report.items.append(CheckItem("target weights", profile.target.content_hash, weights_hash, same, note))
-    floor = speedup_floor(profile, tolerance)
+    report.items += judge_config(
+        profile.best, profile.workload.temperature, measured, again, tolerance, acceptance_tolerance
+    )
+    return report
+
+
+def judge_config(
+    stored_result: Any,
+    temperature: float,
+    measured: Any,
+    again: Any | None,
+    tolerance: float = 0.10,
+    acceptance_tolerance: float | None = None,
+    where: str = "",
+) -> list[CheckItem]:
+    """The items of one stored config re-measured (`where` names it, e.g. " @ B=4")."""
+    stored = stored_result.metrics
+    m = measured.metrics
+    items = []
+    floor = stored.speedup * (1 - tolerance)
     speedup, confirm = m.speedup, ""
     if again is not None:
         # Judged on all repeats together: a real regression stays below the floor, one noisy run
         # on a busy machine does not fail CI alone.
         speedup = statistics.median(measured.speedups + again.speedups)
         confirm = f"; first {m.speedup:.3f}, so re-measured: median of {len(measured.speedups) + len(again.speedups)} repeats"
-    report.items.append(
+    items.append(
         CheckItem(
-            "speedup",
+            f"speedup{where}",
             round(stored.speedup, 4),
             round(speedup, 4),
             speedup >= floor,
             f"must be >= {floor:.3f} (stored - {tolerance:.0%}); spread {m.speedup_spread:.1%}{confirm}",
         )
     )
-    if best.config.draft.kind != "none":
+    if stored_result.config.draft.kind != "none":
         tol = acceptance_tolerance
         if tol is None:
-            tol = 0.02 if profile.workload.temperature == 0 else 0.08
+            tol = 0.02 if temperature == 0 else 0.08
         diff = abs(m.acceptance_rate - stored.acceptance_rate)
-        report.items.append(
+        items.append(
             CheckItem(
-                "acceptance_rate",
+                f"acceptance_rate{where}",
                 round(stored.acceptance_rate, 4),
                 round(m.acceptance_rate, 4),
                 diff <= tol,
                 f"must be within ±{tol:.3f}",
             )
         )
-    if profile.workload.temperature == 0:
-        report.items.append(
+    if temperature == 0:
+        items.append(
             CheckItem(
-                "greedy exactness",
+                f"greedy exactness{where}",
                 0,
                 measured.mismatches,
                 measured.mismatches == 0,
@@ -112,16 +129,16 @@ def judge(
             )
         )
     for metric, digits in (("tokens_per_s", 2), ("baseline_tokens_per_s", 2)):
-        report.items.append(
+        items.append(
             CheckItem(
-                metric,
+                f"{metric}{where}",
                 round(getattr(stored, metric), digits),
                 round(getattr(m, metric), digits),
                 True,
                 "information only",
             )
         )
-    return report
+    return items
 
 
 def junit_xml(report: CheckReport) -> str:

@@ -485,3 +485,27 @@ def test_the_budget_sizes_the_search(tiny_dirs, tmp_path):
     assert p.search.budget_s == 0.5 and "one plain pass" in p.search.budget_note
     assert "fewer than the default 20" in p.search.budget_note
     assert 1 <= p.search.trials < 20
+
+
+@pytest.mark.slow
+def test_check_re_measures_every_batch_row(tiny_dirs, tmp_path):
+    out = tmp_path / "rows.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs, "--draft", "prompt-lookup", "--batch-sizes", "1,2", "--trials", "3", "--max-gamma", "2",
+            "-n", "6", "--repeats", "1", "--finalists", "0", "--no-profile",
+            "--storage", f"sqlite:///{tmp_path / 'r.db'}", "--out", out,
+        ),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1")
+    assert c.exit_code in (0, 1), c.output
+    metrics = [i["metric"] for i in json.loads(c.stdout)["items"]]
+    assert "speedup" in metrics and "speedup @ B=2" in metrics and "speedup @ B=1" not in metrics
+    assert metrics.count("target weights") == 1
+    one = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--batch-size", "2")
+    metrics = [i["metric"] for i in json.loads(one.stdout)["items"]]
+    assert metrics[0] == "target weights" and all(m.endswith("@ B=2") for m in metrics[1:])
+    missing = invoke("check", out, "--batch-size", "8")
+    assert missing.exit_code == 2 and "no batch table row for batch size 8" in missing.stderr
