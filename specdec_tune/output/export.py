@@ -96,6 +96,11 @@ def export(
     bad = problems(fs, settings)
     if bad:  # a bug in this module, not the user's input
         raise RuntimeError(f"export to {e.key} {fs.version} emitted options it refuses: {'; '.join(bad)}")
+    if profile.batch_table:
+        notes += _batch_sizes(profile, e.key, chosen, settings)
+        bad = problems(fs, settings)
+        if bad:
+            raise RuntimeError(f"export to {e.key} {fs.version} emitted options it refuses: {'; '.join(bad)}")
     out.settings, out.exported = settings, chosen
     out.warnings += notes
     out.text = _render(e.key, settings)
@@ -266,3 +271,53 @@ def _sglang(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str],
 
 
 _EXPORTERS = {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp, "sglang": _sglang}
+
+# The last range of vLLM's schedule ends here: beyond any concurrency a server is configured for.
+LAST_BATCH = 65536
+
+
+def _batch_sizes(profile: Profile, engine: str, chosen: Result, settings: Any) -> list[str]:
+    """Map the profile's batch table (γ*(B), B*) onto what `engine` can express; notes for the rest.
+
+    vLLM takes a batch-size schedule (`num_speculative_tokens_per_batch_size`, the successor of the
+    removed `disable_by_batch_size`): row i's γ holds from its batch size up to the next row's.
+    """
+    rows = sorted(profile.batch_table, key=lambda r: r.batch_size)
+    name = chosen.config.draft.name
+    b_star = profile.b_star
+    if engine != "vllm":
+        where = {
+            "sglang": "SGLang has no batch-size switch for speculation; cap concurrency with "
+            "--max-running-requests",
+            "llamacpp": "llama.cpp has no batch-size switch for speculation; cap the parallel slots (-np)",
+            "hf": "HF's assisted generation decodes one request at a time",
+        }[engine]
+        if b_star:
+            return [f"speculation stopped paying at batch size B* = {b_star} here: {where} below it"]
+        return [f"{where}; the batch table measured speculation winning up to B = {rows[-1].batch_size}"]
+    notes = []
+    schedule = []
+    for i, row in enumerate(rows):
+        start = 1 if i == 0 else row.batch_size
+        end = rows[i + 1].batch_size - 1 if i + 1 < len(rows) else LAST_BATCH
+        best = row.best.config
+        if best.gamma == 0:
+            k = 0
+        elif best.draft.name == name:
+            k = best.gamma
+        else:
+            own = next((r for r in row.per_draft if r.config.draft.name == name), None)
+            k = own.config.gamma if own else chosen.config.gamma
+            notes.append(
+                f"at batch size {row.batch_size} the best was {best.label}; vLLM runs one draft, so "
+                f"{name} γ={k} is scheduled there" + ("" if own else " (not measured at that batch size)")
+            )
+        schedule.append([start, end, k])
+    settings["num_speculative_tokens_per_batch_size"] = schedule
+    settings["num_speculative_tokens"] = max(settings["num_speculative_tokens"], *(k for _, _, k in schedule))
+    if any(k == 0 for _, _, k in schedule):
+        notes.append(
+            f"K = 0 from B* = {b_star} on: vLLM accepts it (dynamic/utils.py); that it switches drafting off "
+            "entirely at run time was not verified; vLLM ignores the schedule with data parallelism > 1"
+        )
+    return notes

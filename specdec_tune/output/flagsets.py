@@ -19,7 +19,8 @@ from ..errors import SpecDecError
 class Option:
     """One flag (`--x`) or settings key: its value type and the companions it needs.
 
-    type: int, float, str (a path or model id), choice, list (comma-separated choices), bool, json.
+    type: int, float, str (a path or model id), choice, list (comma-separated choices), bool, json,
+    ranges (a list of inclusive [start, end, value] triples covering 1..end without gaps).
     requires: (option, value) pairs that must also be given; value None means any value, a list
     type must contain the value.
     """
@@ -163,6 +164,8 @@ VLLM = [
             "num_speculative_tokens": Option("int", low=1),
             "prompt_lookup_max": Option("int", low=1, requires=(("method", "ngram"),)),
             "prompt_lookup_min": Option("int", low=1, requires=(("method", "ngram"),)),
+            # speculative.py:180 and v1/spec_decode/dynamic/utils.py:52-54 (#32374, 2026-06-14)
+            "num_speculative_tokens_per_batch_size": Option("ranges"),
         },
         {
             "disable_by_batch_size": "removed in aa08a30f (#35060, 2026-02-23)",
@@ -251,6 +254,12 @@ def _value_problem(name: str, opt: Option, value: Any) -> str | None:
             ok = all(v in opt.choices for v in str(value).split(","))
         elif t == "json":
             ok = isinstance(json.loads(value), dict)
+        elif t == "ranges":  # [[start, end, value], ...]: inclusive, contiguous, from 1
+            ok = isinstance(value, list) and bool(value) and value[0][0] == 1
+            for i, (start, end, k) in enumerate(value):
+                ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end, k))
+                ok = ok and 1 <= start <= end and k >= 0
+                ok = ok and (i == 0 or start == value[i - 1][1] + 1)
         else:
             ok = isinstance(value, str) and bool(value)
     except (TypeError, ValueError):

@@ -23,6 +23,8 @@ PLOT_FILES = {
     "acceptance": "acceptance_per_position.png",
     "costs": "cost_curve.png",
     "predicted": "predicted_vs_measured.png",
+    "batch": "speedup_vs_batch_size.png",
+    "gamma_batch": "gamma_vs_batch_size.png",
 }
 
 
@@ -45,6 +47,8 @@ def write_plots(profile: Profile, out_dir: str | Path, trials_csv: Path | None =
         ("acceptance", lambda ax: _plot_acceptance(ax, profile)),
         ("costs", lambda ax: _plot_costs(ax, profile)),
         ("predicted", lambda ax: _plot_predicted(ax, profile)),
+        ("batch", lambda ax: _plot_batch(ax, profile)),
+        ("gamma_batch", lambda ax: _plot_gamma_batch(ax, profile)),
     ]:
         # a Figure on its own Agg canvas: no pyplot, no global backend switch, nothing left open
         fig = Figure(figsize=(7, 4.5), dpi=110)
@@ -180,3 +184,45 @@ def _plot_predicted(ax: Any, p: Profile) -> Labels | None:
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     return "predicted speedup (cost model)", "measured speedup", "Cost model: predicted vs measured"
+
+
+def _plot_batch(ax: Any, p: Profile) -> Labels | None:
+    rows = p.batch_table
+    if len(rows) < 2:
+        return None
+    sizes = [r.batch_size for r in rows]
+    names = [r.config.draft.name for row in rows for r in row.per_draft]
+    color = _colors(names)
+    ax.plot(sizes, [r.best.metrics.speedup for r in rows], "k*-", markersize=10, label="best config per B")
+    for name in dict.fromkeys(names):
+        points = [
+            (row.batch_size, r.metrics.speedup)
+            for row in rows
+            for r in row.per_draft
+            if r.config.draft.name == name
+        ]
+        ax.plot(
+            *zip(*points, strict=True), "o--", color=color[name], alpha=0.8, label=f"{name} at its best γ"
+        )
+    predicted = [(r.batch_size, r.predicted_speedup) for r in rows if r.predicted_speedup is not None]
+    if predicted:
+        ax.plot(*zip(*predicted, strict=True), ":", color="grey", label="cost model (best config)")
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    if p.b_star:
+        ax.axvline(p.b_star, color="red", linestyle="--", linewidth=1, label=f"B* = {p.b_star}")
+    ax.set_xscale("log", base=2)
+    return "batch size B (requests in flight)", "speedup over plain batched decoding", "Speedup vs batch size"
+
+
+def _plot_gamma_batch(ax: Any, p: Profile) -> Labels | None:
+    rows = p.batch_table
+    if len(rows) < 2:
+        return None
+    ax.plot(
+        [r.batch_size for r in rows],
+        [r.best.config.gamma for r in rows],
+        "ko-",
+        label="γ*(B) of the best config",
+    )
+    ax.set_xscale("log", base=2)
+    return "batch size B", "γ* (0 = no speculation)", "Best γ per batch size"

@@ -44,6 +44,8 @@ def render_profile(profile: Profile, console: Console) -> None:
                 "trial, whose number runs high when it was the largest of many noisy trials.[/]"
             )
     console.print(_baseline_table(p.baseline))
+    if p.batch_table:
+        console.print(batch_table(p))
     console.print(_run_table(p))
     console.print(kv_table("Hardware", _flatten(p.hardware)))
     if p.costs is None:
@@ -51,6 +53,42 @@ def render_profile(profile: Profile, console: Console) -> None:
     else:
         for table in _costs_tables(p.costs):
             console.print(table)
+
+
+def batch_table(p: Profile) -> Table:
+    """The best config per batch size (closed loop, B requests in flight), B* and the surface's story."""
+    t = Table(title="Batch sizes (speedup over plain batched decoding at the same B)", title_justify="left")
+    for name, justify in [
+        ("B", "right"),
+        ("best config", "left"),
+        ("speedup", "right"),
+        ("tok/s", "right"),
+        ("plain tok/s", "right"),
+        ("predicted", "right"),
+        ("each draft at its best γ", "left"),
+    ]:
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in p.batch_table:
+        m = row.best.metrics
+        drafts = ", ".join(
+            f"{r.config.draft.name} γ{r.config.gamma} {times(r.metrics.speedup)}" for r in row.per_draft
+        )
+        t.add_row(
+            str(row.batch_size),
+            row.best.config.label,
+            times(m.speedup),
+            f"{m.tokens_per_s:.0f}",
+            f"{m.baseline_tokens_per_s:.0f}",
+            times(row.predicted_speedup),
+            drafts or "—",
+        )
+    b_star = f"B* = {p.b_star}" if p.b_star else "B*: speculation won at every measured batch size"
+    predicted = f"; the cost model predicts B* = {p.predicted_b_star}" if p.predicted_b_star else ""
+    bound = ""
+    if p.costs is not None and p.costs.memory_bound_until:
+        bound = f"; verification is about free (memory-bound) up to B = {p.costs.memory_bound_until}"
+    t.caption = f"{b_star}{predicted}{bound}"
+    return t
 
 
 def _best_table(p: Profile) -> Table:
@@ -175,6 +213,20 @@ def _costs_tables(c: Costs) -> list[Table]:
         curve.add_row("ms", *(f"{v:.2f}" for v in c.verify_ms))
         curve.add_row("÷ T_target", *(f"{v / c.t_target_ms:.2f}" for v in c.verify_ms))
         tables.append(curve)
+    if c.batch:
+        surface = Table(
+            title="Cost surface C_ver(B, γ) / T_target(B) (T_target(B) in ms)", title_justify="left"
+        )
+        surface.add_column("B", justify="right", style="bold")
+        surface.add_column("T_target ms", justify="right")
+        for g in range(1, len(c.batch[0].verify_ms) + 1):
+            surface.add_column(f"γ{g}", justify="right")
+        surface.add_column("T_draft ms", justify="left")
+        for b in c.batch:
+            drafts = ", ".join(f"{k} {v:.2f}" for k, v in b.t_draft_ms.items())
+            ratios = [f"{v / b.t_target_ms:.2f}" for v in b.verify_ms]
+            surface.add_row(str(b.batch_size), f"{b.t_target_ms:.2f}", *ratios, drafts)
+        tables.append(surface)
     if c.drafts:
         drafts = Table(title="Drafters (cost and acceptance per position)", title_justify="left")
         for name, justify in [

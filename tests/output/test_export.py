@@ -281,3 +281,45 @@ def test_cli_engine_version_of_llamacpp(tmp_path):
     old = invoke("export", path, "--to", "llamacpp", "--engine-version", "b8953")
     assert "--spec-type draft-simple" in new.stdout and "--draft-max" not in new.stdout
     assert old.stdout.startswith("-md ") and "--draft-max 4" in old.stdout
+
+
+def _batched(profile):
+    """The sample profile with a batch table: its best up to B=4, γ2 at 16, no speculation from 64."""
+    from specdec_tune.domain import NO_DRAFT, Config, Result
+    from specdec_tune.store.schema import BatchRow
+
+    best = profile.best
+    fewer = dataclasses.replace(best, config=dataclasses.replace(best.config, gamma=2))
+    plain = Result(Config(NO_DRAFT, 0), dataclasses.replace(profile.baseline))
+    profile.batch_table = [
+        BatchRow(1, best, [best]),
+        BatchRow(16, fewer, [fewer]),
+        BatchRow(64, plain, [fewer]),
+    ]
+    profile.b_star = 64
+    return profile
+
+
+def test_vllm_gets_the_batch_size_schedule_and_b_star():
+    p = _batched(make_sample_profile(threshold=0.0))
+    r = export(p, "vllm")
+    schedule = r.settings["num_speculative_tokens_per_batch_size"]
+    g = p.best.config.gamma
+    assert schedule == [[1, 15, g], [16, 63, 2], [64, 65536, 0]]
+    assert r.settings["num_speculative_tokens"] == max(g, 2)
+    assert problems(flagset("vllm"), r.settings) == []
+    assert any("K = 0 from B* = 64" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "llamacpp", "hf"])
+def test_other_engines_are_told_where_speculation_stops_paying(engine):
+    p = _batched(make_sample_profile(threshold=0.0))
+    r = export(p, engine)
+    assert any("B* = 64" in w for w in [*r.warnings, r.nothing])
+
+
+def test_a_broken_schedule_is_refused_by_the_flag_set():
+    fs = flagset("vllm")
+    base = {"method": "draft_model", "model": "m", "num_speculative_tokens": 4}
+    for bad in ([[2, 8, 4]], [[1, 8, 4], [10, 20, 2]], [[1, 8, -1]], [[1, 0, 4]]):
+        assert problems(fs, {**base, "num_speculative_tokens_per_batch_size": bad}), bad

@@ -110,7 +110,33 @@ def test_render_compare_warns_when_targets_differ():
     assert "not comparable" in _render(render_compare, make_sample_profile(), b)
 
 
-def test_write_plots_writes_all_four_pngs(tmp_path):
+def _with_batch_table(prof):
+    import dataclasses
+
+    from specdec_tune.domain import Config, Metrics, Result
+    from specdec_tune.store.schema import BatchRow
+
+    plain = dataclasses.replace(prof.baseline)
+    none = Result(
+        Config(dataclasses.replace(prof.best.config.draft, kind="none", name="none", path=None), 0), plain
+    )
+    prof.batch_table = [
+        BatchRow(1, prof.best, [prof.best, *prof.alternatives[:1]], 1.9),
+        BatchRow(8, prof.alternatives[0], [prof.alternatives[0]], 1.2),
+        BatchRow(32, none, [], 0.9),
+    ]
+    prof.b_star, prof.predicted_b_star = 32, 32
+    assert isinstance(plain, Metrics)
+    return prof
+
+
+def test_batch_table_is_shown_with_b_star():
+    text = _render(render_profile, _with_batch_table(make_sample_profile()))
+    assert "Batch sizes" in text and "B* = 32" in text and "the cost model predicts B* = 32" in text
+    assert _row(text, "32")[1] == "no speculation"
+
+
+def test_write_plots_writes_all_pngs(tmp_path):
     trials = tmp_path / "trials.csv"
     trials.write_text(
         "number,draft,gamma,threshold,speedup,state\n"
@@ -121,7 +147,7 @@ def test_write_plots_writes_all_four_pngs(tmp_path):
         "4,lookup,7,0.0,0.5,PRUNED\n",
         encoding="utf-8",
     )
-    paths = write_plots(make_sample_profile(), tmp_path / "plots", trials_csv=trials)
+    paths = write_plots(_with_batch_table(make_sample_profile()), tmp_path / "plots", trials_csv=trials)
     assert sorted(p.name for p in paths) == sorted(PLOT_FILES.values())
     for path in paths:
         _assert_png(path)
