@@ -125,6 +125,12 @@ class DraftCosts:
     c: float  # t_draft_ms / t_target_ms
     acceptance_rate: float
     acceptance_vector: list[float]  # P(draft token i accepted | 1..i-1 accepted), i = 1..Gamma
+    # Clocked inside the real loop of the acceptance pass (gamma = Gamma), where the two models
+    # evict each other from the caches: ms per proposed token, and ms per verification forward
+    # over `loop_verify_tokens` tokens on average. The cost model prefers these where present.
+    loop_t_draft_ms: float | None = None
+    loop_verify_ms: float | None = None
+    loop_verify_tokens: float | None = None
 
 
 @dataclass

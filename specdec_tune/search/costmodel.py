@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 from ..domain import Costs
 from ..errors import SpecDecError
@@ -113,6 +114,25 @@ def predicted_speedup(
     return (t_target_ms + loop_overhead_ms) * expected_tokens(acceptance_vector, gamma) / step_ms
 
 
+def in_loop(costs: Costs, d: Any) -> tuple[float, list[float]]:
+    """T_draft and the C_ver curve as the real loop sees them (batch size 1).
+
+    The micro-benchmarks time one model hot; in the loop the draft and the target evict each
+    other's weights from the caches. Where the acceptance pass clocked both inside the loop, the
+    draft's in-loop ms per token replaces T_draft, and the C_ver curve is scaled by the in-loop
+    verification time over the micro-benchmark's at the same width.
+    """
+    t_draft = d.loop_t_draft_ms if d.loop_t_draft_ms else d.t_draft_ms
+    verify = list(costs.verify_ms)
+    if d.loop_verify_ms and d.loop_verify_tokens and verify:
+        gamma = max(1, round(d.loop_verify_tokens - 1))
+        micro = verify_cost_ms(verify, gamma)
+        if micro > 0:
+            scale = d.loop_verify_ms / micro
+            verify = [v * scale for v in verify]
+    return t_draft, verify
+
+
 class CostModel:
     """Predictions for one set of measured `Costs`: `predict(draft, gamma)`, the best gamma per
     draft, and every config ranked. Drafts are named as in `costs.drafts`."""
@@ -140,7 +160,9 @@ class CostModel:
             return None
         c = self.costs
         t_target, t_draft, verify = c.t_target_ms, d.t_draft_ms, c.verify_ms
-        if batch_size != 1:
+        if batch_size == 1:
+            t_draft, verify = in_loop(c, d)
+        else:
             b = c.at_batch(batch_size)
             if b is None or draft not in b.t_draft_ms:
                 return None

@@ -243,3 +243,15 @@ def test_expected_tokens_iid_monotone_and_bounded(alpha, gamma):
     now = expected_tokens_iid(alpha, gamma)
     assert 1.0 - 1e-12 <= now <= expected_tokens_iid(alpha, gamma + 1) + 1e-9
     assert now <= gamma + 1 + 1e-9
+
+
+def test_in_loop_clocks_replace_the_micro_benchmarks_at_batch_size_1():
+    verify = [10.0, 11.0, 12.0, 13.0]
+    plain = model(10.0, verify, {"d": (1.0, [0.7])})
+    clocked = model(10.0, verify, {"d": (1.0, [0.7])})
+    d = clocked.costs.drafts[0]
+    # In the loop a draft token cost 1.5 ms and a verification over 5 tokens (γ 4) 15.6 ms, not 13.
+    d.loop_t_draft_ms, d.loop_verify_ms, d.loop_verify_tokens = 1.5, 15.6, 5.0
+    e = expected_tokens([0.7], 2)
+    assert clocked.predict("d", 2) == pytest.approx(10.0 * e / (2 * 1.5 + 11.0 * 1.2), rel=1e-12)
+    assert clocked.predict("d", 2) < plain.predict("d", 2)
