@@ -85,7 +85,7 @@ def main() -> None:
         for n, spec in specs.items()
     }
     costs.batch, costs.memory_bound_until = measure_surface(
-        target, makers, sizes, costs.context_len, 6, repeats=3
+        target, makers, sizes, costs.context_len, 6, repeats=3, case=s.case.head(8)
     )
     model = CostModel(costs)
     out["surface"] = {

@@ -143,6 +143,15 @@ class BatchCosts:
         float
     ]  # C_ver(B, gamma): one target forward over B x (gamma + 1) tokens, gamma = 1..Gamma
     t_draft_ms: dict[str, float] = field(default_factory=dict)  # per draft: ms per draft position, B rows
+    # Clocked inside real batched loops over the workload (closed loop at B): the plain loop's
+    # wall time per step besides the target forward, and per draft (at gamma 4): the speculative
+    # step's time besides forwards and drafting, the verification forward's ms and tokens per row,
+    # and the draft's ms per position. The cost model prefers these where present.
+    loop_overhead_ms: float | None = None
+    step_overhead_ms: dict[str, float] = field(default_factory=dict)
+    loop_verify_ms: dict[str, float] = field(default_factory=dict)
+    loop_verify_tokens: dict[str, float] = field(default_factory=dict)
+    loop_t_draft_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

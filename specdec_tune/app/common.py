@@ -112,6 +112,7 @@ def measure_costs(
             max_gamma,
             repeats=max(2, repeats // 2),
             progress=lambda label: progress.stage(label, 0.99),
+            case=case,
         )
     return costs
 

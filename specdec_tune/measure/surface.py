@@ -10,6 +10,7 @@ B where C_ver(B, 1) is still within 15 % of T_target(B).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +18,9 @@ import torch
 
 from ..domain import BatchCosts
 from ..limits import check_count, check_gamma
-from ..runtime.batch import BatchDrafter
+from ..runtime.batch import BatchDrafter, batch_generate
 from ..runtime.rowcache import RowCache
+from ..runtime.workloads import Case
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated
 
@@ -88,6 +90,86 @@ def draft_cost_ms(drafter: BatchDrafter, vocab: int, context_len: int, repeats: 
     return median(times) / calls / proposed[0]
 
 
+class _BatchLoopClock:
+    """Wall time of a real batched loop, and inside it the target's decode forwards and the
+    drafter's proposals (one-row prefills, called with `logits_to_keep`, are left out)."""
+
+    def __init__(self, target: Any, drafter: BatchDrafter | None) -> None:
+        self.target, self.drafter = target, drafter
+        self.forward_ms = self.draft_ms = 0.0
+        self.forwards = self.tokens = self.positions = 0
+
+    def __enter__(self) -> _BatchLoopClock:
+        forward = self.target.forward
+
+        def clocked(*args: Any, **kwargs: Any) -> Any:
+            if "logits_to_keep" in kwargs:
+                return forward(*args, **kwargs)
+            t0 = time.perf_counter()
+            out = forward(*args, **kwargs)
+            self.forward_ms += (time.perf_counter() - t0) * 1e3
+            self.forwards += 1
+            self.tokens += int(kwargs["input_ids"].shape[-1])
+            return out
+
+        self.target.forward = clocked
+        if self.drafter is not None:
+            propose = self.drafter.propose
+
+            def timed_propose(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                out = propose(*args, **kwargs)
+                self.draft_ms += (time.perf_counter() - t0) * 1e3
+                self.positions += max((d.numel() for d, _ in out.values()), default=0)
+                return out
+
+            self.drafter.propose = timed_propose
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.target.forward
+        if self.drafter is not None:
+            del self.drafter.propose
+
+
+def loop_costs(
+    target: Any,
+    make_drafters: dict[str, Callable[[int], BatchDrafter]],
+    case: Case,
+    batch_size: int,
+    gamma: int,
+) -> dict[str, Any]:
+    """Costs clocked inside real closed-loop batched runs over `case` (plain, then each draft at
+    `gamma`): what the micro-benchmarks miss (the loop's own work, and the draft and the target
+    evicting each other's weights from the caches)."""
+    out: dict[str, Any] = {
+        "step_overhead_ms": {},
+        "loop_verify_ms": {},
+        "loop_verify_tokens": {},
+        "loop_t_draft_ms": {},
+    }
+    with _BatchLoopClock(target, None) as clock:
+        t0 = time.perf_counter()
+        batch_generate(target, None, case, batch_size, 0)
+        wall = (time.perf_counter() - t0) * 1e3
+    if clock.forwards:
+        out["loop_overhead_ms"] = max(0.0, wall - clock.forward_ms) / clock.forwards
+    for name, make in make_drafters.items():
+        drafter = make(batch_size)
+        with _BatchLoopClock(target, drafter) as clock:
+            t0 = time.perf_counter()
+            batch_generate(target, drafter, case, batch_size, gamma)
+            wall = (time.perf_counter() - t0) * 1e3
+        if not clock.forwards:
+            continue
+        out["step_overhead_ms"][name] = max(0.0, wall - clock.forward_ms - clock.draft_ms) / clock.forwards
+        out["loop_verify_ms"][name] = clock.forward_ms / clock.forwards
+        out["loop_verify_tokens"][name] = clock.tokens / clock.forwards
+        if clock.positions:
+            out["loop_t_draft_ms"][name] = clock.draft_ms / clock.positions
+    return out
+
+
 def measure_surface(
     target: Any,
     make_drafters: dict[str, Callable[[int], BatchDrafter]],
@@ -96,8 +178,10 @@ def measure_surface(
     max_gamma: int,
     repeats: int = 3,
     progress: Callable[[str], None] | None = None,
+    case: Case | None = None,
 ) -> tuple[list[BatchCosts], int | None]:
-    """The surface at each batch size, and the largest B that is still memory-bound."""
+    """The surface at each batch size, and the largest B that is still memory-bound. With `case`
+    (the workload), each batch size also gets costs clocked inside real batched loops over it."""
     vocab = vocab_size(target)
     surface = []
     for b in sorted(set(batch_sizes)):
@@ -107,6 +191,13 @@ def measure_surface(
         drafts = {}
         for name, make in make_drafters.items():
             drafts[name] = draft_cost_ms(make(b), vocab, context_len, repeats, gamma=min(4, max_gamma))
-        surface.append(BatchCosts(b, curve[0], curve[1:], drafts))
+        costs = BatchCosts(b, curve[0], curve[1:], drafts)
+        if case is not None:
+            # Enough requests that every slot is refilled at least once.
+            prompts = (case.prompts * (2 * b // len(case.prompts) + 2))[: max(2 * b, len(case.prompts))]
+            loop_case = Case(prompts, [min(32, max(case.max_new_tokens))] * len(prompts), case.eos, 0.0)
+            for key, value in loop_costs(target, make_drafters, loop_case, b, min(4, max_gamma)).items():
+                setattr(costs, key, value)
+        surface.append(costs)
     bound = [s.batch_size for s in surface if s.verify_ms[0] <= MEMORY_BOUND_RATIO * s.t_target_ms]
     return surface, max(bound) if bound else None

@@ -160,22 +160,25 @@ class CostModel:
             return None
         c = self.costs
         t_target, t_draft, verify = c.t_target_ms, d.t_draft_ms, c.verify_ms
+        o_loop, o_step = self.loop_overhead_ms, self.step_overhead_ms
         if batch_size == 1:
             t_draft, verify = in_loop(c, d)
         else:
             b = c.at_batch(batch_size)
             if b is None or draft not in b.t_draft_ms:
                 return None
-            t_target, t_draft, verify = b.t_target_ms, b.t_draft_ms[draft], b.verify_ms
-        return predicted_speedup(
-            t_target,
-            t_draft,
-            verify,
-            d.acceptance_vector,
-            gamma,
-            self.loop_overhead_ms,
-            self.step_overhead_ms,
-        )
+            t_target, t_draft, verify = b.t_target_ms, b.t_draft_ms[draft], list(b.verify_ms)
+            # Clocked inside real batched loops where the surface has them (see BatchCosts).
+            t_draft = b.loop_t_draft_ms.get(draft, t_draft)
+            if b.loop_overhead_ms is not None:
+                o_loop = b.loop_overhead_ms
+            o_step = b.step_overhead_ms.get(draft, o_step)
+            if draft in b.loop_verify_ms and verify:
+                width = max(1, round(b.loop_verify_tokens[draft] - 1))  # per row: [last, drafts]
+                micro = verify_cost_ms(verify, width)
+                if micro > 0:
+                    verify = [v * b.loop_verify_ms[draft] / micro for v in verify]
+        return predicted_speedup(t_target, t_draft, verify, d.acceptance_vector, gamma, o_loop, o_step)
 
     def curve(self, draft: str, max_gamma: int | None = None, batch_size: int = 1) -> list[tuple[int, float]]:
         """(gamma, predicted speedup) for gamma = 1..max_gamma; by default up to the shorter of the

@@ -255,3 +255,20 @@ def test_in_loop_clocks_replace_the_micro_benchmarks_at_batch_size_1():
     e = expected_tokens([0.7], 2)
     assert clocked.predict("d", 2) == pytest.approx(10.0 * e / (2 * 1.5 + 11.0 * 1.2), rel=1e-12)
     assert clocked.predict("d", 2) < plain.predict("d", 2)
+
+
+def test_batch_predictions_use_the_surface_and_its_loop_clocks():
+    from specdec_tune.domain import BatchCosts
+
+    m = model(10.0, [10.0, 10.5, 11.0], {"d": (1.0, [0.7])})
+    m.costs.batch = [BatchCosts(8, 20.0, [24.0, 28.0, 32.0], {"d": 2.0})]
+    e = expected_tokens([0.7], 2)
+    assert m.predict("d", 2, 8) == pytest.approx(20.0 * e / (2 * 2.0 + 28.0), rel=1e-12)
+    assert m.predict("d", 2, 4) is None and m.curve("d", 3, 4) == []  # B = 4 was not profiled
+    b = m.costs.batch[0]
+    b.loop_overhead_ms, b.step_overhead_ms = 1.0, {"d": 3.0}
+    b.loop_verify_ms, b.loop_verify_tokens, b.loop_t_draft_ms = {"d": 35.0}, {"d": 3.0}, {"d": 2.5}
+    # In the loop: verifying 3 tokens per row took 35 ms where the micro-benchmark said 28 (x1.25).
+    assert m.predict("d", 2, 8) == pytest.approx(21.0 * e / (2 * 2.5 + 28.0 * 1.25 + 3.0), rel=1e-12)
+    b.verify_ms, b.loop_verify_ms = [40.0, 50.0, 60.0], {}
+    assert m.b_star(3) == 8  # verification got expensive: nothing beats plain decoding at B = 8
