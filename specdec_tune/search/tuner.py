@@ -243,7 +243,9 @@ class _Objective:
             trial.set_user_attr(INTERRUPTED, True)
             raise
         except Exception as exc:  # CUDA OOM, a draft that fails to load, ...: this trial fails alone
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            # At B > 1 an out-of-memory names the batch size: the cure is usually a smaller one.
+            where = f"at batch size {self.settings.batch_size}: " if self.settings.batch_size > 1 else ""
+            trial.set_user_attr("error", f"{where}{type(exc).__name__}: {exc}"[:500])
             self.pool.free_device_memory()
             raise
         finally:

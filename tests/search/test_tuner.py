@@ -11,6 +11,7 @@ import pytest
 from helpers import invoke, tiny_args
 
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
+from specdec_tune.errors import SpecDecError
 from specdec_tune.measure.bench import Measurement
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search import final, tuner
@@ -509,3 +510,22 @@ def test_check_re_measures_every_batch_row(tiny_dirs, tmp_path):
     assert metrics[0] == "target weights" and all(m.endswith("@ B=2") for m in metrics[1:])
     missing = invoke("check", out, "--batch-size", "8")
     assert missing.exit_code == 2 and "no batch table row for batch size 8" in missing.stderr
+
+
+def test_a_batch_too_large_for_memory_fails_its_trials_alone(
+    monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
+):
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    monkeypatch.setattr(tuner, "measure_batched", oom)
+    settings = TuneSettings(
+        trials=5, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="oom", repeats=1, max_gamma=2,
+        batch_size=64, finalists=0,
+    )  # fmt: skip
+    with pytest.raises(SpecDecError, match="at batch size 64: RuntimeError: CUDA out of memory"):
+        tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    study = optuna.load_study(study_name="oom", storage=settings.storage)
+    # Every trial ran and failed alone (the study went on to its count), each naming the batch size.
+    failed = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(failed) == 5 and all("at batch size 64" in t.user_attrs["error"] for t in failed)
