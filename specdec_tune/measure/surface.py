@@ -138,35 +138,55 @@ def loop_costs(
     case: Case,
     batch_size: int,
     gamma: int,
+    repeats: int = 3,
 ) -> dict[str, Any]:
     """Costs clocked inside real closed-loop batched runs over `case` (plain, then each draft at
-    `gamma`): what the micro-benchmarks miss (the loop's own work, and the draft and the target
-    evicting each other's weights from the caches)."""
+    `gamma`), after a warm-up, medians over `repeats` interleaved runs: what the micro-benchmarks
+    miss (the loop's own work, refills included, and the draft and the target evicting each
+    other's weights from the caches)."""
+    drafters = {name: make(batch_size) for name, make in make_drafters.items()}
+    warm = case.head(min(len(case.prompts), batch_size))
+    batch_generate(target, None, warm, batch_size, 0)
+    for d in drafters.values():
+        batch_generate(target, d, warm, batch_size, gamma)
+    samples: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    for r in range(repeats):
+        order = [None, *drafters]
+        for name in order if r % 2 == 0 else order[::-1]:
+            drafter = drafters[name] if name is not None else None
+            with _BatchLoopClock(target, drafter) as clock:
+                t0 = time.perf_counter()
+                batch_generate(target, drafter, case, batch_size, gamma if drafter is not None else 0)
+                wall = (time.perf_counter() - t0) * 1e3
+            if not clock.forwards:
+                continue
+            if name is None:
+                add("loop_overhead_ms", max(0.0, wall - clock.forward_ms) / clock.forwards)
+                continue
+            add(
+                f"step_overhead_ms:{name}",
+                max(0.0, wall - clock.forward_ms - clock.draft_ms) / clock.forwards,
+            )
+            add(f"loop_verify_ms:{name}", clock.forward_ms / clock.forwards)
+            add(f"loop_verify_tokens:{name}", clock.tokens / clock.forwards)
+            if clock.positions:
+                add(f"loop_t_draft_ms:{name}", clock.draft_ms / clock.positions)
     out: dict[str, Any] = {
         "step_overhead_ms": {},
         "loop_verify_ms": {},
         "loop_verify_tokens": {},
         "loop_t_draft_ms": {},
     }
-    with _BatchLoopClock(target, None) as clock:
-        t0 = time.perf_counter()
-        batch_generate(target, None, case, batch_size, 0)
-        wall = (time.perf_counter() - t0) * 1e3
-    if clock.forwards:
-        out["loop_overhead_ms"] = max(0.0, wall - clock.forward_ms) / clock.forwards
-    for name, make in make_drafters.items():
-        drafter = make(batch_size)
-        with _BatchLoopClock(target, drafter) as clock:
-            t0 = time.perf_counter()
-            batch_generate(target, drafter, case, batch_size, gamma)
-            wall = (time.perf_counter() - t0) * 1e3
-        if not clock.forwards:
-            continue
-        out["step_overhead_ms"][name] = max(0.0, wall - clock.forward_ms - clock.draft_ms) / clock.forwards
-        out["loop_verify_ms"][name] = clock.forward_ms / clock.forwards
-        out["loop_verify_tokens"][name] = clock.tokens / clock.forwards
-        if clock.positions:
-            out["loop_t_draft_ms"][name] = clock.draft_ms / clock.positions
+    for key, values in samples.items():
+        field_name, _, name = key.partition(":")
+        if name:
+            out[field_name][name] = median(values)
+        else:
+            out[field_name] = median(values)
     return out
 
 

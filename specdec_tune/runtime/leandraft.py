@@ -152,26 +152,38 @@ class LeanLlamaRows(LeanLlama):
     def prefill(self, row: int, ids: list[int]) -> None:
         self.lengths[row] = 0
         if ids:
-            x = torch.zeros(self.rows, len(ids), dtype=torch.long, device=self.device)
-            x[row] = torch.tensor(ids, dtype=torch.long, device=self.device)
-            counts = torch.zeros(self.rows, dtype=torch.long, device=self.device)
-            counts[row] = len(ids)
-            self.forward(x, counts, logits=False)
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            counts = torch.tensor([len(ids)], dtype=torch.long, device=self.device)
+            select = torch.tensor([row], dtype=torch.long, device=self.device)
+            self.forward(x, counts, logits=False, select=select)
 
     def truncate(self, lengths: torch.Tensor) -> None:
         self.lengths = lengths.clone()
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, counts: torch.Tensor, logits: bool = True) -> torch.Tensor:
-        """Logits (B, T, vocab) after feeding row r's first counts[r] tokens of `tokens` (B, T)."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        logits: bool = True,
+        select: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab) after feeding row r's first counts[r] tokens of `tokens` (B, T).
+
+        With `select` (row indices), `tokens` and `counts` hold only those rows: a one-row prefill
+        then costs one row's compute, not B rows'.
+        """
         b, t = tokens.shape
-        pos = self.lengths[:, None] + torch.arange(t, device=self.device)  # (B, T)
-        end = int((self.lengths + counts).max())
+        rows = select if select is not None else torch.arange(self.rows, device=self.device)
+        lengths = self.lengths[rows]
+        pos = lengths[:, None] + torch.arange(t, device=self.device)  # (b, T)
+        end = int((lengths + counts).max())
         if max(end, int(pos.max()) + 1) > self.k.shape[3]:
             self._alloc(max(2 * self.k.shape[3], end, int(pos.max()) + 1))
         real = torch.arange(t, device=self.device)[None, :] < counts[:, None]
         rows_idx, steps_idx = real.nonzero(as_tuple=True)
         at = pos[rows_idx, steps_idx]
+        cache_rows = rows[rows_idx]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, T, head_dim)
         mask = torch.arange(end, device=self.device)[None, None, :] <= pos[:, :, None]  # (B, T, end)
         x = F.embedding(tokens, self.embed)  # (B, T, hidden)
@@ -181,15 +193,20 @@ class LeanLlamaRows(LeanLlama):
             q = self._rope(F.linear(h, wq).view(b, t, nh, hd).transpose(1, 2), cos, sin)
             k = self._rope(F.linear(h, wk).view(b, t, nkv, hd).transpose(1, 2), cos, sin)
             v = F.linear(h, wv).view(b, t, nkv, hd).transpose(1, 2)
-            self.k[i, rows_idx, :, at] = k[rows_idx, :, steps_idx]
-            self.v[i, rows_idx, :, at] = v[rows_idx, :, steps_idx]
+            self.k[i, cache_rows, :, at] = k[rows_idx, :, steps_idx]
+            self.v[i, cache_rows, :, at] = v[rows_idx, :, steps_idx]
+            keys = self.k[i, :, :, :end] if select is None else self.k[i, rows, :, :end]
+            values = self.v[i, :, :, :end] if select is None else self.v[i, rows, :, :end]
             attn = F.scaled_dot_product_attention(
-                q, self.k[i, :, :, :end], self.v[i, :, :, :end], attn_mask=mask[:, None], enable_gqa=nkv != nh
+                q, keys, values, attn_mask=mask[:, None], enable_gqa=nkv != nh
             )
             x = x + F.linear(attn.transpose(1, 2).reshape(b, t, nh * hd), wo)
             h = F.rms_norm(x, (x.shape[-1],), w_post, eps)
             x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
-        self.lengths = self.lengths + counts
+        if select is None:
+            self.lengths = self.lengths + counts
+        else:
+            self.lengths = self.lengths.index_add(0, rows, counts)
         if not logits:
             return x
         return F.linear(F.rms_norm(x, (x.shape[-1],), self.norm, eps), self.head)
