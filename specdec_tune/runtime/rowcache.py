@@ -50,6 +50,7 @@ class RowCache:
     def prefill(self, row: int, ids: list[int]) -> None:
         """Make `row` hold exactly `ids` at positions 0..n-1 (its old contents are dropped)."""
         self.pos_at[row] = -1
+        self._trim()
         n = len(ids)
         self.lengths[row] = n
         if n == 0:
@@ -86,17 +87,25 @@ class RowCache:
         t = tokens.shape[1]
         steps = self._arange[:t]
         pos = self.lengths[:, None] + steps  # (B, T) position ids
-        real = steps[None, :] < counts[:, None]
-        new_pos = torch.where(real, pos, -1)
-        keys_pos = torch.cat((self.pos_at, new_pos), dim=1)  # (B, W + T)
-        allowed = (keys_pos[:, None, :] >= 0) & (keys_pos[:, None, :] <= pos[:, :, None])
-        # A padding query still needs one key to attend to (its output is never read).
-        allowed[:, :, self.width :] |= ~real[:, :, None] & torch.eye(t, dtype=torch.bool, device=self.device)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        if self._dense(counts, t):
+            # Every row holds exactly the columns 0..W-1 and feeds T real tokens: the model's own
+            # causal mask is the right one, and its mask-free attention path is faster.
+            keys_pos, mask = torch.cat((self.pos_at, pos), dim=1), None
+        else:
+            real = steps[None, :] < counts[:, None]
+            new_pos = torch.where(real, pos, -1)
+            keys_pos = torch.cat((self.pos_at, new_pos), dim=1)  # (B, W + T)
+            allowed = (keys_pos[:, None, :] >= 0) & (keys_pos[:, None, :] <= pos[:, :, None])
+            # A padding query still needs one key to attend to (its output is never read).
+            allowed[:, :, self.width :] |= ~real[:, :, None] & torch.eye(
+                t, dtype=torch.bool, device=self.device
+            )
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = mask[:, None]
         out = self.model(
             input_ids=tokens,
-            attention_mask=mask[:, None],
+            attention_mask=mask,
             position_ids=pos,
             use_cache=True,
             **{self.kw: self.cache},
@@ -105,10 +114,29 @@ class RowCache:
         self.lengths = self.lengths + counts
         return out.logits
 
+    def _trim(self) -> None:
+        """Cut off the columns no row holds at either end (a single row then never has holes)."""
+        used = (self.pos_at >= 0).any(0).nonzero()
+        first, end = (int(used[0]), int(used[-1]) + 1) if used.numel() else (0, 0)
+        if first == 0 and end == self.width:
+            return
+        for layer in self._layers():
+            if layer.is_initialized:
+                layer.keys = layer.keys[..., first:end, :]
+                layer.values = layer.values[..., first:end, :]
+        self.pos_at = self.pos_at[:, first:end]
+
+    def _dense(self, counts: torch.Tensor, t: int) -> bool:
+        w = self.width
+        return bool((self.lengths == w).all() and (counts == t).all())
+
     def truncate(self, lengths: torch.Tensor) -> None:
         """Row r keeps its first lengths[r] tokens (every row; pass the current length to keep all)."""
+        if torch.equal(lengths, self.lengths):
+            return
         self.pos_at = torch.where(self.pos_at >= lengths[:, None], -1, self.pos_at)
         self.lengths = lengths.clone()
+        self._trim()
         if self.width > 2 * int(self.lengths.max()) + 64:
             self.compact()
 
