@@ -156,6 +156,12 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
         f"pred.: the cost model; study {p.search.study_name}"
     )
     console.print(t)
+    if p.search.budget_note:
+        console.print(f"[dim]time budget {p.search.budget_s:g} s: {p.search.budget_note}[/]")
+    if p.batch_table:
+        from .tables import batch_table
+
+        console.print(batch_table(p))
     if getattr(result, "final_note", ""):
         console.print(f"[yellow]{result.final_note}[/] (the best search trial was kept)")
     if p.best.config.gamma == 0:
