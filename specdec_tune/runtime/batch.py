@@ -188,6 +188,15 @@ class BatchRun:
     stats: SpecStats
     latencies_s: list[float] = field(default_factory=list)  # per prompt: admission to last token
     steps: int = 0  # batched target forwards (prefills excluded)
+    # Steady state: from the first step until a slot first went idle for lack of requests (the
+    # queue ran dry), every one of the B slots was busy. Tokens emitted and seconds in that window.
+    steady_tokens: int = 0
+    steady_s: float = 0.0
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Throughput with B requests in flight (the whole run's when it never drained)."""
+        return self.steady_tokens / self.steady_s if self.steady_s > 0 else float("nan")
 
 
 @dataclass
@@ -246,6 +255,10 @@ def batch_generate(
 
     for r in range(min(batch_size, len(queue))):
         admit(r)
+    started = time.perf_counter()
+    full = len(case.prompts) >= batch_size  # fewer requests than slots: never a steady state
+    emitted = 0
+    steady: tuple[int, float] | None = None  # (tokens, seconds) when a slot first went idle
     while any(rows):
         active = {r: row for r, row in enumerate(rows) if row is not None}
         # Never draft past a row's budget: k drafts emit at most k + 1 tokens.
@@ -281,6 +294,7 @@ def batch_generate(
                 draft, q = drafts[r] if speculate else (tokens[r, 1:1], None)
                 n, new = verify_sampling(logits[r, : k + 1], draft, q, temperature, generator)
             row.steps.append((allowed[r], k, n))
+            emitted_before = len(row.out)
             keep[r] += n + 1  # last + the accepted drafts; the new last token is not cached
             before = len(row.seq)
             done = False
@@ -290,6 +304,7 @@ def batch_generate(
                 if t in eos or len(row.out) >= row.budget:
                     done = True
                     break
+            emitted += len(row.out) - emitted_before
             if done:
                 finish(r, row)
             elif speculate:
@@ -299,4 +314,8 @@ def batch_generate(
             if row is None or len(row.out) == 0:
                 keep[r] = kv.lengths[r]
         kv.truncate(keep)
-    return BatchRun(outputs, stats, latencies, steps)
+        if steady is None and full and not all(rows) and any(rows):
+            steady = (emitted, time.perf_counter() - started)
+    if steady is None or steady[0] == 0:
+        steady = (emitted, time.perf_counter() - started)
+    return BatchRun(outputs, stats, latencies, steps, *steady)

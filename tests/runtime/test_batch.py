@@ -182,3 +182,17 @@ def test_batched_sampling_test_catches_a_biased_verifier(monkeypatch):
 
     monkeypatch.setattr(batch, "verify_sampling", _resample_from_p)
     assert chi2_p_value(*_first_two_tokens()) < P_FAIL
+
+
+def test_steady_state_ends_when_the_queue_runs_dry(tiny_target):
+    """Throughput at B counts only the window in which all B slots were busy."""
+    case = Case([[3, 4, 5]] * 5, [4, 4, 4, 4, 12], [], 0.0)
+    run = batch_generate(tiny_target, None, case, 2, 0)
+    total = sum(map(len, run.outputs))
+    # Requests 0-3 finish two by two; the queue runs dry when request 4's partner finishes, and
+    # request 4 then decodes alone: its tail is not in the steady window.
+    assert 0 < run.steady_tokens < total and run.steady_s > 0
+    assert run.steady_tokens <= total - (12 - 4)
+    # Fewer requests than slots: there is no steady state, the whole run counts.
+    few = batch_generate(tiny_target, None, Case([[3, 4]], [5], [], 0.0), 4, 0)
+    assert few.steady_tokens == 5
