@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 
 from . import __version__
+from .cli_options import Device, Drafts, Dtype, JsonOut, MaxNew, Prompts, Target, Temperature, WorkloadOpt
+from .cli_studies import studies_app
 from .errors import SpecDecError
 from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
 
@@ -23,26 +25,7 @@ app = typer.Typer(
     help="Hardware-aware autotuner for speculative decoding. With no model arguments every command "
     "uses the shipped demo pair (offline, CPU).",
 )
-
-# Options shared by the commands that load models.
-Target = Annotated[
-    str | None,
-    typer.Option(
-        "--target", "-t", help="Target model: folder or HF id in the local cache. Default: demo target."
-    ),
-]
-Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.", envvar="SPECDEC_DEVICE")]
-Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")]
-WorkloadOpt = Annotated[
-    str, typer.Option("--workload", "-w", help="Built-in name (demo-code, general) or a JSONL path.")
-]
-MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per prompt.")]
-Temperature = Annotated[float, typer.Option(help="0 = greedy (exact match with the target).")]
-Prompts = Annotated[
-    int | None,
-    typer.Option("--prompts", help="Use N prompts of the workload, taken round-robin over its categories."),
-]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print a machine-readable result on stdout.")]
+app.add_typer(studies_app, name="studies")
 
 
 def _version(value: bool) -> None:
@@ -139,17 +122,6 @@ def bench(
         from .output.reports import bench_table
 
         console().print(bench_table(result.as_dict()))
-
-
-Drafts = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--draft",
-        "-d",
-        help="Repeatable. A draft model (folder/HF id/demo name), prompt-lookup[:MIN-MAX] or layer-skip:K. "
-        "Default: the demo drafts + prompt-lookup (demo target), prompt-lookup otherwise.",
-    ),
-]
 
 
 @app.command("profile")
@@ -473,68 +445,6 @@ def show(
                     out.print(table)
         for f in r.plots:
             out.print(f"wrote {f}")
-
-
-studies_app = typer.Typer(no_args_is_help=True, help="Inspect and prune the Optuna studies in a storage.")
-app.add_typer(studies_app, name="studies")
-StorageUrl = Annotated[
-    str | None,
-    typer.Option(
-        help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
-    ),
-]
-
-
-@studies_app.command("list")
-def studies_list(storage: StorageUrl = None, json_out: JsonOut = False) -> None:
-    """List the studies: trials by state, best speedup, start time."""
-    with user_errors():
-        from .app.studies import list_studies
-        from .output.studies import studies_table
-
-        rows = list_studies(storage)
-        if json_out:
-            print_json(rows)
-        else:
-            console().print(studies_table(rows))
-
-
-@studies_app.command("show")
-def studies_show(
-    name: Annotated[str, typer.Argument(help="Study name.")],
-    storage: StorageUrl = None,
-    json_out: JsonOut = False,
-) -> None:
-    """Show one study: its settings, final round, lost trials and every trial."""
-    with user_errors():
-        from .app.studies import show_study
-        from .output.studies import study_tables
-
-        info = show_study(name, storage)
-        if json_out:
-            print_json(info)
-            return
-        for table in study_tables(info):
-            console().print(table)
-
-
-@studies_app.command("delete")
-def studies_delete(
-    names: Annotated[list[str] | None, typer.Argument(help="Study names.")] = None,
-    all_studies: Annotated[bool, typer.Option("--all", help="Delete every study in the storage.")] = False,
-    storage: StorageUrl = None,
-    json_out: JsonOut = False,
-) -> None:
-    """Delete studies (their trials and attributes) from the storage."""
-    with user_errors():
-        from .app.studies import delete_studies
-
-        gone = delete_studies(names or [], storage, all_studies)
-        if json_out:
-            print_json({"deleted": gone})
-        else:
-            for n in gone:
-                console().print(f"deleted {n}")
 
 
 def main() -> None:

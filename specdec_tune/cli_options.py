@@ -1,0 +1,46 @@
+"""The typer options several commands share (models, workload, decoding, output)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+# Options shared by the commands that load models.
+Target = Annotated[
+    str | None,
+    typer.Option(
+        "--target", "-t", help="Target model: folder or HF id in the local cache. Default: demo target."
+    ),
+]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.", envvar="SPECDEC_DEVICE")]
+Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")]
+WorkloadOpt = Annotated[
+    str, typer.Option("--workload", "-w", help="Built-in name (demo-code, general) or a JSONL path.")
+]
+MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per prompt.")]
+Temperature = Annotated[float, typer.Option(help="0 = greedy (exact match with the target).")]
+Prompts = Annotated[
+    int | None,
+    typer.Option("--prompts", help="Use N prompts of the workload, taken round-robin over its categories."),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print a machine-readable result on stdout.")]
+
+
+Drafts = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Repeatable. A draft model (folder/HF id/demo name), prompt-lookup[:MIN-MAX] or layer-skip:K. "
+        "Default: the demo drafts + prompt-lookup (demo target), prompt-lookup otherwise.",
+    ),
+]
+
+
+StorageUrl = Annotated[
+    str | None,
+    typer.Option(
+        help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
+    ),
+]
