@@ -72,23 +72,35 @@ class BatchModelDrafter(BatchDrafter):
     def propose(self, seqs, gammas, threshold, temperature, generator):
         kv = self.kv
         rows = [r for r in seqs if gammas[r] > 0]
-        out: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {r: ([], []) for r in seqs}
-        if not rows:
-            return {r: (torch.empty(0, dtype=torch.long, device=kv.device), None) for r in seqs}
-        # First forward: what each row's draft has not seen yet (accepted tokens and the bonus).
-        lengths = kv.lengths.tolist()
-        unseen = {r: seqs[r][lengths[r] :] for r in rows}
-        width = max(len(u) for u in unseen.values())
-        tokens = torch.zeros(kv.rows, width, dtype=torch.long, device=kv.device)
-        counts = torch.zeros(kv.rows, dtype=torch.long, device=kv.device)
-        for r, u in unseen.items():
-            tokens[r, : len(u)] = torch.tensor(u, dtype=torch.long, device=kv.device)
-            counts[r] = len(u)
-        logits = kv.forward(tokens, counts)
-        last = logits[torch.arange(kv.rows, device=kv.device), (counts - 1).clamp_min(0)]
-        running = list(rows)
+        toks: dict[int, list[int]] = {r: [] for r in seqs}
+        qs: dict[int, list[torch.Tensor]] = {r: [] for r in seqs}
+        if rows:
+            # First forward: what each row's draft has not seen yet (accepted tokens, the bonus).
+            lengths = kv.lengths.tolist()
+            unseen = {r: seqs[r][lengths[r] :] for r in rows}
+            width = max(len(u) for u in unseen.values())
+            rows_in = [[0] * width for _ in range(kv.rows)]
+            sizes = [0] * kv.rows
+            for r, u in unseen.items():
+                rows_in[r][: len(u)] = u
+                sizes[r] = len(u)
+            counts = torch.tensor(sizes, dtype=torch.long, device=kv.device)
+            logits = kv.forward(torch.tensor(rows_in, dtype=torch.long, device=kv.device), counts)
+            last = logits[torch.arange(kv.rows, device=kv.device), (counts - 1).clamp_min(0)]
+            self._draft(rows, gammas, last, threshold, temperature, generator, toks, qs)
+        return {
+            r: (
+                torch.tensor(toks[r], dtype=torch.long, device=kv.device),
+                torch.stack(qs[r]) if qs[r] else None,
+            )
+            for r in seqs
+        }
+
+    def _draft(self, running, gammas, last, threshold, temperature, generator, toks, qs) -> None:
+        """One draft token per running row per batched forward, until each row's gamma or stop."""
+        kv = self.kv
         topk10 = threshold > 0.0 and self.threshold_mode == "topk10"
-        for step in range(max(gammas[r] for r in rows)):
+        for step in range(max(gammas[r] for r in running)):
             if topk10:
                 top = last.float().topk(min(10, last.shape[-1]), dim=-1).values
                 sure = (torch.softmax(top, -1)[:, 0] >= threshold).tolist()
@@ -101,19 +113,16 @@ class BatchModelDrafter(BatchDrafter):
             else:
                 probs = torch.softmax(last.float() / temperature, -1)
                 picked = torch.multinomial(probs, 1, generator=generator).view(-1)
+            picked_list = picked.tolist()
+            # HF semantics: the unsure token is still proposed, drafting stops after it.
+            hf_stop = not topk10 and probs is not None and threshold > 0.0
+            conf = probs.gather(1, picked.view(-1, 1)).view(-1).tolist() if hf_stop else None
             still = []
             for r in running:
-                out[r][0].append(picked[r : r + 1])
+                toks[r].append(picked_list[r])
                 if temperature > 0.0:
-                    out[r][1].append(probs[r])
-                # HF semantics: the unsure token is still proposed, drafting stops after it.
-                unsure = (
-                    not topk10
-                    and probs is not None
-                    and threshold > 0.0
-                    and float(probs[r, picked[r]]) < threshold
-                )
-                if step + 1 < gammas[r] and not unsure:
+                    qs[r].append(probs[r])
+                if step + 1 < gammas[r] and not (hf_stop and conf[r] < threshold):
                     still.append(r)
             running = still
             if not running:
@@ -121,12 +130,6 @@ class BatchModelDrafter(BatchDrafter):
             counts = torch.zeros(kv.rows, dtype=torch.long, device=kv.device)
             counts[running] = 1
             last = kv.forward(picked.view(-1, 1), counts)[:, 0]
-        result = {}
-        for r in seqs:
-            toks, qs = out[r]
-            draft = torch.cat(toks) if toks else torch.empty(0, dtype=torch.long, device=kv.device)
-            result[r] = (draft, torch.stack(qs) if qs else None)
-        return result
 
     def commit(self, row: int, valid_len: int) -> None:
         if int(self.kv.lengths[row]) > valid_len:
@@ -268,34 +271,39 @@ def batch_generate(
             drafts = drafter.propose(
                 {r: row.seq for r, row in active.items()}, allowed, threshold, temperature, generator
             )
-        width = 1 + max((d.numel() for d, _ in drafts.values()), default=0)
-        tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)
-        counts = torch.zeros(batch_size, dtype=torch.long, device=device)
+        # The step's input built in Python and sent once: per-row tensor writes cost more than
+        # the rows' whole bookkeeping.
+        proposed = {r: d.tolist() for r, (d, _) in drafts.items()}
+        width = 1 + max(map(len, proposed.values()), default=0)
+        rows_in = [[0] * width for _ in range(batch_size)]
+        sizes = [0] * batch_size
         for r, row in active.items():
-            tokens[r, 0] = row.seq[-1]
-            k = drafts[r][0].numel() if speculate else 0
-            if k:
-                tokens[r, 1 : k + 1] = drafts[r][0]
-            counts[r] = k + 1
+            d = proposed.get(r, [])
+            rows_in[r][0] = row.seq[-1]
+            rows_in[r][1 : 1 + len(d)] = d
+            sizes[r] = len(d) + 1
+        tokens = torch.tensor(rows_in, dtype=torch.long, device=device)
+        counts = torch.tensor(sizes, dtype=torch.long, device=device)
+        held = kv.lengths.tolist()  # each row's length before this step
         logits = kv.forward(tokens, counts)
         steps += 1
-        best = logits.argmax(-1) if temperature == 0.0 else None
-        if best is not None and width > 1:
-            match = (best[:, : width - 1] == tokens[:, 1:]).long().cumprod(1)
-            accepted = match.sum(1).tolist()
-        keep = kv.lengths - counts  # each row's length before this step
-        best_list = best.tolist() if best is not None else None
+        if temperature == 0.0:
+            best = logits.argmax(-1)
+            if width > 1:
+                accepted = (best[:, : width - 1] == tokens[:, 1:]).long().cumprod(1).sum(1).tolist()
+            best_list = best.tolist()
+        keep = list(held)
         for r, row in active.items():
-            k = int(counts[r]) - 1
+            k = sizes[r] - 1
             if temperature == 0.0:
                 n = min(accepted[r], k) if width > 1 else 0
-                new = [*tokens[r, 1 : n + 1].tolist(), best_list[r][n]]
+                new = [*rows_in[r][1 : n + 1], best_list[r][n]]
             else:
                 draft, q = drafts[r] if speculate else (tokens[r, 1:1], None)
                 n, new = verify_sampling(logits[r, : k + 1], draft, q, temperature, generator)
             row.steps.append((allowed[r], k, n))
             emitted_before = len(row.out)
-            keep[r] += n + 1  # last + the accepted drafts; the new last token is not cached
+            keep[r] = held[r] + n + 1  # last + the accepted drafts; the new last token is not cached
             before = len(row.seq)
             done = False
             for t in new:
@@ -309,11 +317,12 @@ def batch_generate(
                 finish(r, row)
             elif speculate:
                 drafter.commit(r, before + n)
-        # Refilled rows were prefilled after `keep` was taken: leave their fresh length alone.
+        # Refilled rows were prefilled after `held` was read: leave their fresh length alone.
+        lengths = kv.lengths.tolist()
         for r, row in enumerate(rows):
-            if row is None or len(row.out) == 0:
-                keep[r] = kv.lengths[r]
-        kv.truncate(keep)
+            if row is None or not row.out:
+                keep[r] = lengths[r]
+        kv.truncate(torch.tensor(keep, dtype=torch.long, device=device))
         if steady is None and full and not all(rows) and any(rows):
             steady = (emitted, time.perf_counter() - started)
     if steady is None or steady[0] == 0:
