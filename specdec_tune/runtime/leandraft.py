@@ -180,12 +180,21 @@ class LeanLlamaRows(LeanLlama):
         end = int((lengths + counts).max())
         if max(end, int(pos.max()) + 1) > self.k.shape[3]:
             self._alloc(max(2 * self.k.shape[3], end, int(pos.max()) + 1))
-        real = torch.arange(t, device=self.device)[None, :] < counts[:, None]
-        rows_idx, steps_idx = real.nonzero(as_tuple=True)
-        at = pos[rows_idx, steps_idx]
-        cache_rows = rows[rows_idx]
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, T, head_dim)
-        mask = torch.arange(end, device=self.device)[None, None, :] <= pos[:, :, None]  # (B, T, end)
+        one = b == 1 and int(counts[0]) == t  # one row, every token real: plain slices do
+        if one:
+            row, start = int(rows[0]), int(lengths[0])
+            cos, sin = self.cos[start:end][None, None], self.sin[start:end][None, None]
+            # One new token attends to everything before it: no mask (as LeanLlama).
+            mask = None if t == 1 else torch.arange(end, device=self.device)[None, :] <= pos[0][:, None]
+        else:
+            real = torch.arange(t, device=self.device)[None, :] < counts[:, None]
+            rows_idx, steps_idx = real.nonzero(as_tuple=True)
+            at = pos[rows_idx, steps_idx]
+            cache_rows = rows[rows_idx]
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, T, head_dim)
+            mask = torch.arange(end, device=self.device)[None, None, :] <= pos[:, :, None]  # (B, T, end)
+        if mask is not None:
+            mask = mask[:, None] if mask.dim() == 3 else mask
         x = F.embedding(tokens, self.embed)  # (B, T, hidden)
         nh, nkv, hd, eps = self.n_heads, self.n_kv, self.head_dim, self.eps
         for i, (w_in, wq, wk, wv, wo, w_post, wg, wu, wd) in enumerate(self.layers):
@@ -193,13 +202,16 @@ class LeanLlamaRows(LeanLlama):
             q = self._rope(F.linear(h, wq).view(b, t, nh, hd).transpose(1, 2), cos, sin)
             k = self._rope(F.linear(h, wk).view(b, t, nkv, hd).transpose(1, 2), cos, sin)
             v = F.linear(h, wv).view(b, t, nkv, hd).transpose(1, 2)
-            self.k[i, cache_rows, :, at] = k[rows_idx, :, steps_idx]
-            self.v[i, cache_rows, :, at] = v[rows_idx, :, steps_idx]
-            keys = self.k[i, :, :, :end] if select is None else self.k[i, rows, :, :end]
-            values = self.v[i, :, :, :end] if select is None else self.v[i, rows, :, :end]
-            attn = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[:, None], enable_gqa=nkv != nh
-            )
+            if one:
+                self.k[i, row, :, start:end] = k[0]
+                self.v[i, row, :, start:end] = v[0]
+                keys, values = self.k[i, row : row + 1, :, :end], self.v[i, row : row + 1, :, :end]
+            else:
+                self.k[i, cache_rows, :, at] = k[rows_idx, :, steps_idx]
+                self.v[i, cache_rows, :, at] = v[rows_idx, :, steps_idx]
+                keys = self.k[i, :, :, :end] if select is None else self.k[i, rows, :, :end]
+                values = self.v[i, :, :, :end] if select is None else self.v[i, rows, :, :end]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, t, nh * hd), wo)
             h = F.rms_norm(x, (x.shape[-1],), w_post, eps)
             x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
