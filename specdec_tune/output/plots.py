@@ -172,6 +172,17 @@ def _plot_predicted(ax: Any, p: Profile) -> Labels | None:
         for r in [p.best, *p.alternatives]
         if r.metrics.predicted_speedup is not None
     ]
+    # Each batch size's best config, predicted at that batch size from the cost surface.
+    points += [
+        (
+            row.best.metrics.predicted_speedup,
+            row.best.metrics.speedup,
+            f"B={row.batch_size}: {row.best.config.label}",
+            False,
+        )
+        for row in p.batch_table
+        if row.batch_size != 1 and row.best.metrics.predicted_speedup is not None
+    ]
     if not points:
         return None
     for pred, meas, label, is_best in points:
