@@ -28,3 +28,9 @@ def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def add_columns(table: Table, columns: list[tuple[str, str]]) -> None:
+    """Columns by (name, justify)."""
+    for name, justify in columns:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]

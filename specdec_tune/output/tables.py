@@ -15,7 +15,7 @@ from rich.text import Text
 from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
-from .fmt import kv_table, num, times, unit, vec
+from .fmt import add_columns, kv_table, num, times, unit, vec
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -58,16 +58,18 @@ def render_profile(profile: Profile, console: Console) -> None:
 def batch_table(p: Profile) -> Table:
     """The best config per batch size (closed loop, B requests in flight), B* and the surface's story."""
     t = Table(title="Batch sizes (speedup over plain batched decoding at the same B)", title_justify="left")
-    for name, justify in [
-        ("B", "right"),
-        ("best config", "left"),
-        ("speedup", "right"),
-        ("tok/s", "right"),
-        ("plain tok/s", "right"),
-        ("predicted", "right"),
-        ("each draft at its best γ", "left"),
-    ]:
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    add_columns(
+        t,
+        [
+            ("B", "right"),
+            ("best config", "left"),
+            ("speedup", "right"),
+            ("tok/s", "right"),
+            ("plain tok/s", "right"),
+            ("predicted", "right"),
+            ("each draft at its best γ", "left"),
+        ],
+    )
     for row in p.batch_table:
         m = row.best.metrics
         drafts = ", ".join(
@@ -121,17 +123,19 @@ def _best_table(p: Profile) -> Table:
 
 def _results_table(title: str, results: list[Result]) -> Table:
     t = Table(title=title, title_justify="left")
-    for name, justify in [
-        ("#", "right"),
-        ("config", "left"),
-        ("speedup", "right"),
-        ("tokens/s", "right"),
-        ("α", "right"),
-        ("τ", "right"),
-        ("predicted", "right"),
-        ("measured in", "left"),
-    ]:
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    add_columns(
+        t,
+        [
+            ("#", "right"),
+            ("config", "left"),
+            ("speedup", "right"),
+            ("tokens/s", "right"),
+            ("α", "right"),
+            ("τ", "right"),
+            ("predicted", "right"),
+            ("measured in", "left"),
+        ],
+    )
     for i, r in enumerate(results, 1):
         m = r.metrics
         t.add_row(
@@ -229,15 +233,17 @@ def _costs_tables(c: Costs) -> list[Table]:
         tables.append(surface)
     if c.drafts:
         drafts = Table(title="Drafters (cost and acceptance per position)", title_justify="left")
-        for name, justify in [
-            ("draft", "left"),
-            ("T_draft ms", "right"),
-            ("c", "right"),
-            ("α", "right"),
-            ("acceptance by position", "left"),
-            ("predicted best", "right"),
-        ]:
-            drafts.add_column(name, justify=justify)  # type: ignore[arg-type]
+        add_columns(
+            drafts,
+            [
+                ("draft", "left"),
+                ("T_draft ms", "right"),
+                ("c", "right"),
+                ("α", "right"),
+                ("acceptance by position", "left"),
+                ("predicted best", "right"),
+            ],
+        )
         for d in c.drafts:
             curve_points = CostModel(c).curve(d.name)
             if curve_points:
