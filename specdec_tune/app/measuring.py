@@ -30,6 +30,8 @@ class BenchResult:
     device: str
     measurement: Any  # measure.bench.Measurement
     hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
+    # per category of the workload (batch 1, two categories or more): acceptance and speedup
+    categories: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("target", "draft", "gamma", "threshold", "temperature")}
@@ -37,6 +39,8 @@ class BenchResult:
         d |= self.measurement.as_dict()
         if self.hf is not None:
             d["hf"] = self.hf
+        if self.categories:
+            d["categories"] = self.categories
         return d
 
 
@@ -50,6 +54,7 @@ def bench(
     compare_hf: bool = False,
     save_outputs: Path | None = None,
     batch_size: int | None = None,
+    per_category: bool = True,
 ) -> BenchResult:
     """Measure one config against the plain target, timed in the same run.
 
@@ -68,12 +73,17 @@ def bench(
             )
     s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
     spec = s.specs[0]
+    categories = None
     if batch_size is None:
         from ..measure.bench import measure
         from ..runtime.drafters import build_drafter
 
         drafter = build_drafter(spec, s.target.model, s.draft_modules)
         m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+        if per_category:
+            from .categories import bench_categories
+
+            categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
         from ..runtime.batch import build_batch_drafter
@@ -109,6 +119,7 @@ def bench(
         s.device,
         m,
         hf,
+        categories,
     )
 
 

@@ -73,8 +73,8 @@ def _parse_hybrid(text: str) -> DraftSpec:
         raise SpecDecError(f"bad hybrid draft '{text}': one component must be prompt-lookup; {HYBRID_HELP}")
     lookup = parse_draft(lookups[0])
     other = next(p for p in parts if p is not lookups[0])
-    known_model = other in DEMO_DRAFTS or Path(other).expanduser().is_dir() or re.fullmatch(
-        r"[\w.-]+/[\w.-]+", other
+    known_model = (
+        other in DEMO_DRAFTS or Path(other).expanduser().is_dir() or re.fullmatch(r"[\w.-]+/[\w.-]+", other)
     )
     if not (LAYER_SKIP_RE.match(other) or known_model):
         raise SpecDecError(f"bad hybrid draft '{text}': unknown component '{other}'; {HYBRID_HELP}")

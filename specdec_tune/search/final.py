@@ -128,8 +128,7 @@ def _measure(
         else:
             b = settings.batch_size
             batched = [
-                BatchEntry(_maker(pool, r.config, b), r.config.gamma, r.config.threshold)
-                for r in finalists
+                BatchEntry(_maker(pool, r.config, b), r.config.gamma, r.config.threshold) for r in finalists
             ]
             ms = measure_batched_many(
                 pool.target, batched, case, b, settings.final_repeats, seed=settings.seed

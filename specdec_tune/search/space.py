@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..domain import GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
-from ..engines import engine_info, tunes_threshold
+from ..engines import engine_info, gamma_policies_for, tunes_threshold
 from ..errors import SpecDecError
 from ..limits import check_count, check_gamma, threshold_ok
 from .costmodel import CostModel
@@ -64,11 +64,10 @@ class TuneSettings:
         check_count(self.batch_size, "batch size")
         bad = [p for p in self.gamma_policies if p not in GAMMA_POLICIES]
         if bad or not self.gamma_policies:
-            raise SpecDecError(
-                f"unknown gamma policy '{(bad or [''])[0]}': use {', '.join(GAMMA_POLICIES)}"
-            )
+            raise SpecDecError(f"unknown gamma policy '{(bad or [''])[0]}': use {', '.join(GAMMA_POLICIES)}")
         if self.engine is not None:
             self.engine = engine_info(self.engine).key
+            self.gamma_policies = gamma_policies_for(self.engine, tuple(self.gamma_policies))
         check_count(self.heartbeat_s, "heartbeat interval")
         if self.grace_s <= self.heartbeat_s:
             raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
