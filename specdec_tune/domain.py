@@ -48,6 +48,8 @@ class DraftSpec:
             return f"{self.name} (n={self.ngram_min}..{self.ngram_max}{policy})"
         if self.kind == "layer_skip":
             return f"{self.name} ({self.layers} layers)"
+        if self.kind == "hybrid":
+            return f"{self.name} (lookup n={self.ngram_min}..{self.ngram_max})"
         return self.name
 
     @property

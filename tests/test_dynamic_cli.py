@@ -30,11 +30,11 @@ def test_hybrid_draft_syntax():
         "hybrid:prompt-lookup+draft-1l",
         "hybrid",
         "draft-1l",
-        1,
+        2,
         3,
     )
-    s = parse_draft("hybrid:layer-skip:2+prompt-lookup:2-4")
-    assert (s.name, s.layers, s.ngram_min) == ("hybrid:prompt-lookup:2-4+layer-skip-2", 2, 2)
+    s = parse_draft("hybrid:layer-skip:2+prompt-lookup:1-4")
+    assert (s.name, s.layers, s.ngram_min) == ("hybrid:prompt-lookup:1-4+layer-skip-2", 2, 1)
     assert parse_draft("hybrid:prompt-lookup+org/model").path == "org/model"
 
 
