@@ -280,3 +280,17 @@ def test_run_with_hybrid_policies_and_per_category_end_to_end(tiny_dirs, two_cat
     shown = invoke("show", out)
     assert shown.exit_code == 0 and "Per category" in shown.stdout
     assert invoke("export", out, "--to", "hf").exit_code in (0, 5)
+
+
+def test_policy_drafter_wraps_only_adaptive_configs():
+    from specdec_tune.runtime.drafters import PromptLookupDrafter
+    from specdec_tune.runtime.policies import BatchPolicyDrafter, PolicyDrafter
+    from specdec_tune.search.policymodel import policy_drafter
+
+    d = PromptLookupDrafter(1, 3)
+    spec = parse_draft("prompt-lookup")
+    assert policy_drafter(d, Config(spec, 4, 0.0)) is d
+    assert isinstance(policy_drafter(d, Config(spec, 4, 0.0, "heuristic")), PolicyDrafter)
+    assert isinstance(policy_drafter(d, Config(spec, 4, 0.0, "heuristic"), batch_size=2), BatchPolicyDrafter)
+    with pytest.raises(SpecDecError, match="costs"):
+        policy_drafter(d, Config(spec, 4, 0.0, "costmodel"))

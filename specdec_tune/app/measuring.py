@@ -73,6 +73,8 @@ def bench(
             )
     s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
     spec = s.specs[0]
+    if compare_hf and spec.kind == "hybrid":
+        raise SpecDecError("--compare-hf: transformers has no hybrid drafter to compare with")
     categories = None
     if batch_size is None:
         from ..measure.bench import measure
@@ -186,6 +188,7 @@ def check(
     from ..output.check import judge, junit_xml, speedup_floor
     from ..runtime.drafters import build_drafter
     from ..runtime.models import content_hash_like
+    from ..search.policymodel import policy_drafter
     from ..store.atomic import atomic_write_text
     from ..store.refs import resolve_ref, target_ref
     from ..store.yamlio import load_profile
@@ -223,8 +226,8 @@ def check(
             f"workload '{p.workload.name}' has changed since the profile was made "
             f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
         )
-    drafter = build_drafter(spec, s.target.model, s.draft_modules)
     cfg = p.best.config
+    drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
     m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
     again = None
     if m.metrics.speedup < floor:

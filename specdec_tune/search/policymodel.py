@@ -82,3 +82,21 @@ def predict_policy(model: Any, draft: str, gamma_max: int, policy: str, batch_si
     step = float(costs.step_overhead_ms or 0.0)
     ms = sum(p * (g * t_draft + verify_cost_ms(verify, g) + step) for g, p in enumerate(dist, 1))
     return (t_target + float(costs.loop_overhead_ms or 0.0)) * tokens / ms
+
+
+def policy_drafter(drafter: Any, config: Any, costs: Any = None, batch_size: int | None = None) -> Any:
+    """`drafter` wrapped in `config`'s gamma policy (itself for "fixed"); the costmodel policy's
+    table comes from `costs` (batch 1 when `batch_size` is None)."""
+    if config.gamma_policy == "fixed" or drafter is None:
+        return drafter
+    from ..runtime.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
+
+    table, prior = None, 0.5
+    d = costs.draft(config.draft.name) if costs is not None else None
+    if d is not None:
+        table = gamma_table(costs, d.name, config.gamma, batch_size or 1)
+        prior = d.acceptance_rate
+    make = make_policy(config.gamma_policy, config.gamma, table, prior)
+    return (
+        PolicyDrafter(drafter, make) if batch_size is None else BatchPolicyDrafter(drafter, make, batch_size)
+    )

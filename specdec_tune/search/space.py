@@ -62,6 +62,7 @@ class TuneSettings:
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
         check_count(self.batch_size, "batch size")
+        self.gamma_policies = tuple(self.gamma_policies)  # a list when read back from JSON
         bad = [p for p in self.gamma_policies if p not in GAMMA_POLICIES]
         if bad or not self.gamma_policies:
             raise SpecDecError(f"unknown gamma policy '{(bad or [''])[0]}': use {', '.join(GAMMA_POLICIES)}")

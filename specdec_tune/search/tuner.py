@@ -79,20 +79,9 @@ class DrafterPool:
 
     def for_config(self, config: Any, batch_size: int | None = None) -> Any:
         """The drafter of `config`, wrapped in its gamma policy when that is not fixed."""
-        drafter = self.get(config.draft.name, batch_size)
-        if config.gamma_policy == "fixed":
-            return drafter
-        from ..runtime.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
-        from .policymodel import gamma_table
+        from .policymodel import policy_drafter
 
-        table, prior = None, 0.5
-        if self.costs is not None and self.costs.draft(config.draft.name) is not None:
-            table = gamma_table(self.costs, config.draft.name, config.gamma, batch_size or 1)
-            prior = self.costs.draft(config.draft.name).acceptance_rate
-        make = make_policy(config.gamma_policy, config.gamma, table, prior)
-        if batch_size is None:
-            return PolicyDrafter(drafter, make)
-        return BatchPolicyDrafter(drafter, make, batch_size)
+        return policy_drafter(self.get(config.draft.name, batch_size), config, self.costs, batch_size)
 
     @staticmethod
     def free_device_memory() -> None:
