@@ -165,6 +165,7 @@ class BatchHybridDrafter:
 
     def __init__(self, lookup: Any, drafter: Any, rows: int, name: str, model_name: str) -> None:
         self.lookup, self.drafter, self.name, self.model_name = lookup, drafter, name, model_name
+        self.kv = drafter.kv  # the model part's rows (measure.surface sizes its probe by it)
         self.counts = SourceCounts()
         self._pending: dict[int, tuple[int, int, int]] = {}
 
