@@ -280,6 +280,12 @@ def test_run_with_hybrid_policies_and_per_category_end_to_end(tiny_dirs, two_cat
     shown = invoke("show", out)
     assert shown.exit_code == 0 and "Per category" in shown.stdout
     assert invoke("export", out, "--to", "hf").exit_code in (0, 5)
+    # `check` re-measures a hybrid with its gamma policy (0 pass or 1 regression, never a crash)
+    hybrid = next(r for r in [p.best, *p.alternatives] if r.config.draft.kind == "hybrid")
+    hybrid.config.gamma_policy = "costmodel"
+    save_profile(dataclasses.replace(p, best=hybrid), out)
+    checked = invoke("check", out, "--repeats", "1", "--allow-other-hardware")
+    assert checked.exit_code in (0, 1), checked.output
 
 
 def test_policy_drafter_wraps_only_adaptive_configs():
