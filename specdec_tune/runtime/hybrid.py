@@ -113,13 +113,10 @@ class HybridDrafter(Drafter):
         look, _ = self.lookup.propose(seq, gamma, threshold, temperature, generator)
         look = look.to(self.device)
         m = look.numel()
-        cont, q = (
-            self.drafter.propose(
-                seq + look.tolist() if m else seq, gamma - m, threshold, temperature, generator
-            )
-            if gamma > m
-            else (look[:0], None)
-        )
+        cont, q = look[:0], None
+        if gamma > m:  # the model drafts on from the lookup's last token, or from seq without a match
+            ext = seq + look.tolist() if m else seq
+            cont, q = self.drafter.propose(ext, gamma - m, threshold, temperature, generator)
         self._pending = (len(seq), m, cont.numel())
         return torch.cat((look, cont)), mixed_q(look, q, temperature)
 
