@@ -102,6 +102,13 @@ def bench(
             "both sides use the batched engine. Default: one request at a time.",
         ),
     ] = None,
+    per_category: Annotated[
+        bool,
+        typer.Option(
+            "--per-category/--no-per-category",
+            help="On a workload with categories (e.g. general), also measure each category (batch 1).",
+        ),
+    ] = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -114,14 +121,30 @@ def bench(
         models = _models(target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt)
         with spinner("measuring…", json_out):
             result = api.bench(
-                models, draft, gamma, threshold, repeats, seed, compare_hf, save_outputs, batch_size
+                models,
+                draft,
+                gamma,
+                threshold,
+                repeats,
+                seed,
+                compare_hf,
+                save_outputs,
+                batch_size,
+                per_category,
             )
         if json_out:
             print_json(result.as_dict())
             return
+        from .output.categories import bench_categories_table, per_source_table
         from .output.reports import bench_table
 
         console().print(bench_table(result.as_dict()))
+        for extra in (
+            per_source_table(result.measurement.metrics),
+            bench_categories_table(result.categories or []),
+        ):
+            if extra is not None:
+                console().print(extra)
 
 
 @app.command("profile")
@@ -252,6 +275,22 @@ def run(
             help="hf, vllm, llamacpp or sglang: search only configs that engine can run, with its policies.",
         ),
     ] = None,
+    gamma_policies: Annotated[
+        str,
+        typer.Option(
+            "--gamma-policies",
+            help="Comma-separated per-step γ policies to search: fixed, heuristic (transformers' +2/−1), "
+            "costmodel (γ from the running acceptance and the measured costs); γ is their maximum.",
+        ),
+    ] = "fixed",
+    per_category: Annotated[
+        bool,
+        typer.Option(
+            "--per-category",
+            help="After the search, measure the top configs on each category's prompts and add the "
+            "per-category table to the profile (needs a workload with categories, e.g. general).",
+        ),
+    ] = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: JsonOut = False,
@@ -280,8 +319,13 @@ def run(
             heartbeat_s=heartbeat,
             grace_s=grace,
             engine=for_engine,
+            gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
         )
         models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
+        if per_category:
+            from .app.categories import check_categories
+
+            check_categories(models)
         with CliProgress(json_out, "loading", 1.0) as progress:
             from .app.workers import tune_workers
 
@@ -297,6 +341,12 @@ def run(
                 sizes,
                 budget or None,
             )
+            if per_category:
+                from .app.categories import per_category as measure_categories
+
+                o.profile = measure_categories(
+                    models, o.path, repeats=max(2, repeats), seed=seed, progress=progress
+                )
         if json_out:
             print_json(
                 {"profile": str(o.path), "trials_csv": str(o.trials_csv), **profile_to_dict(o.profile)}
@@ -305,6 +355,11 @@ def run(
         from .output.reports import run_summary
 
         run_summary(console(), o.profile, o.result)
+        from .output.categories import category_table
+
+        table = category_table(o.profile)
+        if table is not None:
+            console().print(table)
         console().print(f"wrote {o.path} and {o.trials_csv}")
 
 
@@ -440,6 +495,11 @@ def show(
             tables.render_compare(r.profile, r.other, out)
         else:
             tables.render_profile(r.profile, out)
+            from .output.categories import category_table, per_source_table
+
+            for extra in (per_source_table(r.profile.best.metrics), category_table(r.profile)):
+                if extra is not None:
+                    out.print(extra)
             if r.trials is not None:
                 for table in tables.trials_tables(r.trials):
                     out.print(table)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip")
-# Drafters with a confidence to threshold (prompt lookup has none).
-THRESHOLD_KINDS = ("model", "layer_skip")
+DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip", "hybrid")
+# Drafters with a confidence to threshold (prompt lookup has none; a hybrid's model part has one).
+THRESHOLD_KINDS = ("model", "layer_skip", "hybrid")
+# How gamma is chosen per step (runtime/policies.py): fixed, transformers' heuristic, the cost model.
+GAMMA_POLICIES = ("fixed", "heuristic", "costmodel")
 # Engine policies a drafter can be measured with (see engines.py). Prompt lookup: which earlier
 # occurrence of the n-gram is continued; confidence stop: which probability the threshold compares.
 LOOKUP_MATCHES = ("latest", "earliest")  # latest: this tool's default and llama.cpp; earliest: HF, vLLM
@@ -24,7 +26,9 @@ class DraftSpec:
 
     kind: "none" (plain target, gamma 0), "model" (a separate draft model at `path`),
     "prompt_lookup" (n-gram lookup, `ngram_min`..`ngram_max`), "layer_skip" (the target's first
-    `layers` layers as the draft).
+    `layers` layers as the draft), "hybrid" (prompt lookup, then a draft model where the lookup has
+    nothing: `ngram_*` and `lookup_match` for the lookup, `path` or `layers` for the model; named
+    "hybrid:prompt-lookup+<model>").
     """
 
     name: str
@@ -44,6 +48,8 @@ class DraftSpec:
             return f"{self.name} (n={self.ngram_min}..{self.ngram_max}{policy})"
         if self.kind == "layer_skip":
             return f"{self.name} ({self.layers} layers)"
+        if self.kind == "hybrid":
+            return f"{self.name} (lookup n={self.ngram_min}..{self.ngram_max})"
         return self.name
 
     @property
@@ -61,6 +67,7 @@ class Config:
     draft: DraftSpec
     gamma: int
     threshold: float = 0.0
+    gamma_policy: str = "fixed"  # GAMMA_POLICIES; gamma is the most a non-fixed policy drafts
 
     @property
     def label(self) -> str:
@@ -71,12 +78,16 @@ class Config:
         # prompt lookup has no confidence to threshold, so t= would only be noise there
         if self.draft.kind != "prompt_lookup" or self.threshold > 0:
             text += f" t={self.threshold:.2f}"
+        if self.gamma_policy != "fixed":
+            text += f" {self.gamma_policy}"
         return text
 
     @property
-    def key(self) -> tuple[str, int, float]:
-        """(draft name, gamma, threshold rounded): equal for configs that measure the same thing."""
-        return (self.draft.name, self.gamma, round(self.threshold, 4))
+    def key(self) -> tuple:
+        """(draft name, gamma, threshold rounded[, gamma policy when not fixed]): equal for configs
+        that measure the same thing."""
+        key: tuple = (self.draft.name, self.gamma, round(self.threshold, 4))
+        return key if self.gamma_policy == "fixed" else (*key, self.gamma_policy)
 
 
 @dataclass
@@ -95,6 +106,8 @@ class Metrics:
     # Set when the final round re-measured this config: its speedup in the search trial, which
     # the final-round `speedup` above replaces (the search value of a winner is biased upwards).
     search_speedup: float | None = None
+    # A hybrid drafter's counters per source: {source: {proposed, accepted, acceptance_rate, share}}
+    per_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +120,8 @@ class Metrics:
         if "repeats" in kwargs:  # a table column with gaps holds floats
             kwargs["repeats"] = int(kwargs["repeats"])
         kwargs["per_position_acceptance"] = list(kwargs.get("per_position_acceptance") or [])
+        if not isinstance(kwargs.get("per_source"), dict):  # absent, or NaN in a trials table
+            kwargs["per_source"] = {}
         return cls(**kwargs)
 
 

@@ -24,13 +24,23 @@ class Engine:
     threshold_mode: str | None  # what its confidence stop compares (domain.THRESHOLD_MODES); None: none
     lookup_match: str | None  # which earlier n-gram occurrence its prompt lookup continues
     lookup_ngrams: str | None  # "down_to_1" (n = max..1), "range" (min..max), "single" (one n)
+    # per draft kind, the per-step gamma policies besides "fixed" it runs (domain.GAMMA_POLICIES)
+    gamma_policies: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 ENGINE_INFO = {
     # transformers: assistant_confidence_threshold on the full softmax, the unsure token proposed;
     # PromptLookupCandidateGenerator tries n = max..1 and takes the first match left to right.
+    # Its num_assistant_tokens_schedule="heuristic" (+2 / -1) adapts the assistant's and the
+    # early-exit draft's length, not prompt lookup's.
     "hf": Engine(
-        "hf", "HF transformers", ("model", "prompt_lookup", "layer_skip"), "hf", "earliest", "down_to_1"
+        "hf",
+        "HF transformers",
+        ("model", "prompt_lookup", "layer_skip"),
+        "hf",
+        "earliest",
+        "down_to_1",
+        {"model": ("heuristic",), "layer_skip": ("heuristic",)},
     ),
     # vLLM: no threshold; the ngram proposer keeps the longest match in [min, max], earliest position.
     "vllm": Engine("vllm", "vLLM", ("model", "prompt_lookup"), None, "earliest", "range"),
@@ -70,6 +80,11 @@ def blockers(config: Config, engine: str) -> list[str]:
     d = config.draft
     if d.kind == "none":
         return []
+    if d.kind == "hybrid":
+        return [f"{e.display} has no hybrid drafter (prompt lookup, then a draft model, in one step)"]
+    policy = config.gamma_policy
+    if policy != "fixed" and policy not in e.gamma_policies.get(d.kind, ()):
+        return [f"{e.display} has no per-step γ policy like '{policy}' for {d.kind.replace('_', ' ')}"]
     if d.kind not in e.kinds:
         if d.kind == "layer_skip":
             return [f"{e.display} has no layer-skip self-speculation"]
@@ -91,6 +106,13 @@ def blockers(config: Config, engine: str) -> list[str]:
                 f"{_MODE_TEXT[e.threshold_mode]}, so the same number stops drafting elsewhere"
             ]
     return []
+
+
+def gamma_policies_for(engine: str, policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The policies of `policies` that `engine` runs for some draft kind ("fixed" always)."""
+    e = engine_info(engine)
+    runs = {p for kinds in e.gamma_policies.values() for p in kinds} | {"fixed"}
+    return tuple(p for p in policies if p in runs) or ("fixed",)
 
 
 def restrict(specs: list[DraftSpec], engine: str) -> tuple[list[DraftSpec], list[str]]:

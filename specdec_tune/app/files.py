@@ -51,7 +51,9 @@ def show(
     df = read_trials(csv) if csv is not None else None
     written = []
     if plot is not None:
+        from ..output.categories import write_category_plot
         from ..output.plots import write_plots
 
         written = write_plots(p, plot, csv)
+        written += [f for f in [write_category_plot(p, plot)] if f is not None]
     return ShowResult(p, other, df, written)

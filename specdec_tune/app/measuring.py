@@ -30,6 +30,8 @@ class BenchResult:
     device: str
     measurement: Any  # measure.bench.Measurement
     hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
+    # per category of the workload (batch 1, two categories or more): acceptance and speedup
+    categories: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("target", "draft", "gamma", "threshold", "temperature")}
@@ -37,6 +39,8 @@ class BenchResult:
         d |= self.measurement.as_dict()
         if self.hf is not None:
             d["hf"] = self.hf
+        if self.categories:
+            d["categories"] = self.categories
         return d
 
 
@@ -50,6 +54,7 @@ def bench(
     compare_hf: bool = False,
     save_outputs: Path | None = None,
     batch_size: int | None = None,
+    per_category: bool = True,
 ) -> BenchResult:
     """Measure one config against the plain target, timed in the same run.
 
@@ -68,12 +73,19 @@ def bench(
             )
     s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
     spec = s.specs[0]
+    if compare_hf and spec.kind == "hybrid":
+        raise SpecDecError("--compare-hf: transformers has no hybrid drafter to compare with")
+    categories = None
     if batch_size is None:
         from ..measure.bench import measure
         from ..runtime.drafters import build_drafter
 
         drafter = build_drafter(spec, s.target.model, s.draft_modules)
         m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+        if per_category:
+            from .categories import bench_categories
+
+            categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
         from ..runtime.batch import build_batch_drafter
@@ -109,6 +121,7 @@ def bench(
         s.device,
         m,
         hf,
+        categories,
     )
 
 
@@ -177,6 +190,7 @@ def check(
     from ..output.check import judge, junit_xml, speedup_floor
     from ..runtime.drafters import build_drafter
     from ..runtime.models import content_hash_like
+    from ..search.policymodel import policy_drafter
     from ..store.atomic import atomic_write_text
     from ..store.refs import resolve_ref, target_ref
     from ..store.yamlio import load_profile
@@ -226,8 +240,8 @@ def check(
         )
     weights = content_hash_like(p.target.content_hash, s.target.path)
     if batch_size is None:
-        drafter = build_drafter(spec, s.target.model, s.draft_modules)
         cfg = p.best.config
+        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
         m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
         again = None
         if m.metrics.speedup < floor:
@@ -269,6 +283,7 @@ def judge_batch_rows(
     from ..output.check import CheckItem, judge_config
     from ..runtime.batch import build_batch_drafter
     from ..runtime.drafters import build_drafter
+    from ..search.policymodel import policy_drafter
 
     report = CheckReport(profile=path, config="")
     if with_weights:
@@ -281,9 +296,11 @@ def judge_batch_rows(
 
         def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b) -> Any:
             if b == 1:
-                drafter = build_drafter(spec, s.target.model, s.draft_modules)
+                drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
                 return measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed)
-            make = lambda: build_batch_drafter(spec, s.target.model, s.draft_modules, b)  # noqa: E731
+            make = lambda: policy_drafter(  # noqa: E731
+                build_batch_drafter(spec, s.target.model, s.draft_modules, b), cfg, p.costs, b
+            )
             return measure_batched(
                 s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed
             )

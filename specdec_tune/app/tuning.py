@@ -155,6 +155,8 @@ def _params(config: Any) -> dict[str, Any]:
     params: dict[str, Any] = {"draft": config.draft.name, "gamma": config.gamma}
     if config.draft.has_threshold:
         params["threshold"] = config.threshold
+    if config.gamma_policy != "fixed":
+        params["gamma_policy"] = config.gamma_policy
     return params
 
 

@@ -17,6 +17,7 @@ from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..runtime.drafters import Drafter
 from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 
@@ -118,6 +119,8 @@ def measure_many(
         check_decoding(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
     check_count(repeats, "repeats")
     device = str(next(target.parameters()).device)
+    for e in entries:
+        reset_sources(e.drafter)
     warm = case.head(1)
     for _ in range(warmup):
         run_pass(target, None, 0, 0.0, warm, seed)
@@ -167,6 +170,7 @@ def measure_many(
             mean_accepted_len=stats.mean_accepted_len if e.speculative else 1.0,
             per_position_acceptance=stats.per_position_acceptance,
             repeats=repeats,
+            per_source=source_stats(e.drafter),
         )
         result.append(Measurement(metrics, sum(map(len, outs)), mismatches, ratios[i], stats, outs))
     return result

@@ -19,6 +19,7 @@ from ..limits import check_count, check_gamma
 from ..runtime.devices import synchronize
 from ..runtime.drafters import Drafter
 from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .forward import (
@@ -336,10 +337,19 @@ def measure_costs(
     draft_costs = []
     for name, drafter in drafters.items():
         next_stage()
-        t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
+        hybrid = getattr(drafter, "kind", None) == "hybrid"
+        if hybrid:  # per source: the lookup's tokens cost next to nothing, the model's T_draft each
+            t_model = measure_t_draft_ms(drafter.drafter, context, repeats, gamma=min(4, max_gamma))
+            t_lookup = measure_t_draft_ms(drafter.lookup, context, repeats, gamma=min(4, max_gamma))
+        else:
+            t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
         next_stage()
+        reset_sources(drafter)
         with LoopClock(target, drafter, device) as clock:
             vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps)
+        if hybrid:
+            share = source_stats(drafter)[drafter.drafter.name]["share"]
+            t_draft_ms = share * t_model + (1.0 - share) * t_lookup
         dc = DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, alpha, vector)
         dc.loop_t_draft_ms = clock.draft_ms_per_token
         dc.loop_verify_ms = clock.mean_verify_ms

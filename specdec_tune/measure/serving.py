@@ -24,6 +24,7 @@ from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..runtime.batch import BatchDrafter, BatchRun, batch_generate
 from ..runtime.engine import SpecStats
+from ..runtime.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 
@@ -145,6 +146,8 @@ def measure_batched_many(
         check_decoding(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
     device = str(next(target.parameters()).device)
     drafters = [e.make_drafter() if e.gamma > 0 else None for e in entries]
+    for d in drafters:
+        reset_sources(d)
     speculative = [d is not None for d in drafters]
     memory: dict[int, list[float | None]] = {i: [] for i in range(-1, len(entries))}
 
@@ -204,6 +207,7 @@ def measure_batched_many(
             mean_accepted_len=stats.mean_accepted_len if speculative[i] else 1.0,
             per_position_acceptance=stats.per_position_acceptance,
             repeats=repeats,
+            per_source=source_stats(drafters[i]),
         )
         mine = _side(own, rates, memory[i]) if speculative[i] else plain
         result.append(BatchMeasurement(batch_size, metrics, mine, plain, mismatches, ratios[i], stats, out))

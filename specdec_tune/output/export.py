@@ -174,7 +174,7 @@ def _hf(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any]
             "generate_kwargs": {"assistant_model": path, **sampling},
             "assistant_model.generation_config": _hf_assistant_fields(cfg),
         }
-        return out, _hf_threshold_note(cfg)
+        return out, _hf_threshold_note(cfg) + _hf_schedule_note(cfg)
     if d.kind == "prompt_lookup":
         kwargs = {"prompt_lookup_num_tokens": cfg.gamma, "max_matching_ngram_size": d.ngram_max, **sampling}
         if d.ngram_min is not None and d.ngram_min > 1:
@@ -189,15 +189,24 @@ def _hf(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any]
         "generate_kwargs": {"assistant_early_exit": d.layers, **sampling},
         "model.generation_config": _hf_assistant_fields(cfg),
     }
-    return out, _hf_threshold_note(cfg)
+    return out, _hf_threshold_note(cfg) + _hf_schedule_note(cfg)
 
 
 def _hf_assistant_fields(cfg: Config) -> dict[str, Any]:
     return {
         "num_assistant_tokens": cfg.gamma,
-        "num_assistant_tokens_schedule": "constant",
+        "num_assistant_tokens_schedule": "heuristic" if cfg.gamma_policy == "heuristic" else "constant",
         "assistant_confidence_threshold": _num(cfg.threshold),
     }
+
+
+def _hf_schedule_note(cfg: Config) -> list[str]:
+    if cfg.gamma_policy != "heuristic":
+        return []
+    return [
+        f"HF's heuristic schedule starts at num_assistant_tokens={cfg.gamma} and grows without bound "
+        f"(+2 after a fully accepted step); it was measured here capped at γ={cfg.gamma}"
+    ]
 
 
 def _hf_threshold_note(cfg: Config) -> list[str]:

@@ -180,6 +180,10 @@ def build_batch_drafter(
     if spec.kind == "layer_skip":
         view = truncated_view(target, int(spec.layers or 1))
         return BatchModelDrafter(view, rows, spec.name, threshold_mode=spec.threshold_mode)
+    if spec.kind == "hybrid":
+        from .hybrid import build_batch_hybrid
+
+        return build_batch_hybrid(spec, target, draft_models, rows)
     raise SpecDecError(f"unknown draft kind '{spec.kind}'")
 
 

@@ -259,4 +259,8 @@ def build_drafter(spec: Any, target: Any, draft_models: dict[str, Any]) -> Draft
         )
     if spec.kind == "layer_skip":
         return LayerSkipDrafter(target, int(spec.layers or 1), spec.name, spec.threshold_mode)
+    if spec.kind == "hybrid":
+        from .hybrid import build_hybrid
+
+        return build_hybrid(spec, target, draft_models)
     raise SpecDecError(f"unknown draft kind '{spec.kind}'")

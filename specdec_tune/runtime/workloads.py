@@ -112,6 +112,8 @@ def _parse_line(obj: Any, where: str) -> Prompt:
     category = obj.get("category")
     if category is not None and not isinstance(category, str):
         raise SpecDecError(f"{where}: `category` must be a string, got {category!r}")
+    if category is not None and not category.strip():
+        raise SpecDecError(f"{where}: `category` is empty; name the category or leave the field out")
     return Prompt(text=text, category=category, max_new_tokens=max_new_tokens, messages=messages)
 
 

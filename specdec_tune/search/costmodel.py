@@ -146,15 +146,20 @@ class CostModel:
     def drafts(self) -> list[str]:
         return [d.name for d in self.costs.drafts]
 
-    def predict(self, draft: str, gamma: int, batch_size: int = 1) -> float | None:
+    def predict(self, draft: str, gamma: int, batch_size: int = 1, policy: str = "fixed") -> float | None:
         """Predicted speedup of `draft` at `gamma` with `batch_size` requests in flight (1.0 at
         gamma 0; None for a draft or batch size that was not measured).
 
         At B > 1 the same formula takes the costs of the surface at B: a step verifies B rows at
-        once, every row gains E[tokens], so the throughput ratio is the per-row one.
+        once, every row gains E[tokens], so the throughput ratio is the per-row one. A gamma policy
+        other than "fixed" (gamma its maximum) is predicted by `policymodel`.
         """
         if gamma == 0:
             return 1.0
+        if policy != "fixed":
+            from .policymodel import predict_policy
+
+            return predict_policy(self, draft, gamma, policy, batch_size)
         d = self.costs.draft(draft)
         if d is None:
             return None

@@ -122,14 +122,13 @@ def _measure(
     try:
         if settings.batch_size == 1:
             entries = [
-                Entry(pool.get(r.config.draft.name), r.config.gamma, r.config.threshold) for r in finalists
+                Entry(pool.for_config(r.config), r.config.gamma, r.config.threshold) for r in finalists
             ]
             ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
         else:
             b = settings.batch_size
             batched = [
-                BatchEntry(_maker(pool, r.config.draft.name, b), r.config.gamma, r.config.threshold)
-                for r in finalists
+                BatchEntry(_maker(pool, r.config, b), r.config.gamma, r.config.threshold) for r in finalists
             ]
             ms = measure_batched_many(
                 pool.target, batched, case, b, settings.final_repeats, seed=settings.seed
@@ -145,5 +144,5 @@ def _measure(
     return {"metrics": measured, "worker": WORKER}
 
 
-def _maker(pool: Any, name: str, batch_size: int) -> Callable[[], Any]:
-    return lambda: pool.get(name, batch_size)
+def _maker(pool: Any, config: Any, batch_size: int) -> Callable[[], Any]:
+    return lambda: pool.for_config(config, batch_size)

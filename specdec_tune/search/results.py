@@ -46,7 +46,7 @@ def csv_row(number: int | None, state: str, config: Config, speedup: float | Non
     """One row of the trials CSV: a search trial (attrs: its user attrs) or a finalist (its metrics)."""
     c = config
     head = dict(zip(CSV_HEAD, (number, state, c.draft.name, c.gamma, c.threshold, speedup), strict=True))
-    return {**head, **{k: attrs.get(k) for k in CSV_ATTRS}}
+    return {**head, **{k: attrs.get(k) for k in CSV_ATTRS}, "gamma_policy": c.gamma_policy}
 
 
 def _present(value: Any) -> bool:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..domain import NO_DRAFT, Config, DraftSpec
-from ..engines import engine_info, tunes_threshold
+from ..domain import GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
+from ..engines import engine_info, gamma_policies_for, tunes_threshold
 from ..errors import SpecDecError
 from ..limits import check_count, check_gamma, threshold_ok
 from .costmodel import CostModel
@@ -43,6 +43,8 @@ class TuneSettings:
     heartbeat_s: int = 5
     grace_s: int = 20
     batch_size: int = 1  # requests in flight while a trial is measured (closed loop)
+    # Per-step gamma policies the search may pick (domain.GAMMA_POLICIES); gamma is their maximum.
+    gamma_policies: tuple[str, ...] = ("fixed",)
     # How long a worker waits for another worker's final round before ranking by the search.
     final_wait_s: float = 3600.0
 
@@ -60,8 +62,13 @@ class TuneSettings:
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
         check_count(self.batch_size, "batch size")
+        self.gamma_policies = tuple(self.gamma_policies)  # a list when read back from JSON
+        bad = [p for p in self.gamma_policies if p not in GAMMA_POLICIES]
+        if bad or not self.gamma_policies:
+            raise SpecDecError(f"unknown gamma policy '{(bad or [''])[0]}': use {', '.join(GAMMA_POLICIES)}")
         if self.engine is not None:
             self.engine = engine_info(self.engine).key
+            self.gamma_policies = gamma_policies_for(self.engine, tuple(self.gamma_policies))
         check_count(self.heartbeat_s, "heartbeat interval")
         if self.grace_s <= self.heartbeat_s:
             raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
@@ -83,6 +90,8 @@ def search_space(specs: list[DraftSpec], settings: TuneSettings) -> dict[str, An
     }
     if settings.engine is not None:  # also keeps a restricted study apart from an unrestricted one
         space["engine"] = settings.engine
+    if tuple(settings.gamma_policies) != ("fixed",):  # a fixed-only space stays as it always was
+        space["gamma_policies"] = list(settings.gamma_policies)
     return space
 
 
@@ -102,10 +111,13 @@ def seed_configs(
             thresholds = settings.grid_thresholds if tunes_threshold(s, settings.engine) else (None,)
             for g in range(1, settings.max_gamma + 1):
                 for t in thresholds:
-                    c: dict[str, Any] = {"draft": s.name, "gamma": g}
-                    if t is not None:
-                        c["threshold"] = t
-                    configs.append(c)
+                    for policy in settings.gamma_policies:
+                        c: dict[str, Any] = {"draft": s.name, "gamma": g}
+                        if t is not None:
+                            c["threshold"] = t
+                        if len(settings.gamma_policies) > 1:
+                            c["gamma_policy"] = policy
+                        configs.append(c)
         return configs
     if model is None:
         return configs
@@ -120,10 +132,31 @@ def seed_configs(
         c = {"draft": name, "gamma": g}
         if tunes_threshold(by_name[name], settings.engine):
             c["threshold"] = 0.0
+        if len(settings.gamma_policies) > 1:
+            c["gamma_policy"] = "fixed"
         configs.append(c)
         if len(configs) > settings.seed_top:
             break
-    return configs
+    return configs + _policy_seeds(names, by_name, model, settings)
+
+
+def _policy_seeds(
+    names: list[str], by_name: dict[str, DraftSpec], model: CostModel, settings: TuneSettings
+) -> list[dict[str, Any]]:
+    """Per adaptive policy, the draft the cost model predicts best with it at gamma max."""
+    seeds = []
+    for policy in settings.gamma_policies:
+        if policy == "fixed":
+            continue
+        scored = [(model.predict(n, settings.max_gamma, settings.batch_size, policy), n) for n in names]
+        scored = [(v, n) for v, n in scored if v is not None and v > 1.0]
+        if scored:
+            name = max(scored)[1]
+            c: dict[str, Any] = {"draft": name, "gamma": settings.max_gamma, "gamma_policy": policy}
+            if tunes_threshold(by_name[name], settings.engine):
+                c["threshold"] = 0.0
+            seeds.append(c)
+    return seeds
 
 
 def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> Config:
@@ -136,7 +169,10 @@ def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> C
     if draft in space.get("threshold_drafts", ()):
         lo, hi, step = space["threshold"]
         threshold = trial.suggest_float("threshold", lo, hi, step=step)
-    return Config(specs[draft], gamma, round(threshold, 4))
+    policy = "fixed"
+    if space.get("gamma_policies"):
+        policy = trial.suggest_categorical("gamma_policy", space["gamma_policies"])
+    return Config(specs[draft], gamma, round(threshold, 4), policy)
 
 
 def config_of_params(params: dict[str, Any], specs: dict[str, DraftSpec]) -> Config | None:
@@ -148,4 +184,6 @@ def config_of_params(params: dict[str, Any], specs: dict[str, DraftSpec]) -> Con
         return None
     threshold = params.get("threshold")
     threshold = 0.0 if threshold is None or threshold != threshold else float(threshold)  # NaN: absent
-    return Config(specs[draft], int(params["gamma"]), round(threshold, 4))
+    policy = params.get("gamma_policy")
+    policy = policy if isinstance(policy, str) else "fixed"
+    return Config(specs[draft], int(params["gamma"]), round(threshold, 4), policy)

@@ -23,6 +23,7 @@ from ..measure.bench import measure
 from ..measure.serving import measure_batched
 from ..runtime.batch import build_batch_drafter
 from ..runtime.drafters import build_drafter
+from ..runtime.session import model_part
 from ..runtime.workloads import Case
 from .costmodel import CostModel
 from .final import final_round
@@ -55,6 +56,7 @@ class DrafterPool:
         self.target = target
         self.load = load  # DraftSpec -> draft model module, for kind "model"
         self._built: dict[tuple[str, int | None], Any] = {}
+        self.costs: Costs | None = None  # the measured costs, for the costmodel gamma policy
 
     def get(self, name: str, batch_size: int | None = None) -> Any:
         """The drafter `name`: for the batch-1 engine, or batched for `batch_size` rows."""
@@ -62,7 +64,8 @@ class DrafterPool:
         if key not in self._built:
             try:
                 spec = self.specs[name]
-                models = {name: self.load(spec)} if spec.kind == "model" and self.load else {}
+                part = model_part(spec)
+                models = {part.name: self.load(part)} if part is not None and self.load else {}
                 if batch_size is None:
                     self._built[key] = build_drafter(spec, self.target, models)
                 else:
@@ -73,6 +76,12 @@ class DrafterPool:
         if isinstance(built, BaseException):
             raise built
         return built
+
+    def for_config(self, config: Any, batch_size: int | None = None) -> Any:
+        """The drafter of `config`, wrapped in its gamma policy when that is not fixed."""
+        from .policymodel import policy_drafter
+
+        return policy_drafter(self.get(config.draft.name, batch_size), config, self.costs, batch_size)
 
     @staticmethod
     def free_device_memory() -> None:
@@ -113,6 +122,7 @@ def tune(
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
     space = search_space(specs, settings)
     pool = pool or DrafterPool(specs, target)
+    pool.costs = pool.costs or costs
     model = CostModel(costs) if costs is not None else None
     storage_url = settings.storage or default_storage()
     name = settings.study_name or study_name_for(
@@ -206,7 +216,7 @@ class _Objective:
 
             batch = self.settings.batch_size
             if batch == 1:
-                drafter = None if config.gamma == 0 else self.pool.get(config.draft.name)
+                drafter = None if config.gamma == 0 else self.pool.for_config(config)
                 m = measure(
                     self.pool.target,
                     drafter,
@@ -220,7 +230,7 @@ class _Objective:
             else:
                 m = measure_batched(
                     self.pool.target,
-                    lambda: self.pool.get(config.draft.name, batch),
+                    lambda: self.pool.for_config(config, batch),
                     config.gamma,
                     config.threshold,
                     self.case,
@@ -232,7 +242,9 @@ class _Objective:
             if not math.isfinite(m.metrics.speedup):
                 raise RuntimeError("measured speedup is not finite")
             m.metrics.predicted_speedup = (
-                self.model.predict(config.draft.name, config.gamma) if self.model else None
+                self.model.predict(config.draft.name, config.gamma, policy=config.gamma_policy)
+                if self.model
+                else None
             )
             for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
                 trial.set_user_attr(k, v)

@@ -11,7 +11,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
-from ..domain import DRAFT_KINDS, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
+from ..domain import DRAFT_KINDS, GAMMA_POLICIES, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
 from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
@@ -70,6 +70,18 @@ class BatchRow:
 
 
 @dataclass
+class CategoryRow:
+    """The answer for one category of the workload (`run --per-category`): the best of the search's
+    top configs measured on that category's prompts alone, and the overall best measured beside it."""
+
+    category: str
+    prompts: int
+    best: Result  # metrics: measured on this category's prompts
+    overall_speedup: float  # the overall best config, measured in the same run on these prompts
+    overall_acceptance_rate: float = 0.0
+
+
+@dataclass
 class Profile:
     hardware: dict[str, Any]  # fingerprint from specdec_tune.hardware; must contain "slug"
     target: TargetInfo
@@ -84,6 +96,7 @@ class Profile:
     batch_table: list[BatchRow] = field(default_factory=list)
     b_star: int | None = None
     predicted_b_star: int | None = None  # the cost model's B* from the cost surface
+    category_table: list[CategoryRow] = field(default_factory=list)  # `run --per-category`
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION
@@ -269,6 +282,16 @@ def _validate(p: Profile) -> None:
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
+    categories: set[str] = set()
+    for i, crow in enumerate(p.category_table):
+        where = f"category_table[{i}]"
+        if not crow.category.strip() or crow.category in categories:
+            raise _field_error(f"{where}.category", "must be a non-empty, unrepeated name", crow.category)
+        categories.add(crow.category)
+        _at_least(crow.prompts, 1, f"{where}.prompts")
+        _at_least(crow.overall_speedup, 0.0, f"{where}.overall_speedup")
+        _probability(crow.overall_acceptance_rate, f"{where}.overall_acceptance_rate")
+        _validate_result(crow.best, f"{where}.best")
     for name in ("b_star", "predicted_b_star"):
         if getattr(p, name) is not None:
             _at_least(getattr(p, name), 1, name)
@@ -302,11 +325,11 @@ def _validate_result(r: Result, path: str) -> None:
         raise _field_error(
             f"{where}.path", "must name the draft model folder or HF id for kind 'model'", d.path
         )
-    if d.kind == "prompt_lookup":
+    if d.kind in ("prompt_lookup", "hybrid"):
         for name in ("ngram_min", "ngram_max"):
             v = getattr(d, name)
             if v is None or v < 1:
-                raise _field_error(f"{where}.{name}", "must be an int >= 1 for kind 'prompt_lookup'", v)
+                raise _field_error(f"{where}.{name}", f"must be an int >= 1 for kind '{d.kind}'", v)
         if d.ngram_min > d.ngram_max:
             raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
     if d.lookup_match is not None and d.lookup_match not in LOOKUP_MATCHES:
@@ -326,6 +349,16 @@ def _validate_result(r: Result, path: str) -> None:
     else:
         if not 1 <= r.config.gamma <= MAX_GAMMA:
             raise _field_error(gamma_path, f"must be an int in 1..{MAX_GAMMA}", r.config.gamma)
+    if d.kind == "hybrid" and not (d.path or d.layers):
+        raise _field_error(
+            f"{where}.path", "must name the draft model (or set layers) for kind 'hybrid'", d.path
+        )
+    if r.config.gamma_policy not in GAMMA_POLICIES:
+        raise _field_error(
+            f"{path}.config.gamma_policy",
+            f"must be one of {', '.join(GAMMA_POLICIES)}",
+            r.config.gamma_policy,
+        )
     t = r.config.threshold
     if not threshold_ok(t):
         raise _field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)

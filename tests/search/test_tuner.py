@@ -156,7 +156,9 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     pngs = sorted((tmp_path / "plots").glob("*.png"))
     assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
     e = invoke("export", out, "--to", "vllm")
-    assert e.exit_code == 0
+    # On these tiny models speculation and plain decoding are within noise of each other; when the
+    # final round finds plain decoding fastest, export says so with exit 5 by design.
+    assert e.exit_code == 0 or (p.best.config.gamma == 0 and e.exit_code == 5), e.output
 
 
 def test_corrupted_profile_is_exit_2(tiny_dirs, tmp_path):

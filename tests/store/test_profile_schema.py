@@ -236,7 +236,8 @@ def test_unknown_draft_kind(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"]["draft"].__setitem__("kind", "eagle"))
     msg = _load_error(path)
     assert (
-        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, got 'eagle'" in msg
+        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, hybrid, got 'eagle'"
+        in msg
     )
 
 

@@ -1,0 +1,153 @@
+"""Per-category answers: the workload split by category, the profile's top configs measured on each
+category's prompts alone (`run --per-category`), and a config's acceptance and speedup per
+category (`bench` on a workload with categories)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..domain import NO_DRAFT, Config, Metrics, Result
+from ..errors import SpecDecError
+from ..limits import check_count
+from .common import Models, Progress
+
+UNCATEGORISED = "(none)"
+
+
+def split_by_category(workload: Any, case: Any) -> dict[str, Any]:
+    """{category: the Case of its prompts}, in the order categories first appear."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(workload.prompts):
+        groups.setdefault(p.category or UNCATEGORISED, []).append(i)
+    return {
+        name: dataclasses.replace(
+            case, prompts=[case.prompts[i] for i in idx], max_new_tokens=[case.max_new_tokens[i] for i in idx]
+        )
+        for name, idx in groups.items()
+    }
+
+
+def _require_two(names: list[str], workload: str) -> None:
+    if len(names) < 2:
+        raise SpecDecError(
+            f"per-category tuning needs prompts of at least two categories; workload '{workload}' "
+            f"with these prompts has {', '.join(names)} only (use --workload general, or more --prompts)"
+        )
+
+
+def _categories(s: Any) -> dict[str, Any]:
+    cases = split_by_category(s.workload, s.case)
+    _require_two(list(cases), s.workload.name)
+    return cases
+
+
+def check_categories(models: Models) -> None:
+    """Fail before minutes of tuning when the workload's chosen prompts have fewer than two
+    categories (reads the workload only, loads no model)."""
+    from ..runtime.workloads import load_workload, stratified
+
+    if models.prompt is not None:
+        raise SpecDecError("--per-category needs a workload with categories, not a single --prompt")
+    wl = load_workload(models.workload)
+    if models.prompts is not None:
+        wl.prompts = stratified(wl.prompts, models.prompts)
+    _require_two(list(dict.fromkeys(p.category or UNCATEGORISED for p in wl.prompts)), wl.name)
+
+
+def candidates(profile: Any, top: int) -> list[Result]:
+    """The overall best first, then the next best configs of the profile (distinct, speculative)."""
+    out = [profile.best]
+    for r in profile.alternatives:
+        if len(out) < top and r.config.gamma > 0 and r.config.key != profile.best.config.key:
+            out.append(r)
+    return out
+
+
+def per_category(
+    models: Models,
+    profile_path: Path,
+    top: int = 4,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Any:
+    """Measure the profile's `top` configs on each category's prompts, in one interleaved run per
+    category, and write the per-category table into the profile. Returns the updated Profile."""
+    from ..measure.bench import Entry, measure_many
+    from ..search.tuner import DrafterPool
+    from ..store.refs import resolve_ref
+    from ..store.schema import CategoryRow
+    from ..store.yamlio import load_profile, save_profile
+
+    check_count(top, "--per-category candidates")
+    profile = load_profile(profile_path)
+    s = models.open()
+    cases = _categories(s)
+    folder = Path(profile_path).parent
+    chosen = candidates(profile, top)
+    by_name = {spec.name: spec for spec in s.specs}
+    specs = []
+    for r in chosen:
+        d = r.config.draft
+        if d.kind != "none" and d.name not in {x.name for x in specs}:
+            spec = by_name.get(d.name) or dataclasses.replace(
+                d, path=resolve_ref(d.path, folder) if d.path else None
+            )
+            specs.append(spec)
+    pool = DrafterPool(specs, s.target.model, s.draft_model)
+    pool.costs = profile.costs
+    progress = progress or Progress()
+    rows = []
+    for i, (name, case) in enumerate(cases.items()):
+        progress.stage(f"category {name}", i / len(cases))
+        entries = [
+            Entry(
+                pool.for_config(r.config) if r.config.gamma > 0 else None, r.config.gamma, r.config.threshold
+            )
+            for r in chosen
+        ]
+        measured = measure_many(s.target.model, entries, case, repeats, seed=seed)
+        scored = [(m.metrics.speedup, j) for j, m in enumerate(measured)]
+        speedup, j = max(scored)
+        if speedup > 1.0:
+            best = Result(chosen[j].config, measured[j].metrics)
+        else:  # nothing beat plain decoding on these prompts
+            base = measured[0].metrics
+            best = Result(Config(NO_DRAFT, 0, 0.0), _baseline(base))
+        overall = measured[0].metrics
+        rows.append(CategoryRow(name, len(case.prompts), best, overall.speedup, overall.acceptance_rate))
+    profile.category_table = rows
+    save_profile(profile, profile_path)
+    return profile
+
+
+def _baseline(m: Metrics) -> Metrics:
+    rate = m.baseline_tokens_per_s
+    return Metrics(rate, rate, 1.0, 0.0, 0.0, 1.0, repeats=m.repeats)
+
+
+def bench_categories(
+    s: Any, drafter: Any, gamma: int, threshold: float, repeats: int, seed: int
+) -> list[dict[str, Any]]:
+    """Acceptance and speedup of one config per category ([] for a workload of one category)."""
+    from ..measure.bench import measure
+
+    cases = split_by_category(s.workload, s.case)
+    if len(cases) < 2:
+        return []
+    out = []
+    for name, case in cases.items():
+        m = measure(s.target.model, drafter, gamma, threshold, case, repeats=repeats, seed=seed)
+        out.append(
+            {
+                "category": name,
+                "prompts": len(case.prompts),
+                "speedup": m.metrics.speedup,
+                "acceptance_rate": m.metrics.acceptance_rate,
+                "mean_accepted_len": m.metrics.mean_accepted_len,
+                "per_source": m.metrics.per_source,
+            }
+        )
+    return out

@@ -1,0 +1,234 @@
+"""Hybrid drafting: prompt lookup proposes where the sequence repeats itself, a draft model continues
+where the lookup's match runs out or there is none, all within the same gamma.
+
+Exactness: the lookup's tokens are a deterministic function of the committed sequence, so their
+proposal distribution is a point mass; the model's tokens have the model's q, conditioned on the
+sequence plus the lookup's tokens. Under sampling the verifier gets one q row per position: one-hot
+rows for lookup positions, the model's q for the rest (`engine.verify_sampling` then accepts a
+lookup token with probability p(x), like plain prompt lookup). Counters per source say who
+proposed what and how much of it was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..domain import DraftSpec
+from ..errors import SpecDecError
+from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
+
+LOOKUP = "prompt-lookup"
+
+
+def hybrid_parts(spec: DraftSpec) -> tuple[DraftSpec, DraftSpec]:
+    """The lookup and the model component of a kind-"hybrid" spec (named as in its name)."""
+    lookup = DraftSpec(
+        LOOKUP,
+        "prompt_lookup",
+        ngram_min=spec.ngram_min or 1,
+        ngram_max=spec.ngram_max or 3,
+        lookup_match=spec.lookup_match,
+    )
+    if spec.layers:
+        model = DraftSpec(
+            f"layer-skip-{spec.layers}", "layer_skip", layers=spec.layers, threshold_mode=spec.threshold_mode
+        )
+    else:
+        name = spec.name.split("+", 1)[1] if "+" in spec.name else (spec.path or "draft")
+        model = DraftSpec(name, "model", path=spec.path or name, threshold_mode=spec.threshold_mode)
+    return lookup, model
+
+
+@dataclass
+class SourceCounts:
+    """Draft tokens proposed and accepted per source, over committed steps."""
+
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
+    model_proposed: int = 0
+    model_accepted: int = 0
+    steps: int = 0
+    lookup_steps: int = 0  # steps where the lookup proposed something
+
+    def record(self, m: int, k_model: int, accepted: int) -> None:
+        self.steps += 1
+        self.lookup_steps += m > 0
+        self.lookup_proposed += m
+        self.model_proposed += k_model
+        self.lookup_accepted += min(accepted, m)
+        self.model_accepted += max(0, min(accepted - m, k_model))
+
+    def as_dict(self, model_name: str) -> dict[str, dict[str, float]]:
+        total = self.lookup_proposed + self.model_proposed
+        out = {}
+        for name, proposed, accepted in (
+            (LOOKUP, self.lookup_proposed, self.lookup_accepted),
+            (model_name, self.model_proposed, self.model_accepted),
+        ):
+            out[name] = {
+                "proposed": float(proposed),
+                "accepted": float(accepted),
+                "acceptance_rate": accepted / proposed if proposed else 0.0,
+                "share": proposed / total if total else 0.0,
+            }
+        out[LOOKUP]["steps_with_match"] = self.lookup_steps / self.steps if self.steps else 0.0
+        return out
+
+
+def mixed_q(lookup: torch.Tensor, q: torch.Tensor | None, temperature: float) -> torch.Tensor | None:
+    """q for [lookup tokens, model tokens]: one-hot rows (point masses) then the model's rows.
+    None when every position is a point mass (greedy, or nothing from the model)."""
+    if temperature == 0.0 or q is None:
+        return None
+    if lookup.numel() == 0:
+        return q
+    width = max(q.shape[-1], int(lookup.max()) + 1)
+    if width > q.shape[-1]:
+        q = torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+    onehot = torch.zeros(lookup.numel(), width, dtype=q.dtype, device=q.device)
+    onehot[torch.arange(lookup.numel(), device=q.device), lookup.to(q.device)] = 1.0
+    return torch.cat((onehot, q))
+
+
+class HybridDrafter(Drafter):
+    """Batch-1 hybrid: `lookup` first, `drafter` (a model or layer-skip drafter) fills the rest."""
+
+    kind = "hybrid"
+
+    def __init__(self, lookup: PromptLookupDrafter, drafter: ModelDrafter, name: str) -> None:
+        self.lookup, self.drafter, self.name = lookup, drafter, name
+        self.device = drafter.device
+        self.counts = SourceCounts()
+        self._pending: tuple[int, int, int] | None = None  # (len(seq), lookup k, model k)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.lookup.start(prompt_ids)
+        self.drafter.start(prompt_ids)
+        self._pending = None
+
+    def propose(self, seq, gamma, threshold, temperature, generator):
+        look, _ = self.lookup.propose(seq, gamma, threshold, temperature, generator)
+        look = look.to(self.device)
+        m = look.numel()
+        cont, q = look[:0], None
+        if gamma > m:  # the model drafts on from the lookup's last token, or from seq without a match
+            ext = seq + look.tolist() if m else seq
+            cont, q = self.drafter.propose(ext, gamma - m, threshold, temperature, generator)
+        self._pending = (len(seq), m, cont.numel())
+        return torch.cat((look, cont)), mixed_q(look, q, temperature)
+
+    def commit(self, valid_len: int) -> None:
+        self.drafter.commit(valid_len)
+        if self._pending is not None:
+            before, m, k = self._pending
+            self.counts.record(m, k, valid_len - before)
+            self._pending = None
+
+    def source_stats(self) -> dict[str, dict[str, float]]:
+        return self.counts.as_dict(self.drafter.name)
+
+    def reset_sources(self) -> None:
+        self.counts = SourceCounts()
+
+
+def build_hybrid(spec: DraftSpec, target: Any, draft_models: dict[str, Any]) -> HybridDrafter:
+    lookup_spec, model_spec = hybrid_parts(spec)
+    device = next(target.parameters()).device
+    lookup = PromptLookupDrafter(
+        lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
+    )
+    if model_spec.kind == "layer_skip":
+        model: ModelDrafter = LayerSkipDrafter(
+            target, int(model_spec.layers or 1), model_spec.name, spec.threshold_mode
+        )
+    else:
+        if model_spec.name not in draft_models:
+            raise SpecDecError(f"draft '{model_spec.name}' of '{spec.name}' is not loaded")
+        model = ModelDrafter(
+            draft_models[model_spec.name], model_spec.name, threshold_mode=spec.threshold_mode
+        )
+    return HybridDrafter(lookup, model, spec.name)
+
+
+# ------------------------------------------------------------------------------------- batched
+
+
+class BatchHybridDrafter:
+    """The hybrid for the batched engine: per-row lookup, then one batched model draft for the rows
+    whose lookup left room."""
+
+    def __init__(self, lookup: Any, drafter: Any, rows: int, name: str, model_name: str) -> None:
+        self.lookup, self.drafter, self.name, self.model_name = lookup, drafter, name, model_name
+        self.kv = drafter.kv  # the model part's rows (measure.surface sizes its probe by it)
+        self.counts = SourceCounts()
+        self._pending: dict[int, tuple[int, int, int]] = {}
+
+    def start(self, row: int, prompt_ids: list[int]) -> None:
+        self.lookup.start(row, prompt_ids)
+        self.drafter.start(row, prompt_ids)
+        self._pending.pop(row, None)
+
+    def propose(self, seqs, gammas, threshold, temperature, generator):
+        looks = self.lookup.propose(seqs, gammas, threshold, temperature, generator)
+        device = self.drafter.kv.device
+        ext, rest = {}, {}
+        for r, seq in seqs.items():
+            look = looks[r][0]
+            ext[r] = seq + look.tolist() if look.numel() else seq
+            rest[r] = gammas[r] - look.numel()
+        conts = self.drafter.propose(ext, rest, threshold, temperature, generator)
+        out = {}
+        for r in seqs:
+            look = looks[r][0].to(device)
+            cont, q = conts[r]
+            self._pending[r] = (len(seqs[r]), look.numel(), cont.numel())
+            out[r] = (torch.cat((look, cont)), mixed_q(look, q, temperature))
+        return out
+
+    def commit(self, row: int, valid_len: int) -> None:
+        self.drafter.commit(row, valid_len)
+        pending = self._pending.pop(row, None)
+        if pending is not None:
+            before, m, k = pending
+            self.counts.record(m, k, valid_len - before)
+
+    def source_stats(self) -> dict[str, dict[str, float]]:
+        return self.counts.as_dict(self.model_name)
+
+    def reset_sources(self) -> None:
+        self.counts = SourceCounts()
+
+
+def build_batch_hybrid(spec: DraftSpec, target: Any, draft_models: dict[str, Any], rows: int) -> Any:
+    from .batch import BatchLookupDrafter, BatchModelDrafter
+
+    lookup_spec, model_spec = hybrid_parts(spec)
+    device = next(target.parameters()).device
+    lookup = BatchLookupDrafter(
+        rows, lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
+    )
+    if model_spec.kind == "layer_skip":
+        module = truncated_view(target, int(model_spec.layers or 1))
+    else:
+        if model_spec.name not in draft_models:
+            raise SpecDecError(f"draft '{model_spec.name}' of '{spec.name}' is not loaded")
+        module = draft_models[model_spec.name]
+    model = BatchModelDrafter(module, rows, model_spec.name, threshold_mode=spec.threshold_mode)
+    return BatchHybridDrafter(lookup, model, rows, spec.name, model_spec.name)
+
+
+def source_stats(drafter: Any) -> dict[str, dict[str, float]]:
+    """Per-source counters of a drafter (through a gamma-policy wrapper); {} for single-source ones."""
+    inner = getattr(drafter, "inner", drafter)
+    get = getattr(inner, "source_stats", None)
+    return get() if get is not None else {}
+
+
+def reset_sources(drafter: Any) -> None:
+    inner = getattr(drafter, "inner", drafter)
+    reset = getattr(inner, "reset_sources", None)
+    if reset is not None:
+        reset()
