@@ -13,9 +13,20 @@ from typing import Annotated
 import typer
 
 from . import __version__
-from .cli_options import Device, Drafts, Dtype, JsonOut, MaxNew, Prompts, Target, Temperature, WorkloadOpt
+from .cli_options import (
+    Device,
+    Drafts,
+    Dtype,
+    JsonOut,
+    MaxNew,
+    Prompts,
+    Target,
+    Temperature,
+    WorkloadOpt,
+    models_from,
+)
+from .cli_run import run
 from .cli_studies import studies_app
-from .errors import SpecDecError
 from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
@@ -54,12 +65,6 @@ def _main(
         import torch
 
         torch.set_num_threads(threads)
-
-
-def _models(target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None):
-    from .app import Models
-
-    return Models(target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype)
 
 
 @app.command()
@@ -118,7 +123,9 @@ def bench(
         quiet_libraries()
         from . import app as api
 
-        models = _models(target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt)
+        models = models_from(
+            target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt
+        )
         with spinner("measuring…", json_out):
             result = api.bench(
                 models,
@@ -167,7 +174,7 @@ def profile_cmd(
         from . import app as api
         from .store.yamlio import profile_to_dict
 
-        models = _models(target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype)
+        models = models_from(target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype)
         with CliProgress(json_out, "profiling", 1.0) as progress:
             r = api.profile_costs(models, max_gamma, repeats, out, progress)
         if json_out:
@@ -189,178 +196,6 @@ def profile_cmd(
         costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8])
         if out is not None:
             console().print(f"wrote {out}")
-
-
-@app.command()
-def run(
-    target: Target = None,
-    draft: Drafts = None,
-    layer_skip: Annotated[
-        list[int] | None,
-        typer.Option("--layer-skip", help="Repeatable: also search layer-skip with K layers."),
-    ] = None,
-    trials: Annotated[
-        int | None,
-        typer.Option(
-            help="Finished trials the study should hold (default: 20 for tpe, the grid's size for grid)."
-        ),
-    ] = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="Stop starting trials after this many seconds.")
-    ] = None,
-    sampler: Annotated[
-        str, typer.Option(help="tpe (seeded by the cost model) or grid (exhaustive).")
-    ] = "tpe",
-    max_gamma: Annotated[int, typer.Option("--max-gamma", help="Largest γ searched (and profiled).")] = 8,
-    temperature: Temperature = 0.0,
-    max_new_tokens: MaxNew = 48,
-    workload: WorkloadOpt = "demo-code",
-    prompts: Prompts = 8,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per trial (baseline interleaved).")] = 2,
-    finalists: Annotated[
-        int,
-        typer.Option(help="After the search, re-measure this many top configs head to head (0: off)."),
-    ] = 3,
-    final_repeats: Annotated[
-        int, typer.Option("--final-repeats", help="Interleaved repeats of that final round.")
-    ] = 4,
-    seed: int = 0,
-    storage: Annotated[
-        str | None,
-        typer.Option(
-            help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
-        ),
-    ] = None,
-    study_name: Annotated[
-        str | None, typer.Option(help="Default: derived from version, target, workload and space.")
-    ] = None,
-    costs_file: Annotated[
-        Path | None,
-        typer.Option("--costs", help="Reuse costs from `specdec-tune profile --out` instead of profiling."),
-    ] = None,
-    no_profile: Annotated[
-        bool, typer.Option("--no-profile", help="Skip the cost model (no seeding).")
-    ] = False,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Default: profiles/<hardware>/<target>.yaml")
-    ] = None,
-    batch_sizes: Annotated[
-        str,
-        typer.Option(
-            "--batch-sizes",
-            help="Comma-separated batch sizes (requests in flight) to tune for, e.g. 1,4,16; the profile "
-            "gets the best config per batch size and B*.",
-        ),
-    ] = "1",
-    budget: Annotated[
-        float,
-        typer.Option(
-            help="Wall-clock budget in seconds for the whole run when --trials is not given: the trial "
-            "count is sized from this machine's speed (0: no budget, 20 trials).",
-        ),
-    ] = 240.0,
-    workers: Annotated[
-        int,
-        typer.Option(
-            help="Local worker processes on this study, each pinned to its share of the cores "
-            "(helps only a target that leaves cores idle: I/O or GPU bound)."
-        ),
-    ] = 1,
-    heartbeat: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_HEARTBEAT_S")] = 5,
-    grace: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_GRACE_S")] = 20,
-    for_engine: Annotated[
-        str | None,
-        typer.Option(
-            "--for",
-            help="hf, vllm, llamacpp or sglang: search only configs that engine can run, with its policies.",
-        ),
-    ] = None,
-    gamma_policies: Annotated[
-        str,
-        typer.Option(
-            "--gamma-policies",
-            help="Comma-separated per-step γ policies to search: fixed, heuristic (transformers' +2/−1), "
-            "costmodel (γ from the running acceptance and the measured costs); γ is their maximum.",
-        ),
-    ] = "fixed",
-    per_category: Annotated[
-        bool,
-        typer.Option(
-            "--per-category",
-            help="After the search, measure the top configs on each category's prompts and add the "
-            "per-category table to the profile (needs a workload with categories, e.g. general).",
-        ),
-    ] = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    json_out: JsonOut = False,
-) -> None:
-    """Profile, search (Optuna over the real speculative loop) and write the winning YAML profile."""
-    with user_errors():
-        quiet_libraries()
-        from . import app as api
-        from .limits import parse_batch_sizes
-        from .store.yamlio import profile_to_dict
-
-        sizes = parse_batch_sizes(batch_sizes)
-        if budget < 0:
-            raise SpecDecError(f"--budget must be >= 0 seconds, got {budget}")
-        settings = api.TuneSettings(
-            trials=trials,
-            timeout_s=timeout,
-            sampler=sampler,
-            seed=seed,
-            max_gamma=max_gamma,
-            repeats=repeats,
-            finalists=finalists,
-            final_repeats=final_repeats,
-            storage=storage,
-            study_name=study_name,
-            heartbeat_s=heartbeat,
-            grace_s=grace,
-            engine=for_engine,
-            gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
-        )
-        models = _models(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
-        if per_category:
-            from .app.categories import check_categories
-
-            check_categories(models)
-        with CliProgress(json_out, "loading", 1.0) as progress:
-            from .app.workers import tune_workers
-
-            o = tune_workers(
-                models,
-                settings,
-                workers,
-                layer_skip,
-                costs_file,
-                no_profile,
-                out,
-                progress,
-                sizes,
-                budget or None,
-            )
-            if per_category:
-                from .app.categories import per_category as measure_categories
-
-                o.profile = measure_categories(
-                    models, o.path, repeats=max(2, repeats), seed=seed, progress=progress
-                )
-        if json_out:
-            print_json(
-                {"profile": str(o.path), "trials_csv": str(o.trials_csv), **profile_to_dict(o.profile)}
-            )
-            return
-        from .output.reports import run_summary
-
-        run_summary(console(), o.profile, o.result)
-        from .output.categories import category_table
-
-        table = category_table(o.profile)
-        if table is not None:
-            console().print(table)
-        console().print(f"wrote {o.path} and {o.trials_csv}")
 
 
 @app.command()
@@ -505,6 +340,9 @@ def show(
                     out.print(table)
         for f in r.plots:
             out.print(f"wrote {f}")
+
+
+app.command()(run)
 
 
 def main() -> None:

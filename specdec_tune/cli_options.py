@@ -44,3 +44,10 @@ StorageUrl = Annotated[
         help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
     ),
 ]
+
+
+def models_from(target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None):
+    """The app's Models from the shared options."""
+    from .app import Models
+
+    return Models(target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype)
