@@ -17,7 +17,7 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_count
-from ..runtime.cache import cache_kwarg, new_cache
+from ..runtime.modes import SeqCache
 from .timing import interleaved, median, spread, time_repeated
 
 MIN_BLOCK_MS = 25.0
@@ -72,20 +72,19 @@ def check_context_fits(model: Any, context_len: int, new_tokens: int) -> None:
         )
 
 
-def warm_cache(model: Any, context_len: int, extra: int) -> tuple[Any, dict[str, Any], list[int]]:
-    """A KV cache prefilled with `context_len` seeded random tokens, and `extra` further ids to feed."""
+def warm_cache(model: Any, context_len: int, extra: int) -> tuple[SeqCache, list[int]]:
+    """A KV cache (of the engine mode in force) prefilled with `context_len` seeded random tokens,
+    and `extra` further ids to feed."""
     check_count(context_len, "context_len")
     check_context_fits(model, context_len, extra)
     ids = context_ids(vocab_size(model), context_len + extra)
-    cache = new_cache(model)
-    kw = {cache_kwarg(model): cache, "use_cache": True}
-    x = torch.tensor([ids[:context_len]], dtype=torch.long, device=next(model.parameters()).device)
-    model(input_ids=x, logits_to_keep=1, **kw)
-    return cache, kw, ids[context_len:]
+    cache = SeqCache(model, context_len + extra + 1)
+    cache.prefill(ids[:context_len])
+    return cache, ids[context_len:]
 
 
 def forward_samples_ms(
-    model: Any, cache: Any, kw: dict[str, Any], new_ids: list[int], sizes: list[int], repeats: int
+    model: Any, cache: SeqCache, new_ids: list[int], sizes: list[int], repeats: int
 ) -> list[list[float]]:
     """Per-forward ms of one forward over n new tokens on the warm `cache`, `repeats` samples per n.
 
@@ -98,8 +97,8 @@ def forward_samples_ms(
 
     def forward(n: int) -> Callable[[], None]:
         def run() -> None:
-            model(input_ids=inputs[n], **kw)
-            cache.crop(-n)
+            cache.forward(inputs[n])
+            cache.crop(n)
 
         return run
 
@@ -117,8 +116,8 @@ def forward_curve_ms(model: Any, context_len: int, sizes: list[int], repeats: in
     n in `sizes` (interleaved), `repeats` samples each: T_target is n = 1, C_ver(gamma) is n = gamma + 1."""
     check_count(repeats, "repeats")
     with no_gc():
-        cache, kw, new_ids = warm_cache(model, context_len, max(sizes))
-        return forward_samples_ms(model, cache, kw, new_ids, sizes, repeats)
+        cache, new_ids = warm_cache(model, context_len, max(sizes))
+        return forward_samples_ms(model, cache, new_ids, sizes, repeats)
 
 
 def decode_weight_bytes(model: Any) -> int:

@@ -19,7 +19,7 @@ import torch
 from ..domain import BatchCosts
 from ..limits import check_count, check_gamma
 from ..runtime.batch import BatchDrafter, batch_generate
-from ..runtime.rowcache import RowCache
+from ..runtime.modes import row_kv
 from ..runtime.workloads import Case
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated
@@ -39,7 +39,7 @@ def verify_surface_ms(
     """[C_ver(B, 0) = T_target(B), C_ver(B, 1), .., C_ver(B, max_gamma)] in ms (medians)."""
     check_count(batch_size, "batch size")
     check_gamma(max_gamma, allow_zero=False, what="max_gamma")
-    kv = RowCache(target, batch_size)
+    kv = row_kv(target, batch_size, context_len + max_gamma + 2)
     vocab = vocab_size(target)
     _prefill_rows(kv, vocab, context_len)
     held = kv.lengths.clone()

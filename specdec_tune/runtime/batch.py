@@ -24,7 +24,8 @@ from .drafters import PromptLookupDrafter, truncated_view
 from .engine import SpecStats, verify_sampling
 from .leandraft import LeanLlamaRows
 from .leandraft import supports as lean_supports
-from .rowcache import RowCache
+from .modes import current as current_mode
+from .modes import row_kv
 from .workloads import Case
 
 
@@ -59,7 +60,7 @@ class BatchModelDrafter(BatchDrafter):
         self, model: Any, rows: int, name: str = "draft", lean: bool = True, threshold_mode: str | None = None
     ) -> None:
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
-        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else RowCache(model, rows)
+        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else row_kv(model, rows)
         self.name = name
         # "hf": the unsure token is proposed, drafting stops after it; "topk10": llama.cpp's p-min,
         # the unsure token is not proposed (see drafters.ModelDrafter).
@@ -79,6 +80,8 @@ class BatchModelDrafter(BatchDrafter):
             lengths = kv.lengths.tolist()
             unseen = {r: seqs[r][lengths[r] :] for r in rows}
             width = max(len(u) for u in unseen.values())
+            if getattr(kv, "compiled", False):  # one graph for the catch-up: gamma + 1 slots
+                width = max(width, max(gammas.values()) + 1)
             rows_in = [[0] * width for _ in range(kv.rows)]
             sizes = [0] * kv.rows
             for r, u in unseen.items():
@@ -236,7 +239,10 @@ def batch_generate(
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
     eos = set(case.eos)
     speculate = drafter is not None and gamma > 0
-    kv = RowCache(target, batch_size)
+    longest = max(len(p) + b for p, b in zip(case.prompts, case.max_new_tokens, strict=True))
+    kv = row_kv(target, batch_size, longest + gamma + 2)
+    # A compiled engine verifies gamma + 1 slots in every step: one graph per (B, gamma).
+    fixed_width = gamma + 1 if speculate and current_mode().compiled else 0
     queue = deque(range(len(case.prompts)))
     rows: list[_Row | None] = [None] * batch_size
     outputs: list[list[int]] = [[] for _ in case.prompts]
@@ -278,7 +284,7 @@ def batch_generate(
         # The step's input built in Python and sent once: per-row tensor writes cost more than
         # the rows' whole bookkeeping.
         proposed = {r: d.tolist() for r, (d, _) in drafts.items()}
-        width = 1 + max(map(len, proposed.values()), default=0)
+        width = max(fixed_width, 1 + max(map(len, proposed.values()), default=0))
         rows_in = [[0] * width for _ in range(batch_size)]
         sizes = [0] * batch_size
         for r, row in active.items():

@@ -15,7 +15,6 @@ import torch
 
 from ..domain import LOOKUP_MATCHES, THRESHOLD_MODES
 from ..errors import SpecDecError
-from .cache import cache_kwarg, new_cache
 from .leandraft import LeanLlama
 from .leandraft import supports as lean_supports
 
@@ -66,8 +65,7 @@ class ModelDrafter(Drafter):
         # assistant_confidence_threshold); "topk10": llama.cpp's p-min, see `propose`.
         self.threshold_mode = threshold_mode or "hf"
         self.device = next(model.parameters()).device
-        self._cache_kw = cache_kwarg(model)
-        self.cache: Any = None
+        self.cache: Any = None  # a modes.SeqCache: the engine mode's cache
         self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
         self.lean = LeanLlama(model) if lean and lean_supports(model) else None
@@ -76,26 +74,31 @@ class ModelDrafter(Drafter):
         if self.lean is not None:
             self.lean.reset()
         else:
-            self.cache = new_cache(self.model)
+            from .modes import SeqCache
+
+            self.cache = SeqCache(self.model)
         self.cached = 0
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
         if self.lean is not None:
             return self.lean.forward(x.view(-1))
-        return self.model(
-            input_ids=x, **{self._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
-        ).logits[0, -1]
+        return self.cache.forward(x, width)[-1]
 
     @torch.inference_mode()
     def propose(self, seq, gamma, threshold, temperature, generator):
         # Feed what the draft has not seen yet (the prompt on the first call, then the last
         # accepted tokens and the target's bonus token), then one token per further step.
+        if self.cached == 0 and self.lean is None and len(seq) > 1:
+            self.cache.prefill(seq[:-1])  # the prompt in one eager forward (its length varies)
+            self.cached = len(seq) - 1
         x = torch.tensor([seq[self.cached :]], dtype=torch.long, device=self.device)
         tokens: list[torch.Tensor] = []
         qs: list[torch.Tensor] = []
         fed_last = False  # whether the last proposal was fed to the draft (its cache holds it)
+        width = gamma + 1  # a compiled draft catches up in gamma + 1 slots (one graph), then 1
         for _ in range(gamma):
-            logits = self._logits(x)
+            logits = self._logits(x, width)
+            width = None
             fed_last = True
             if threshold > 0.0 and self.threshold_mode == "topk10" and _topk10_confidence(logits) < threshold:
                 # llama.cpp's p-min: the unsure token is not proposed. The stop depends on the
@@ -128,7 +131,7 @@ class ModelDrafter(Drafter):
             if self.lean is not None:
                 self.lean.crop(valid_len)
             else:
-                self.cache.crop(valid_len - self.cached)
+                self.cache.crop(self.cached - valid_len)
             self.cached = valid_len
 
 

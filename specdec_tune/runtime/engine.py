@@ -16,8 +16,8 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_decoding
-from .cache import cache_kwarg, new_cache
 from .drafters import Drafter
+from .modes import SeqCache
 
 
 @dataclass
@@ -107,15 +107,14 @@ def _eos_set(eos: int | list[int] | None) -> set[int]:
     return {eos} if isinstance(eos, int) else set(eos)
 
 
-def _prefill(target: Any, prompt_ids: list[int], kw: dict[str, Any]) -> None:
+def _start(target: Any, prompt_ids: list[int], capacity: int) -> SeqCache:
     # Everything but the last prompt token goes into the cache; the last one is fed by the first
     # decode step, so baseline and speculation start from the same state.
     if not prompt_ids:
         raise SpecDecError("the prompt is empty: nothing to condition on")
-    if len(prompt_ids) > 1:
-        device = next(target.parameters()).device
-        x = torch.tensor([prompt_ids[:-1]], dtype=torch.long, device=device)
-        target(input_ids=x, logits_to_keep=1, **kw)
+    seq = SeqCache(target, capacity)
+    seq.prefill(prompt_ids[:-1])
+    return seq
 
 
 def _append(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
@@ -138,15 +137,14 @@ def autoregressive_generate(
 ) -> Generation:
     """The baseline: one target forward per token, same cache handling as the speculative loop."""
     check_decoding(0, 0.0, temperature, max_new_tokens)
-    kw = {cache_kwarg(target): new_cache(target), "use_cache": True}
-    _prefill(target, prompt_ids, kw)
-    device = next(target.parameters()).device
+    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + 1)
+    device = tgt.device
     eos_set = _eos_set(eos)
     x = torch.tensor([prompt_ids[-1:]], dtype=torch.long, device=device)
     out: list[int] = []
     forwards = 0
     while True:
-        logits = target(input_ids=x, **kw).logits[0, -1]
+        logits = tgt.forward(x)[-1]
         forwards += 1
         if temperature == 0.0:
             tok = logits.argmax(-1, keepdim=True)
@@ -176,10 +174,8 @@ def speculative_generate(
     check_decoding(gamma, threshold, temperature, max_new_tokens)
     if gamma == 0:
         return autoregressive_generate(target, prompt_ids, max_new_tokens, temperature, eos, generator)
-    cache = new_cache(target)
-    kw = {cache_kwarg(target): cache, "use_cache": True}
-    _prefill(target, prompt_ids, kw)
-    device = next(target.parameters()).device
+    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + gamma + 2)
+    device = tgt.device
     drafter.start(prompt_ids)
     eos_set = _eos_set(eos)
     seq = list(prompt_ids)  # committed tokens; the last one is not in the target's cache yet
@@ -192,7 +188,8 @@ def speculative_generate(
         g = min(gamma, max_new_tokens - len(out) - 1)
         draft, q = drafter.propose(seq, g, threshold, temperature, generator) if g > 0 else (last[:0], None)
         k = draft.numel()
-        logits = target(input_ids=torch.cat((last, draft)).view(1, k + 1), **kw).logits[0]
+        # A compiled engine verifies gamma + 1 slots every step (one graph); eager feeds k + 1.
+        logits = tgt.forward(torch.cat((last, draft)).view(1, k + 1), gamma + 1)
         forwards += 1
         if temperature == 0.0:
             best = logits.argmax(-1)
@@ -202,7 +199,7 @@ def speculative_generate(
         else:
             n, new = verify_sampling(logits, draft, q, temperature, generator)
         if k > n:
-            cache.crop(n - k)  # keep [last, d_1..d_n] in the target's cache
+            tgt.crop(k - n)  # keep [last, d_1..d_n] in the target's cache
         steps.append((g, k, n))
         before = len(seq)
         done = _append(out, new, eos_set, max_new_tokens)

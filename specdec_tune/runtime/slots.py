@@ -19,9 +19,10 @@ state (sliding windows shorter than the capacity, recurrent layers) are refused 
 that names `--engine eager`.
 
 With `compiled`, decode forwards go through `torch.compile` (CUDA: mode "reduce-overhead", i.e.
-CUDA graphs; CPU: inductor) at a few fixed input widths; a refill's prefill stays eager. Each
-compiled shape is warmed up by `warm` before anything is timed; `compiles` counts the graphs built,
-so a recompile inside a timed loop shows as a change of that count.
+CUDA graphs; CPU: inductor) at the fixed input widths the callers use (1 for a decode step or a
+draft step, gamma + 1 for verification and a draft's catch-up); a refill's prefill stays eager.
+The warm-up before anything is timed builds them; `compiles` counts the graphs built, so a
+recompile inside a timed loop shows as a change of that count (`compile_events`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from typing import Any
 import torch
 
 from ..errors import SpecDecError
-
-WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # compiled input widths: a forward is padded up to one
 
 
 def _text_config(model: Any) -> Any:
@@ -227,12 +226,7 @@ class SlotCache:
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Feed row r's first counts[r] tokens of `tokens` (B, T) after its held ones; the rest of
         each row is padding whose writes land past the row's length. Returns logits (B, T, vocab)."""
-        t = tokens.shape[1]
-        width = t
-        if self.compiled:
-            width = next((w for w in WIDTHS if w >= t), t)
-            if width > t:
-                tokens = torch.nn.functional.pad(tokens, (0, width - t))
+        t = width = tokens.shape[1]
         pos = self.lengths[:, None] + self.cols[None, :width]
         self._ensure(int(self.lengths.max()) + t)
         # Padding slots past the capacity write into the last column, which no row reaches.
@@ -242,7 +236,16 @@ class SlotCache:
         if self.compiled and width not in self._graphs:
             self._graphs.add(width)
             self.compiles += 1
-        logits = self._fn(tokens, pos)
+            try:
+                logits = self._fn(tokens, pos)
+            except Exception as exc:  # a compiler bug or a missing toolchain: stay exact, go static
+                from .modes import compile_failed
+
+                compile_failed(f"{type(self.model).__name__}: {type(exc).__name__}: {exc}")
+                self.compiled, self._fn = False, self._step
+                logits = self._step(tokens, pos)
+        else:
+            logits = self._fn(tokens, pos)
         if self.compiled and self.device.type == "cuda":
             logits = logits.clone()  # a CUDA graph's output is overwritten by its next replay
         self.lengths = self.lengths + counts
@@ -274,8 +277,14 @@ def _compile(fn: Any, device: torch.device) -> Any:
     # object would silently fall back to eager.
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 1024)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(fn, mode=mode, dynamic=False)
+    if device.type == "cuda":
+        return torch.compile(fn, mode="reduce-overhead", dynamic=False)
+    import torch._inductor.config as inductor_config
+
+    # Weights become constants of the graph, prepacked for the CPU's matmul kernels: measured on
+    # the demo target, one decode step 3.8 ms frozen against 4.6 ms unfrozen (2-core EPYC).
+    inductor_config.freezing = True
+    return torch.compile(fn, dynamic=False)
 
 
 def compile_events() -> int:

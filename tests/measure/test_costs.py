@@ -54,15 +54,15 @@ def test_forward_curve_times_the_forward_itself(tiny_target, monkeypatch):
 
 def test_forward_timing_leaves_the_cache_as_it_found_it(tiny_target):
     with torch.inference_mode():
-        cache, kw, new_ids = forward.warm_cache(tiny_target, context_len=20, extra=5)
-    forward.forward_samples_ms(tiny_target, cache, kw, new_ids, [1, 3, 5], repeats=2)
-    assert cache.get_seq_length() == 20
+        cache, new_ids = forward.warm_cache(tiny_target, context_len=20, extra=5)
+    forward.forward_samples_ms(tiny_target, cache, new_ids, [1, 3, 5], repeats=2)
+    assert cache.cache.get_seq_length() == 20
     # Same length is not enough: the kept keys/values must still be those of the context.
     x = torch.tensor([new_ids[:1]])
     with torch.inference_mode():
-        after = tiny_target(input_ids=x, **kw).logits
-        _, fresh_kw, _ = forward.warm_cache(tiny_target, context_len=20, extra=5)
-        expected = tiny_target(input_ids=x, **fresh_kw).logits
+        after = cache.forward(x)
+        fresh, _ = forward.warm_cache(tiny_target, context_len=20, extra=5)
+        expected = fresh.forward(x)
     torch.testing.assert_close(after, expected)
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import noisy_copy, tiny_llama
+from helpers import check_rows, hf_greedy, noisy_copy, tiny_llama
 from test_sampling import P_FAIL, P_PASS, _resample_from_p, chi2_p_value
 
 from specdec_tune.domain import DraftSpec
@@ -37,60 +37,24 @@ def workload(tiny_target, prompts):
     extra = [torch.randint(1, 95, (n,), generator=g).tolist() for n in (3, 17, 8, 2)]
     all_prompts = prompts + extra
     budgets = [16, 9, 20, 5, 12, 16, 3, 14, 18][: len(all_prompts)]
-    probe = _hf_greedy(tiny_target, all_prompts[2], 20, None)
+    probe = hf_greedy(tiny_target, all_prompts[2], 20, None)
     eos = probe[7]  # a token the target emits: generations containing it stop there
     return Case(all_prompts, budgets, [eos], 0.0)
-
-
-def _hf_greedy(model, prompt, max_new, eos):
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=0,
-    )
-    new = out[0, len(prompt) :].tolist()
-    if eos is not None and eos in new:
-        new = new[: new.index(eos) + 1]
-    return new
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_target, workload):
     return [
-        _hf_greedy(tiny_target, p, b, workload.eos)
+        hf_greedy(tiny_target, p, b, workload.eos)
         for p, b in zip(workload.prompts, workload.max_new_tokens, strict=True)
     ]
-
-
-def _near_tie(model, prompt, got, want) -> bool:
-    """Whether the first differing token is a near-tie of the target (top-2 within 1e-4 relative),
-    where batched matmuls may legitimately round the other way."""
-    i = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([prompt + want[:i]])).logits[0, -1].double()
-    top2 = logits.topk(2).values
-    return float(top2[0] - top2[1]) <= 1e-4 * float(top2[0].abs().clamp_min(1e-12))
-
-
-def _check_rows(model, case, outputs, reference) -> int:
-    """Asserts every row matches its reference or differs at a proven near-tie; returns the ties."""
-    ties = 0
-    for prompt, got, want in zip(case.prompts, outputs, reference, strict=True):
-        if got != want:
-            assert _near_tie(model, prompt, got, want), (prompt, got, want)
-            ties += 1
-    return ties
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
 def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference, batch_size):
     run = batch_generate(tiny_target, None, workload, batch_size, 0)
-    assert _check_rows(tiny_target, workload, run.outputs, reference) == 0
+    assert check_rows(tiny_target, workload, run.outputs, reference) == 0
     assert run.stats.proposed == 0 and run.stats.emitted == sum(map(len, reference))
     assert len(run.latencies_s) == len(workload.prompts) and all(t > 0 for t in run.latencies_s)
 
@@ -106,7 +70,7 @@ def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, refe
         for threshold in thresholds:
             drafter = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size)
             run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold)
-            ties += _check_rows(tiny_target, workload, run.outputs, reference)
+            ties += check_rows(tiny_target, workload, run.outputs, reference)
             assert run.stats.proposed > 0 or kind.startswith("prompt_lookup")
             assert run.stats.emitted == sum(map(len, run.outputs))
     assert ties == 0  # expected on these models; a proven near-tie would be allowed and counted
@@ -115,7 +79,7 @@ def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, refe
 def test_more_rows_than_prompts_and_a_one_token_prompt(tiny_target, tiny_draft):
     case = Case([[7], [3, 4, 5]], [6, 4], [], 0.0)
     want = [
-        _hf_greedy(tiny_target, p, b, None) for p, b in zip(case.prompts, case.max_new_tokens, strict=True)
+        hf_greedy(tiny_target, p, b, None) for p, b in zip(case.prompts, case.max_new_tokens, strict=True)
     ]
     drafter = build_batch_drafter(DRAFTS["model"], tiny_target, {"draft": tiny_draft}, 5)
     assert batch_generate(tiny_target, drafter, case, 5, 3).outputs == want

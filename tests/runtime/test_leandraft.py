@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from helpers import tiny_llama
 
-from specdec_tune.runtime.drafters import ModelDrafter, new_cache
+from specdec_tune.runtime.cache import new_cache
+from specdec_tune.runtime.drafters import ModelDrafter
 from specdec_tune.runtime.leandraft import LeanLlama, supports
 
 

@@ -1,0 +1,219 @@
+"""Engine modes: under `static` and `compiled` every drafter's greedy output equals the same mode's
+plain decoding and transformers.generate (batch 1 and batched, refill on, ragged acceptance, EOS
+inside a draft), for a Llama, a GPT-2 and a Qwen2 (attention biases) architecture; sampling stays
+exact (χ²); the static cache refuses what it cannot hold exactly; a compile failure falls back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import check_rows, hf_greedy, noisy_copy, tiny_llama
+
+from specdec_tune.domain import DraftSpec
+from specdec_tune.errors import SpecDecError
+from specdec_tune.runtime import modes, slots
+from specdec_tune.runtime.batch import batch_generate, build_batch_drafter
+from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
+from specdec_tune.runtime.engine import autoregressive_generate, speculative_generate
+from specdec_tune.runtime.workloads import Case
+
+VOCAB = 96
+
+
+def tiny_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=256,
+        initializer_range=0.3,
+        bos_token_id=0,
+        eos_token_id=VOCAB - 1,
+    )
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def tiny_qwen2(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # the architecture under test
+    return model
+
+
+ARCHS = {"llama": lambda: tiny_llama(seed=0), "gpt2": tiny_gpt2, "qwen2": tiny_qwen2}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def pair(request):
+    target = ARCHS[request.param]()
+    return request.param, target, noisy_copy(target, 0.05)
+
+
+def _case(target) -> Case:
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, VOCAB - 1, (n,), generator=g).tolist() for n in (5, 12, 3, 9, 2)]
+    prompts.append([7, 8, 9, 7, 8, 9, 7, 8])  # repetitive: prompt lookup has matches
+    budgets = [12, 7, 14, 5, 10, 12]
+    eos = hf_greedy(target, prompts[0], 12, None)[5]  # a token the target emits mid-generation
+    return Case(prompts, budgets, [eos], 0.0)
+
+
+def _reference(target, case):
+    return [hf_greedy(target, p, b, case.eos) for p, b in zip(case.prompts, case.max_new_tokens, strict=True)]
+
+
+SPECS = {
+    "model": DraftSpec("draft", "model"),
+    "prompt_lookup": DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3),
+    "layer_skip": DraftSpec("layer-skip-1", "layer_skip", layers=1),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["static", "eager"])
+def test_static_mode_is_exact_for_every_architecture_and_drafter(pair, mode):
+    arch, target, draft = pair
+    case = _case(target)
+    reference = _reference(target, case)
+    ties = 0
+    with modes.engine_mode(mode, 64):
+        for b in (1, 3):
+            plain = batch_generate(target, None, case, b, 0)
+            ties += check_rows(target, case, plain.outputs, reference)
+            for kind, spec in SPECS.items():
+                if kind == "layer_skip" and arch == "gpt2":
+                    continue  # GPT-2 keeps its layers at transformer.h: layer-skip refuses it
+                for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
+                    drafter = build_batch_drafter(spec, target, {"draft": draft}, b)
+                    run = batch_generate(target, drafter, case, b, gamma, threshold)
+                    ties += check_rows(target, case, run.outputs, reference)
+                    assert run.stats.emitted == sum(map(len, run.outputs))
+        # batch 1 through the one-sequence engine, its draft on the mode's cache too
+        drafter = ModelDrafter(draft, lean=False)
+        for prompt, budget, want in zip(case.prompts, case.max_new_tokens, reference, strict=True):
+            alone = autoregressive_generate(target, prompt, budget, eos=case.eos)
+            spec = speculative_generate(target, drafter, prompt, 4, 0.3, 0.0, budget, case.eos)
+            assert alone.tokens == spec.tokens
+            ties += check_rows(target, Case([prompt], [budget], case.eos, 0.0), [spec.tokens], [want])
+    assert ties == 0
+
+
+@pytest.mark.slow
+def test_compiled_mode_is_exact_and_builds_each_graph_once():
+    target = tiny_llama(layers=1, hidden=32, seed=4)
+    draft = tiny_gpt2(seed=2)  # a non-Llama draft runs on the compiled slot cache too
+    case = _case(target)
+    reference = _reference(target, case)
+    with modes.engine_mode("compiled", 64) as mode:
+        drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 2)
+        first = batch_generate(target, drafter, case, 2, 3)
+        plain = batch_generate(target, None, case, 2, 0)
+        built = slots.compile_events()
+        again = batch_generate(target, drafter, case, 2, 3)
+        batch_generate(target, None, case, 2, 0)
+        assert slots.compile_events() == built  # shapes seen before: no recompile
+        assert mode.fallbacks == []
+    # GPT-2 and the Llama target share no vocabulary semantics, only ids: exactness still holds
+    assert check_rows(target, case, first.outputs, reference) == 0
+    assert again.outputs == first.outputs and plain.outputs == first.outputs
+    assert first.stats.proposed > 0
+
+
+def test_the_static_cache_moves_lengths_and_keeps_rows_apart():
+    target = tiny_llama(seed=1)
+    with torch.inference_mode():
+        kv = slots.SlotCache(target, 2, 64)
+        kv.prefill(0, [1, 2, 3, 4])
+        kv.prefill(1, [9, 8, 7, 6, 5])
+        tokens = torch.tensor([[5, 6, 7], [4, 0, 0]])
+        kv.forward(tokens, torch.tensor([3, 1]))
+        assert kv.lengths.tolist() == [7, 6]
+        kv.truncate(torch.tensor([5, 6]))  # row 0 rejects two tokens: only its length moves
+        got = kv.forward(torch.tensor([[8], [3]]), torch.tensor([1, 1]))[:, 0]
+        want0 = target(input_ids=torch.tensor([[1, 2, 3, 4, 5, 8]])).logits[0, -1]
+        want1 = target(input_ids=torch.tensor([[9, 8, 7, 6, 5, 4, 3]])).logits[0, -1]
+    torch.testing.assert_close(got[0], want0, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1], want1, rtol=1e-4, atol=1e-4)
+
+
+def test_static_sampling_is_exact_per_row():
+    from test_sampling import P_PASS, chi2_p_value
+
+    from test_batch import _first_two_tokens  # noqa: I001  (the batched χ² harness)
+
+    with modes.engine_mode("static", 16):
+        assert chi2_p_value(*_first_two_tokens(1500)) > P_PASS
+
+
+def test_what_the_static_cache_cannot_hold_is_a_clear_error():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=16,
+        max_position_embeddings=256,
+    )
+    sliding = MistralForCausalLM(cfg).eval()
+    with pytest.raises(SpecDecError, match="--engine eager"):
+        slots.SlotCache(sliding, 1, 64)
+    slots.SlotCache(sliding, 1, 16)  # a window no shorter than the sequence is full attention
+    with pytest.raises(SpecDecError, match="positions"):
+        slots.SlotCache(tiny_gpt2(), 1, 512)  # n_positions 256
+    with pytest.raises(SpecDecError, match="unknown engine mode"):
+        modes.check_engine_mode("turbo")
+    with pytest.raises(SpecDecError, match="holds 8 positions"):
+        slots.SlotCache(tiny_llama(), 1, 8).prefill(0, list(range(1, 12)))
+
+
+def test_a_compile_failure_falls_back_to_static_and_is_recorded(monkeypatch):
+    target = tiny_llama(layers=1, hidden=32, seed=4)
+
+    def broken(fn, device):
+        def run(*args, **kwargs):
+            raise RuntimeError("inductor: no C++ compiler found\nmore detail")
+
+        return run
+
+    monkeypatch.setattr(slots, "_compile", broken)
+    monkeypatch.setattr(slots, "_CACHES", type(slots._CACHES)())
+    case = _case(target)
+    with modes.engine_mode("compiled", 64) as mode, pytest.warns(UserWarning, match="falling back"):
+        run = batch_generate(target, None, case, 2, 0)
+    assert mode.fallbacks == ["LlamaForCausalLM: RuntimeError: inductor: no C++ compiler found"]
+    assert check_rows(target, case, run.outputs, _reference(target, case)) == 0
+
+
+def test_auto_is_compiled_on_cuda_and_measured_on_cpu():
+    assert modes.resolve_auto("cuda:0") == "compiled"
+    assert modes.resolve_auto("cpu") == "eager"
+    assert modes.resolve_auto("cpu", tiny_llama(layers=1, hidden=32)) in ("eager", "static")
+
+
+def test_prompt_lookup_needs_no_cache_in_any_mode():
+    target = tiny_llama(seed=2)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    with modes.engine_mode("static", 64):
+        a = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
+    b = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
+    assert a.tokens == b.tokens == hf_greedy(target, prompt, 10, None)
