@@ -17,6 +17,7 @@ from .cli_options import (
     Device,
     Drafts,
     Dtype,
+    EngineOpt,
     JsonOut,
     MaxNew,
     Prompts,
@@ -116,6 +117,7 @@ def bench(
     ] = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    engine: EngineOpt = "auto",
     json_out: JsonOut = False,
 ) -> None:
     """Measure one config against the plain target, timed in the same run."""
@@ -124,7 +126,7 @@ def bench(
         from . import app as api
 
         models = models_from(
-            target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt
+            target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt, engine
         )
         with spinner("measuring…", json_out):
             result = api.bench(
@@ -166,6 +168,7 @@ def profile_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Write the measured costs as YAML.")] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    engine: EngineOpt = "auto",
     json_out: JsonOut = False,
 ) -> None:
     """Measure hardware costs (T_target, C_ver(γ), T_draft, bandwidth) and predict the best configs."""
@@ -174,7 +177,9 @@ def profile_cmd(
         from . import app as api
         from .store.yamlio import profile_to_dict
 
-        models = models_from(target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype)
+        models = models_from(
+            target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype, engine=engine
+        )
         with CliProgress(json_out, "profiling", 1.0) as progress:
             r = api.profile_costs(models, max_gamma, repeats, out, progress)
         if json_out:

@@ -24,6 +24,16 @@ Prompts = Annotated[
     int | None,
     typer.Option("--prompts", help="Use N prompts of the workload, taken round-robin over its categories."),
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Engine mode of every forward: eager (transformers + dynamic cache), static (preallocated "
+        "per-row cache), compiled (static + torch.compile; CUDA graphs on GPU), or auto (compiled on "
+        "CUDA; on CPU the faster of eager and static).",
+        envvar="SPECDEC_ENGINE",
+    ),
+]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print a machine-readable result on stdout.")]
 
 
@@ -46,8 +56,12 @@ StorageUrl = Annotated[
 ]
 
 
-def models_from(target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None):
+def models_from(
+    target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None, engine="auto"
+):
     """The app's Models from the shared options."""
     from .app import Models
 
-    return Models(target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype)
+    return Models(
+        target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype, engine
+    )

@@ -11,6 +11,7 @@ from .cli_options import (
     Device,
     Drafts,
     Dtype,
+    EngineOpt,
     JsonOut,
     MaxNew,
     Prompts,
@@ -124,6 +125,7 @@ def run(
     ] = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    engine: EngineOpt = "auto",
     json_out: JsonOut = False,
 ) -> None:
     """Profile, search (Optuna over the real speculative loop) and write the winning YAML profile."""
@@ -152,7 +154,9 @@ def run(
             engine=for_engine,
             gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
         )
-        models = models_from(target, draft, workload, max_new_tokens, temperature, prompts, device, dtype)
+        models = models_from(
+            target, draft, workload, max_new_tokens, temperature, prompts, device, dtype, engine=engine
+        )
         if per_category:
             from .app.categories import check_categories
 

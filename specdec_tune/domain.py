@@ -191,6 +191,10 @@ class Costs:
     # largest measured B whose verification of one draft token still costs about one decode step.
     batch: list[BatchCosts] = field(default_factory=list)
     memory_bound_until: int | None = None
+    # The engine mode every forward above ran under (runtime.modes), and any compile that failed
+    # and fell back to the static engine (one line each).
+    engine_mode: str = "eager"
+    compile_fallbacks: list[str] = field(default_factory=list)
 
     def at_batch(self, batch_size: int) -> BatchCosts | None:
         return next((b for b in self.batch if b.batch_size == batch_size), None)

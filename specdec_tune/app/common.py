@@ -30,6 +30,7 @@ class Models:
     temperature: float = 0.0
     device: str = "auto"
     dtype: str = "auto"
+    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.modes)
 
     def open(self, lazy_drafts: bool = True) -> Any:
         from ..runtime.session import open_session
@@ -45,6 +46,7 @@ class Models:
             self.prompts,
             self.prompt,
             lazy_drafts=lazy_drafts,
+            engine=self.engine,
         )
 
 
@@ -100,6 +102,7 @@ def measure_costs(
         repeats=repeats,
         progress=progress.stage,
     )
+    costs.engine_mode = s.engine_mode
     if batch_sizes and batch_sizes != [1]:
         from ..measure.surface import measure_surface
 
@@ -114,6 +117,9 @@ def measure_costs(
             progress=lambda label: progress.stage(label, 0.99),
             case=case,
         )
+    from ..runtime.modes import current
+
+    costs.compile_fallbacks = list(current().fallbacks)
     return costs
 
 

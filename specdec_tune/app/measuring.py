@@ -226,6 +226,7 @@ def check(
         temperature=p.workload.temperature,
         device=device,
         dtype=p.target.dtype,
+        engine=p.engine_mode,
     ).open(lazy_drafts=False)
     hw = hardware_info(s.device)
     if not same_hardware(p.hardware, hw) and not allow_other_hardware:

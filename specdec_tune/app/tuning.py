@@ -102,6 +102,7 @@ def tune(
         "temperature": s.case.temperature,
         "dtype": s.target.dtype,
         "repeats": settings.repeats,
+        "engine_mode": s.engine_mode,
     }
     results: dict[int, Any] = {}
     notes = []
@@ -129,7 +130,7 @@ def tune(
         )
         neighbour = [_params(results[b].results[0].config)]
     first = results[batch_sizes[0]]
-    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs)
+    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode)
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)
@@ -219,9 +220,11 @@ def make_profile(
     workload: Any,
     case: Any,
     costs: Any,
+    engine_mode: str = "eager",
 ) -> Profile:
     """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload)."""
     from ..runtime.models import content_hash
+    from ..runtime.modes import current as current_mode
     from ..store.refs import storage_for_record
     from ..store.schema import SearchInfo, TargetInfo, WorkloadInfo
 
@@ -267,6 +270,8 @@ def make_profile(
         # The baseline has its own section; as an alternative it would only take a config's place.
         alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
         baseline=result.baseline,
+        engine_mode=engine_mode,
+        compile_fallbacks=list(current_mode().fallbacks),
         versions=versions,
         created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
     )

@@ -73,6 +73,17 @@ def engine_mode(name: str, capacity: int = DEFAULT_CAPACITY) -> Iterator[EngineM
         _current = before
 
 
+def use(name: str, capacity: int = DEFAULT_CAPACITY) -> EngineMode:
+    """Put engine mode `name` in force for what follows (a command's whole run; the app layer
+    calls this once per use case after loading the models)."""
+    global _current
+    check_engine_mode(name)
+    if name == "auto":
+        raise SpecDecError("engine mode 'auto' must be resolved first (modes.resolve_auto)")
+    _current = EngineMode(name, max(1, int(capacity)))
+    return _current
+
+
 def compile_failed(reason: str) -> None:
     """A compile failed: the forward falls back (the caller does), the mode remembers why."""
     line = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
@@ -154,28 +165,59 @@ class SeqCache:
 
 def resolve_auto(device: str, probe: Any | None = None) -> str:
     """`auto` -> compiled on CUDA; on CPU the faster of eager and static per decode step of `probe`
-    (a model) when given, else eager."""
+    (a model) when given, else eager. The CPU decision is kept (in this process and in
+    ~/.cache/specdec-tune/engine-auto.json) per model shape, so a resumed study and `check` see the
+    mode the search used."""
     if str(device).startswith("cuda"):
         return "compiled"
     if probe is None:
         return "eager"
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+
+    params = sum(p.numel() for p in probe.parameters())
+    key = (
+        f"{device}:{type(probe).__name__}:{params}:{next(probe.parameters()).dtype}:{torch.get_num_threads()}"
+    )
+    path = Path(os.path.expanduser("~")) / ".cache" / "specdec-tune" / "engine-auto.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if known.get(key) in ("eager", "static"):
+        return known[key]
+    eager, static = _decode_step_ms("eager", probe), _decode_step_ms("static", probe)
+    # Static must win clearly: a tie on a noisy machine should not flip the mode between runs.
+    choice = "static" if static < 0.97 * eager else "eager"
+    known[key] = choice
+    try:  # written whole and renamed into place: a reader never sees half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return choice
+
+
+def _decode_step_ms(name: str, model: Any) -> float:
     import time
 
     import torch
 
-    def step_ms(name: str) -> float:
-        with engine_mode(name, 256):
-            seq = SeqCache(probe)
-            seq.prefill([1] * 128)
-            x = torch.ones(1, 1, dtype=torch.long, device=seq.device)
-            times = []
-            with torch.inference_mode():
-                for _ in range(12):
-                    t0 = time.perf_counter()
-                    seq.forward(x)
-                    seq.crop(1)
-                    times.append(time.perf_counter() - t0)
-            return sorted(times[2:])[len(times[2:]) // 2]
-
-    eager, static = step_ms("eager"), step_ms("static")
-    return "static" if static < eager else "eager"
+    with engine_mode(name, 256):
+        seq = SeqCache(model)
+        seq.prefill([1] * 128)
+        x = torch.ones(1, 1, dtype=torch.long, device=seq.device)
+        times = []
+        with torch.inference_mode():
+            for _ in range(25):
+                t0 = time.perf_counter()
+                seq.forward(x)
+                seq.crop(1)
+                times.append(time.perf_counter() - t0)
+    rest = sorted(times[5:])
+    return rest[len(rest) // 2]

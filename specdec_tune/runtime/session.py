@@ -115,6 +115,7 @@ class Session:
     workload: Workload
     case: Case
     device: str
+    engine_mode: str = "eager"  # the engine mode in force for this session (runtime.modes)
 
     @property
     def draft_modules(self) -> dict[str, object]:
@@ -141,6 +142,7 @@ def open_session(
     prompt: str | None = None,
     default_drafts: bool = True,
     lazy_drafts: bool = False,
+    engine: str = "auto",
 ) -> Session:
     """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
 
@@ -148,8 +150,11 @@ def open_session(
     the draft models are loaded on first use (`Session.draft_model`), so one that fails to load
     fails its trials instead of the whole run.
     """
+    from . import modes
+
     check_count(max_new_tokens, "max_new_tokens")
     check_temperature(temperature)
+    modes.check_engine_mode(engine)
     dev = resolve_device(device)
     if drafts is None:
         drafts = [*DEMO_DRAFTS, "prompt-lookup"] if (target is None and default_drafts) else ["prompt-lookup"]
@@ -170,7 +175,11 @@ def open_session(
     ids = encode_prompts(wl, tgt.tokenizer)
     budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
     case = Case(ids, budgets, eos_ids(tgt), temperature)
-    session = Session(tgt, {}, specs, wl, case, dev)
+    name = modes.resolve_auto(dev, tgt.model) if engine == "auto" else engine
+    # Room for the longest request and a gamma up to 16; a cache asked for more grows.
+    longest = max(len(p) + b for p, b in zip(ids, budgets, strict=True))
+    modes.use(name, longest + 18)
+    session = Session(tgt, {}, specs, wl, case, dev, name)
     if not lazy_drafts:
         for spec in specs:
             part = model_part(spec)

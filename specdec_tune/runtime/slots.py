@@ -156,7 +156,7 @@ class SlotCache:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kw = cache_kwarg(model)
-        n_layers = int(getattr(_text_config(model), "num_hidden_layers"))
+        n_layers = int(_text_config(model).num_hidden_layers)
         self.cache = Cache(layers=[_LAYER(self) for _ in range(n_layers)])
         self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
@@ -232,7 +232,9 @@ class SlotCache:
         # Padding slots past the capacity write into the last column, which no row reaches.
         pos = pos.clamp_max(self.capacity - 1)
         self.write_at = pos
-        self.visible = self.capacity if self.compiled else min(self.capacity, _round_up(int(pos.max()) + 1, 32))
+        self.visible = (
+            self.capacity if self.compiled else min(self.capacity, _round_up(int(pos.max()) + 1, 32))
+        )
         if self.compiled and width not in self._graphs:
             self._graphs.add(width)
             self.compiles += 1

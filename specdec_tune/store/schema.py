@@ -97,6 +97,10 @@ class Profile:
     b_star: int | None = None
     predicted_b_star: int | None = None  # the cost model's B* from the cost surface
     category_table: list[CategoryRow] = field(default_factory=list)  # `run --per-category`
+    # The engine mode the search measured under (runtime.modes; `check` re-measures with it), and
+    # any compile that failed there and fell back to the static engine.
+    engine_mode: str = "eager"
+    compile_fallbacks: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION

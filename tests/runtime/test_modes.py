@@ -153,9 +153,8 @@ def test_the_static_cache_moves_lengths_and_keeps_rows_apart():
 
 
 def test_static_sampling_is_exact_per_row():
+    from test_batch import _first_two_tokens
     from test_sampling import P_PASS, chi2_p_value
-
-    from test_batch import _first_two_tokens  # noqa: I001  (the batched χ² harness)
 
     with modes.engine_mode("static", 16):
         assert chi2_p_value(*_first_two_tokens(1500)) > P_PASS
