@@ -68,6 +68,7 @@ def costs_report(
         kv_table(
             "bandwidth and throughput",
             [
+                ("engine mode", costs.engine_mode + _fallbacks(costs.compile_fallbacks)),
                 ("copy bandwidth", unit(costs.copy_bandwidth_gbps, "GB/s")),
                 ("target decode bandwidth (weights × tok/s)", unit(costs.decode_bandwidth_gbps, "GB/s")),
                 ("roofline share (decode / copy)", num(costs.roofline_share)),
@@ -179,3 +180,7 @@ def check_table(report: Any) -> Table:
         verdict = "[green]ok[/green]" if i.ok else "[red]REGRESSION[/red]"
         t.add_row(i.metric, str(i.stored), str(i.measured), verdict, i.note)
     return t
+
+
+def _fallbacks(lines: list[str]) -> str:
+    return f" (compile failed, ran static: {'; '.join(lines)})" if lines else ""

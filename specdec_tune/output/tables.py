@@ -183,6 +183,11 @@ def _run_table(p: Profile) -> Table:
             else "none (ranked by the search trials)",
         ),
         ("study", f"{s.study_name} in {s.storage}"),
+        (
+            "engine mode",
+            p.engine_mode
+            + (f" (compile failed: {'; '.join(p.compile_fallbacks)})" if p.compile_fallbacks else ""),
+        ),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
     ]
     return kv_table("Run", rows)
@@ -192,6 +197,7 @@ def _costs_tables(c: Costs) -> list[Table]:
     summary = [
         ("T_target", f"{c.t_target_ms:.3f} ms per token (spread ±{c.t_target_spread * 100:.1f}%)"),
         ("context length", str(c.context_len)),
+        ("engine mode", c.engine_mode),
         ("copy bandwidth", unit(c.copy_bandwidth_gbps, "GB/s")),
         ("decode bandwidth", unit(c.decode_bandwidth_gbps, "GB/s")),
         ("roofline share", "—" if c.roofline_share is None else f"{c.roofline_share * 100:.0f}%"),

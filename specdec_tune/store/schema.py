@@ -16,6 +16,8 @@ from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
 
+MEASURED_MODES = ("eager", "static", "compiled")  # runtime.modes.ENGINE_MODES, auto resolved
+
 SCHEMA_VERSION = 2
 # Version 1 profiles (before the batch table) still load: every field added since is optional.
 READABLE_VERSIONS = (1, 2)
@@ -270,6 +272,12 @@ def _validate(p: Profile) -> None:
     _at_least(p.workload.temperature, 0.0, "workload.temperature")
     _at_least(p.workload.max_new_tokens, 1, "workload.max_new_tokens")
     _at_least(p.workload.prompts, 1, "workload.prompts")
+    for where, mode in (
+        ("engine_mode", p.engine_mode),
+        ("costs.engine_mode", p.costs and p.costs.engine_mode),
+    ):
+        if mode not in (None, *MEASURED_MODES):
+            raise _field_error(where, f"must be one of {', '.join(MEASURED_MODES)}", mode)
     _validate_result(p.best, "best")
     for i, alt in enumerate(p.alternatives):
         _validate_result(alt, f"alternatives[{i}]")

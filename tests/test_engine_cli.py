@@ -1,0 +1,68 @@
+"""`--engine` end to end: a static-mode run records its mode, `check` re-measures under it (and a
+profile claiming an unknown mode is refused), `bench`/`profile` accept every mode, bad modes are
+one red line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from helpers import invoke, one_red_line, tiny_args
+
+from specdec_tune.runtime import modes
+from specdec_tune.store.yamlio import load_profile
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    before = modes.current()
+    yield
+    modes._current = before
+
+
+@pytest.mark.parametrize("command", ["bench", "profile", "run"])
+def test_an_unknown_engine_mode_is_one_red_line(tiny_dirs, command):
+    one_red_line(invoke(command, *tiny_args(tiny_dirs, "--engine", "turbo")))
+
+
+@pytest.mark.slow
+def test_a_static_run_records_its_mode_and_check_re_measures_under_it(tiny_dirs, tmp_path, monkeypatch):
+    out = tmp_path / "static.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs, "--draft", "prompt-lookup", "--engine", "static", "--trials", "2", "--max-gamma", "2",
+            "-n", "4", "--repeats", "1", "--finalists", "0", "--no-profile",
+            "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", out,
+        ),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    assert p.engine_mode == "static" and p.compile_fallbacks == []
+    seen = []
+    real_use = modes.use
+    monkeypatch.setattr(
+        modes, "use", lambda name, capacity=1024: seen.append(name) or real_use(name, capacity)
+    )
+    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1")
+    assert c.exit_code in (0, 1), c.output
+    assert seen == ["static"]
+    data = yaml.safe_load(out.read_text())
+    data["engine_mode"] = "warp"
+    out.write_text(yaml.safe_dump(data))
+    bad = invoke("check", out)
+    assert bad.exit_code == 2 and "engine_mode" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_bench_and_profile_run_in_every_mode(tiny_dirs, mode):
+    b = invoke("bench", *tiny_args(tiny_dirs, "--draft", "prompt-lookup", "-g", "2", "-n", "4", "--repeats", "1",
+                                   "--engine", mode, "--json"))  # fmt: skip
+    assert b.exit_code == 0, b.output
+    assert json.loads(b.stdout)["mismatches"] == 0
+    p = invoke("profile", *tiny_args(tiny_dirs, "--draft", "prompt-lookup", "--max-gamma", "2", "--repeats", "1",
+                                     "-n", "4", "--engine", mode, "--json"))  # fmt: skip
+    assert p.exit_code == 0, p.output
+    assert json.loads(p.stdout)["costs"]["engine_mode"] == mode
