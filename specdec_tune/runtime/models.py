@@ -29,9 +29,11 @@ class LoadedModel:
     path: str
     revision: str | None  # the HF snapshot commit when loaded from the cache
     model: Any  # transformers PreTrainedModel
-    tokenizer: Any  # transformers tokenizer
+    tokenizer: Any  # transformers tokenizer; None for a shape (random weights, runtime.shapes)
     dtype: str
     device: str
+    weights: str = "trained"  # "random": built from a shape's config, for timing only
+    shape: str | None = None  # the shape's name when weights are random
 
     @property
     def num_params(self) -> int:
@@ -103,7 +105,12 @@ def choose_dtype(dtype: str, device: str) -> Any:
 
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
-    """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0")."""
+    """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0");
+    `shape:NAME` builds that shape with random weights instead (runtime.shapes)."""
+    from .shapes import is_shape_ref, load_shape
+
+    if is_shape_ref(name_or_path):
+        return load_shape(name_or_path, device, dtype)
     folder, revision = resolve_model_path(name_or_path)
     torch_dtype = choose_dtype(dtype, device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -129,8 +136,28 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> L
     )
 
 
+# Vocabulary sizes a shape (which has no tokenizer) may differ by: padding, e.g. Qwen2.5-7B's
+# 152064 embedding rows against 151936 in Qwen2.5-0.5B, both for the same tokenizer.
+SHAPE_VOCAB_SLACK = 0.01
+
+
+def _vocab_rows(m: LoadedModel) -> int:
+    return int(m.model.get_input_embeddings().weight.shape[0])
+
+
 def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """Draft and target must share a tokenizer: same size, same id for every token both have."""
+    """Draft and target must share a tokenizer: same size, same id for every token both have.
+
+    A shape has no tokenizer: then the embedding sizes must agree up to padding, which keeps
+    a Qwen draft from being timed against a Llama target by mistake."""
+    if target.tokenizer is None or draft.tokenizer is None:
+        t, d = _vocab_rows(target), _vocab_rows(draft)
+        if abs(t - d) > SHAPE_VOCAB_SLACK * max(t, d):
+            raise SpecDecError(
+                f"draft '{draft.name}' has a vocabulary of {d} tokens but the target '{target.name}' has "
+                f"{t}: speculative decoding needs a shared vocabulary, pick a draft of the same model family"
+            )
+        return
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if len(target.tokenizer) != len(draft.tokenizer):
         raise SpecDecError(
@@ -197,7 +224,8 @@ def eos_ids(loaded: LoadedModel) -> list[int]:
     """All end-of-sequence ids the model's generation config and tokenizer declare."""
     ids: list[int] = []
     gen = getattr(loaded.model, "generation_config", None)
-    for src in (getattr(gen, "eos_token_id", None), loaded.tokenizer.eos_token_id):
+    tokenizer_eos = getattr(loaded.tokenizer, "eos_token_id", None)  # a shape has no tokenizer
+    for src in (getattr(gen, "eos_token_id", None), tokenizer_eos):
         if src is None:
             continue
         for i in src if isinstance(src, (list, tuple)) else [src]:

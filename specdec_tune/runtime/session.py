@@ -1,7 +1,7 @@
 """What every command sets up first: the target, its drafts, the workload encoded as a `Case`.
 
-Also the `--draft` syntax: a model (folder, HF id or demo name), `prompt-lookup[:MIN-MAX]`,
-`layer-skip:K`, or `hybrid:prompt-lookup[:MIN-MAX]+MODEL`.
+Also the `--draft` syntax: a model (folder, HF id, demo name or `shape:NAME`),
+`prompt-lookup[:MIN-MAX]`, `layer-skip:K`, or `hybrid:prompt-lookup[:MIN-MAX]+MODEL`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .models import (
     load_model,
     slugify,
 )
+from .shapes import SHAPE_PREFIX, is_shape_ref, shape_name
 from .workloads import Case, Prompt, Workload, encode_prompts, load_workload, stratified
 
 LOOKUP_RE = re.compile(r"^(?:prompt-lookup|lookup|ngram)(?::(\d+)-(\d+))?$")
@@ -51,11 +52,13 @@ def parse_draft(text: str) -> DraftSpec:
         return DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k)
     if text.startswith("layer-skip"):
         raise SpecDecError(f"bad draft '{text}': layer-skip needs a layer count, e.g. layer-skip:2")
+    if is_shape_ref(text):  # an unknown shape fails here, before anything is loaded
+        return DraftSpec(name=SHAPE_PREFIX + shape_name(text), kind="model", path=text)
     return DraftSpec(name=text if text in DEMO_DRAFTS else slugify(text), kind="model", path=text)
 
 
 HYBRID_NGRAMS = (2, 3)  # a hybrid's lookup n-gram sizes unless given
-HYBRID_HELP = "use hybrid:prompt-lookup[:MIN-MAX]+MODEL, MODEL a draft model (demo name, folder or HF id) or layer-skip:K"
+HYBRID_HELP = "use hybrid:prompt-lookup[:MIN-MAX]+MODEL, MODEL a draft model (demo name, folder, HF id or shape:NAME) or layer-skip:K"
 
 
 def _parse_hybrid(text: str) -> DraftSpec:
@@ -79,7 +82,10 @@ def _parse_hybrid(text: str) -> DraftSpec:
         lookup.ngram_min, lookup.ngram_max = HYBRID_NGRAMS
     other = next(p for p in parts if p is not lookups[0])
     known_model = (
-        other in DEMO_DRAFTS or Path(other).expanduser().is_dir() or re.fullmatch(r"[\w.-]+/[\w.-]+", other)
+        other in DEMO_DRAFTS
+        or is_shape_ref(other)
+        or Path(other).expanduser().is_dir()
+        or re.fullmatch(r"[\w.-]+/[\w.-]+", other)
     )
     if not (LAYER_SKIP_RE.match(other) or known_model):
         raise SpecDecError(f"bad hybrid draft '{text}': unknown component '{other}'; {HYBRID_HELP}")
@@ -113,7 +119,7 @@ class Session:
     drafts: dict[str, LoadedModel]  # draft models by DraftSpec name
     specs: list[DraftSpec]  # every drafter asked for, models and model-free
     workload: Workload
-    case: Case
+    case: Case | None  # None for a shape target: no tokenizer, so no prompts (profile only)
     device: str
     engine_mode: str = "eager"  # the engine mode in force for this session (runtime.modes)
 
@@ -143,12 +149,15 @@ def open_session(
     default_drafts: bool = True,
     lazy_drafts: bool = False,
     engine: str = "auto",
+    allow_random: bool = False,
 ) -> Session:
     """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
 
     `drafts` holds `--draft` strings or ready DraftSpecs (a stored profile's). With `lazy_drafts`
     the draft models are loaded on first use (`Session.draft_model`), so one that fails to load
-    fails its trials instead of the whole run.
+    fails its trials instead of the whole run. Shapes (`shape:NAME`, random weights) are refused
+    unless `allow_random`; a shape target has no tokenizer, so no workload is read and `case`
+    is None.
     """
     from . import modes
 
@@ -163,22 +172,32 @@ def open_session(
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise SpecDecError(f"draft given twice: {', '.join(sorted(dup))}")
-    if prompt is not None:
-        if not prompt.strip():
-            raise SpecDecError("the prompt is empty: pass some text with --prompt")
-        wl = Workload(name="prompt", prompts=[Prompt(text=prompt)], source="--prompt")
+    if not allow_random:
+        _refuse_shapes(target, specs)
+    if is_shape_ref(target):
+        tgt = load_model(str(target), dev, dtype)
+        wl = Workload(name="none (random weights)", prompts=[], source=str(target))
+        case = None
     else:
-        wl = load_workload(workload)
-        if limit is not None:
-            wl.prompts = stratified(wl.prompts, limit)
-    tgt = load_model(target or DEMO_TARGET, dev, dtype)
-    ids = encode_prompts(wl, tgt.tokenizer)
-    budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
-    case = Case(ids, budgets, eos_ids(tgt), temperature)
+        if prompt is not None:
+            if not prompt.strip():
+                raise SpecDecError("the prompt is empty: pass some text with --prompt")
+            wl = Workload(name="prompt", prompts=[Prompt(text=prompt)], source="--prompt")
+        else:
+            wl = load_workload(workload)
+            if limit is not None:
+                wl.prompts = stratified(wl.prompts, limit)
+        tgt = load_model(target or DEMO_TARGET, dev, dtype)
+        ids = encode_prompts(wl, tgt.tokenizer)
+        budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
+        case = Case(ids, budgets, eos_ids(tgt), temperature)
     name = modes.resolve_auto(dev, tgt.model) if engine == "auto" else engine
-    # Room for the longest request and a gamma up to 16; a cache asked for more grows.
-    longest = max(len(p) + b for p, b in zip(ids, budgets, strict=True))
-    modes.use(name, longest + 18)
+    # Room for the longest request and a gamma up to 16; a cache asked for more grows. A shape
+    # target has no requests: the default capacity holds its default context.
+    longest = modes.DEFAULT_CAPACITY
+    if case is not None:
+        longest = max(len(p) + b for p, b in zip(case.prompts, case.max_new_tokens, strict=True)) + 18
+    modes.use(name, longest)
     session = Session(tgt, {}, specs, wl, case, dev, name)
     if not lazy_drafts:
         for spec in specs:
@@ -186,3 +205,20 @@ def open_session(
             if part is not None:
                 session.draft_model(part)
     return session
+
+
+def has_random_weights(spec: DraftSpec) -> bool:
+    """Whether a drafter's model is a shape (random weights): its acceptance cannot be measured."""
+    part = model_part(spec)
+    return part is not None and is_shape_ref(part.path)
+
+
+def _refuse_shapes(target: str | None, specs: list[DraftSpec]) -> None:
+    shapes = ([str(target)] if is_shape_ref(target) else []) + [
+        s.name for s in specs if has_random_weights(s)
+    ]
+    if shapes:
+        raise SpecDecError(
+            f"'{shapes[0]}' has random weights (a shape): only `specdec-tune profile` measures shapes, "
+            "for their costs; give a trained model here"
+        )
