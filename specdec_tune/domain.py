@@ -18,6 +18,13 @@ GAMMA_POLICIES = ("fixed", "heuristic", "costmodel")
 # occurrence of the n-gram is continued; confidence stop: which probability the threshold compares.
 LOOKUP_MATCHES = ("latest", "earliest")  # latest: this tool's default and llama.cpp; earliest: HF, vLLM
 THRESHOLD_MODES = ("hf", "topk10")  # hf: p(token) of the full softmax; topk10: llama.cpp's p-min
+# Where a model's weights came from: trained (loaded), or random (a shape, runtime/shapes.py: its
+# timings are those of the real size, its outputs and so its acceptance mean nothing).
+WEIGHTS = ("trained", "random")
+# Where a draft's acceptance vector came from: measured here, given (`--acceptance-vector`), copied
+# from an earlier costs file or profile ("from:<file name>"), or unknown (random weights, nothing given).
+ACCEPTANCE_SOURCES = ("measured", "given", "unknown")
+ACCEPTANCE_FROM = "from:"
 
 
 @dataclass
@@ -146,6 +153,13 @@ class DraftCosts:
     loop_t_draft_ms: float | None = None
     loop_verify_ms: float | None = None
     loop_verify_tokens: float | None = None
+    weights: str | None = None  # "random" for a shape draft (T_draft is real, acceptance is not)
+    # ACCEPTANCE_SOURCES, or "from:<file>"; with "unknown" the vector is empty and nothing is predicted
+    acceptance_source: str = "measured"
+
+    @property
+    def acceptance_known(self) -> bool:
+        return self.acceptance_source != "unknown"
 
 
 @dataclass
@@ -195,6 +209,10 @@ class Costs:
     # and fell back to the static engine (one line each).
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    # "random" when the target was built from a shape's config (`profile --shape`): the timings are
+    # those of that architecture at its real size, no acceptance was measured against it.
+    weights: str = "trained"
+    shape: str | None = None  # the target's shape name when its weights are random
 
     def at_batch(self, batch_size: int) -> BatchCosts | None:
         return next((b for b in self.batch if b.batch_size == batch_size), None)

@@ -11,7 +11,18 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
-from ..domain import DRAFT_KINDS, GAMMA_POLICIES, LOOKUP_MATCHES, THRESHOLD_MODES, Costs, Metrics, Result
+from ..domain import (
+    ACCEPTANCE_FROM,
+    ACCEPTANCE_SOURCES,
+    DRAFT_KINDS,
+    GAMMA_POLICIES,
+    LOOKUP_MATCHES,
+    THRESHOLD_MODES,
+    WEIGHTS,
+    Costs,
+    Metrics,
+    Result,
+)
 from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
@@ -309,30 +320,52 @@ def _validate(p: Profile) -> None:
             _at_least(getattr(p, name), 1, name)
     _at_least(p.search.finalists, 0, "search.finalists")
     _at_least(p.search.final_repeats, 0, "search.final_repeats")
-    if p.search.engine is not None and p.search.engine not in ENGINES:
-        raise _field_error("search.engine", f"must be one of {', '.join(ENGINES)}", p.search.engine)
+    if p.search.engine is not None:
+        _one_of(p.search.engine, ENGINES, "search.engine")
     if p.costs is not None:
-        c = p.costs
-        _positive(c.t_target_ms, "costs.t_target_ms")
-        _at_least(c.context_len, 0, "costs.context_len")
-        for i, v in enumerate(c.verify_ms):
-            _positive(v, f"costs.verify_ms[{i}]")
-        for name in ("loop_overhead_ms", "step_overhead_ms"):
-            if getattr(c, name) is not None:
-                _at_least(getattr(c, name), 0.0, f"costs.{name}")
-        for i, dc in enumerate(c.drafts):
-            where = f"costs.drafts[{i}]"
-            _at_least(dc.t_draft_ms, 0.0, f"{where}.t_draft_ms")
-            _probability(dc.acceptance_rate, f"{where}.acceptance_rate")
-            for j, a in enumerate(dc.acceptance_vector):
-                _probability(a, f"{where}.acceptance_vector[{j}]")
+        validate_costs(p.costs)
+
+
+def validate_costs(c: Costs, path: str = "costs") -> None:
+    """The measured costs' ranges (a profile's `costs`, or a costs file's)."""
+    _positive(c.t_target_ms, f"{path}.t_target_ms")
+    _at_least(c.context_len, 0, f"{path}.context_len")
+    for i, v in enumerate(c.verify_ms):
+        _positive(v, f"{path}.verify_ms[{i}]")
+    for name in ("loop_overhead_ms", "step_overhead_ms"):
+        if getattr(c, name) is not None:
+            _at_least(getattr(c, name), 0.0, f"{path}.{name}")
+    _one_of(c.weights, WEIGHTS, f"{path}.weights")
+    if c.weights == "random" and not c.shape:
+        raise _field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)
+    for i, dc in enumerate(c.drafts):
+        where = f"{path}.drafts[{i}]"
+        _at_least(dc.t_draft_ms, 0.0, f"{where}.t_draft_ms")
+        _probability(dc.acceptance_rate, f"{where}.acceptance_rate")
+        for j, a in enumerate(dc.acceptance_vector):
+            _probability(a, f"{where}.acceptance_vector[{j}]")
+        if dc.weights is not None:
+            _one_of(dc.weights, WEIGHTS, f"{where}.weights")
+        source = dc.acceptance_source
+        if source not in ACCEPTANCE_SOURCES and not (
+            source.startswith(ACCEPTANCE_FROM) and source != ACCEPTANCE_FROM
+        ):
+            raise _field_error(
+                f"{where}.acceptance_source",
+                f"must be one of {', '.join(ACCEPTANCE_SOURCES)} or {ACCEPTANCE_FROM}<file>",
+                source,
+            )
+
+
+def _one_of(value: str, allowed: tuple[str, ...], path: str) -> None:
+    if value not in allowed:
+        raise _field_error(path, f"must be one of {', '.join(allowed)}", value)
 
 
 def _validate_result(r: Result, path: str) -> None:
     d = r.config.draft
     where = f"{path}.config.draft"
-    if d.kind not in DRAFT_KINDS:
-        raise _field_error(f"{where}.kind", f"must be one of {', '.join(DRAFT_KINDS)}", d.kind)
+    _one_of(d.kind, DRAFT_KINDS, f"{where}.kind")
     if d.kind == "model" and not d.path:
         raise _field_error(
             f"{where}.path", "must name the draft model folder or HF id for kind 'model'", d.path
@@ -344,14 +377,10 @@ def _validate_result(r: Result, path: str) -> None:
                 raise _field_error(f"{where}.{name}", f"must be an int >= 1 for kind '{d.kind}'", v)
         if d.ngram_min > d.ngram_max:
             raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
-    if d.lookup_match is not None and d.lookup_match not in LOOKUP_MATCHES:
-        raise _field_error(
-            f"{where}.lookup_match", f"must be one of {', '.join(LOOKUP_MATCHES)}", d.lookup_match
-        )
-    if d.threshold_mode is not None and d.threshold_mode not in THRESHOLD_MODES:
-        raise _field_error(
-            f"{where}.threshold_mode", f"must be one of {', '.join(THRESHOLD_MODES)}", d.threshold_mode
-        )
+    if d.lookup_match is not None:
+        _one_of(d.lookup_match, LOOKUP_MATCHES, f"{where}.lookup_match")
+    if d.threshold_mode is not None:
+        _one_of(d.threshold_mode, THRESHOLD_MODES, f"{where}.threshold_mode")
     if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
         raise _field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
     gamma_path = f"{path}.config.gamma"
@@ -365,12 +394,7 @@ def _validate_result(r: Result, path: str) -> None:
         raise _field_error(
             f"{where}.path", "must name the draft model (or set layers) for kind 'hybrid'", d.path
         )
-    if r.config.gamma_policy not in GAMMA_POLICIES:
-        raise _field_error(
-            f"{path}.config.gamma_policy",
-            f"must be one of {', '.join(GAMMA_POLICIES)}",
-            r.config.gamma_policy,
-        )
+    _one_of(r.config.gamma_policy, GAMMA_POLICIES, f"{path}.config.gamma_policy")
     t = r.config.threshold
     if not threshold_ok(t):
         raise _field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)

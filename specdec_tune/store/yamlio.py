@@ -15,7 +15,7 @@ import yaml
 from ..domain import Costs
 from ..errors import SpecDecError
 from .atomic import atomic_write_text
-from .schema import SCHEMA_VERSION, Profile, convert_dataclass, profile_from_dict
+from .schema import SCHEMA_VERSION, Profile, convert_dataclass, profile_from_dict, validate_costs
 
 # Floats are written with this many significant digits: enough for timings and rates, few enough
 # that two profiles diff cleanly.
@@ -115,12 +115,20 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         raise SpecDecError(f"{path}: {e}") from None
 
 
-def costs_to_yaml(costs: Costs, hardware: dict[str, Any]) -> str:
-    """The `specdec-tune profile --out` file: measured costs and the hardware they belong to."""
-    doc = {"schema_version": SCHEMA_VERSION, "hardware": _plain(hardware), "costs": _plain(costs)}
-    return "# specdec-tune measured costs\n" + yaml.dump(
-        doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True
-    )
+def costs_to_yaml(costs: Costs, hardware: dict[str, Any], target: dict[str, Any] | None = None) -> str:
+    """The `specdec-tune profile --out` file: measured costs, the hardware they belong to, and (for
+    a reader, never read back) the target they were measured for."""
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "hardware": _plain(hardware)}
+    if target:
+        doc["target"] = _plain(target)
+    doc["costs"] = _plain(costs)
+    header = "# specdec-tune measured costs\n"
+    if costs.weights == "random":
+        header = (
+            f"# specdec-tune measured costs of shape {costs.shape} with RANDOM weights: the timings are "
+            "those of its real size;\n# acceptance is given or unknown, never measured against it\n"
+        )
+    return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
 def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
@@ -132,4 +140,9 @@ def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
         raise SpecDecError(f"cannot read costs file {p}: {str(exc).splitlines()[0]}") from None
     if not isinstance(doc, dict) or "costs" not in doc or not isinstance(doc.get("hardware"), dict):
         raise SpecDecError(f"{p} is not a costs file written by `specdec-tune profile --out`")
-    return convert_dataclass(doc["costs"], Costs, "costs"), doc["hardware"]
+    try:
+        costs = convert_dataclass(doc["costs"], Costs, "costs")
+        validate_costs(costs)
+    except SpecDecError as e:
+        raise SpecDecError(f"{p}: {e}") from None
+    return costs, doc["hardware"]
