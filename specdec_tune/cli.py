@@ -14,6 +14,9 @@ import typer
 
 from . import __version__
 from .cli_options import (
+    AcceptanceFrom,
+    AcceptanceVectors,
+    ContextLen,
     Device,
     Drafts,
     Dtype,
@@ -21,6 +24,7 @@ from .cli_options import (
     JsonOut,
     MaxNew,
     Prompts,
+    Shape,
     Target,
     Temperature,
     WorkloadOpt,
@@ -166,26 +170,41 @@ def profile_cmd(
     max_new_tokens: MaxNew = 64,
     prompts: Prompts = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the measured costs as YAML.")] = None,
+    shape: Shape = None,
+    context_len: ContextLen = None,
+    acceptance_vector: AcceptanceVectors = None,
+    acceptance_from: AcceptanceFrom = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     engine: EngineOpt = "auto",
     json_out: JsonOut = False,
 ) -> None:
-    """Measure hardware costs (T_target, C_ver(γ), T_draft, bandwidth) and predict the best configs."""
+    """Measure hardware costs (T_target, C_ver(γ), T_draft, bandwidth) and predict the best configs.
+    With --shape (random weights) the costs of a model size before its weights are here."""
     with user_errors():
         quiet_libraries()
         from . import app as api
+        from .app.acceptance import parse_given
+        from .errors import SpecDecError
         from .store.yamlio import profile_to_dict
 
+        if shape is not None:
+            if target is not None:
+                raise SpecDecError(
+                    "give --shape NAME or --target, not both (--shape NAME is --target shape:NAME)"
+                )
+            target = shape if shape.startswith("shape:") else f"shape:{shape}"
+        given = parse_given(acceptance_vector, acceptance_from)
         models = models_from(
             target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype, engine=engine
         )
         with CliProgress(json_out, "profiling", 1.0) as progress:
-            r = api.profile_costs(models, max_gamma, repeats, out, progress)
+            r = api.profile_costs(models, max_gamma, repeats, out, progress, context_len, given)
         if json_out:
             print_json(
                 {
                     "hardware": r.hardware,
+                    "target": r.target,
                     "costs": profile_to_dict(r.costs),
                     "best_gamma": {
                         k: {"gamma": g, "predicted_speedup": v} for k, (g, v) in r.best_gamma.items()
@@ -198,7 +217,7 @@ def profile_cmd(
             return
         from .output.reports import costs_report
 
-        costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8])
+        costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8], r.target)
         if out is not None:
             console().print(f"wrote {out}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +11,10 @@ import typer
 Target = Annotated[
     str | None,
     typer.Option(
-        "--target", "-t", help="Target model: folder or HF id in the local cache. Default: demo target."
+        "--target",
+        "-t",
+        help="Target model: folder or HF id in the local cache (`profile` also: shape:NAME, random "
+        "weights). Default: demo target.",
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.", envvar="SPECDEC_DEVICE")]
@@ -44,6 +48,41 @@ Drafts = Annotated[
         "-d",
         help="Repeatable. A draft model (folder/HF id/demo name), prompt-lookup[:MIN-MAX] or layer-skip:K. "
         "Default: the demo drafts + prompt-lookup (demo target), prompt-lookup otherwise.",
+    ),
+]
+
+
+# `profile` only: shapes (random weights) and the acceptance they cannot measure.
+Shape = Annotated[
+    str | None,
+    typer.Option(
+        "--shape",
+        help="Profile this architecture with random weights (a bundled name, e.g. llama-3.1-8b, or a "
+        "config.json path): the same as --target shape:NAME. Drafts can be shapes too: --draft shape:NAME.",
+    ),
+]
+ContextLen = Annotated[
+    int | None,
+    typer.Option(
+        "--context-len",
+        help="Cached tokens T_target, C_ver and T_draft are measured after (default: the workload's "
+        "median prompt + half the new tokens; 512 for a shape target).",
+    ),
+]
+AcceptanceVectors = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--acceptance-vector",
+        help="Repeatable. [DRAFT=]A1,A2,...: per-position acceptance of a draft timed against random "
+        "weights (a shape), e.g. shape:llama-3.2-1b=0.8,0.7,0.6; without DRAFT= for every such draft.",
+    ),
+]
+AcceptanceFrom = Annotated[
+    Path | None,
+    typer.Option(
+        "--acceptance-from",
+        help="An earlier costs file (profile --out) or profile whose measured acceptance the shape "
+        "drafts take (matched by name, shape: left out).",
     ),
 ]
 

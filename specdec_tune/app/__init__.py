@@ -12,6 +12,7 @@ so importing this module (and the CLI) stays instant.
 from __future__ import annotations
 
 from ..search.space import TuneSettings
+from .acceptance import GivenAcceptance
 from .common import Models, Progress
 from .files import ExportResult, ShowResult, export, show
 from .measuring import BenchResult, CostsResult, bench, check, profile_costs
@@ -21,6 +22,7 @@ __all__ = [
     "BenchResult",
     "CostsResult",
     "ExportResult",
+    "GivenAcceptance",
     "Models",
     "Progress",
     "ShowResult",

@@ -32,7 +32,8 @@ class Models:
     dtype: str = "auto"
     engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.modes)
 
-    def open(self, lazy_drafts: bool = True) -> Any:
+    def open(self, lazy_drafts: bool = True, allow_random: bool = False) -> Any:
+        """Load the models and the workload; shapes (random weights) only with `allow_random`."""
         from ..runtime.session import open_session
 
         return open_session(
@@ -47,6 +48,7 @@ class Models:
             self.prompt,
             lazy_drafts=lazy_drafts,
             engine=self.engine,
+            allow_random=allow_random,
         )
 
 
@@ -79,10 +81,14 @@ def measure_costs(
     repeats: int,
     progress: Progress,
     batch_sizes: list[int] | None = None,
+    context_len: int | None = None,
 ) -> Costs:
     """The costs profile of a session's target and drafts; with `batch_sizes` (other than just
-    [1]) also the cost surface over them."""
+    [1]) also the cost surface over them. `context_len` defaults to the workload's typical
+    mid-generation length. Acceptance is measured only where both models have trained weights;
+    the costs say which weights were random."""
     from ..measure.costs import measure_costs as measure
+    from ..runtime.session import has_random_weights
 
     drafters = {}
     for name in pool.specs:
@@ -91,8 +97,10 @@ def measure_costs(
         except Exception as exc:
             progress.note(f"draft '{name}' is unusable, skipped: {exc}")
     # Costs and acceptance need fewer tokens than the search: a subset keeps `profile` quick.
-    case = s.case.head(8)
-    case.temperature = 0.0
+    case = None
+    if s.case is not None:
+        case = s.case.head(8)
+        case.temperature = 0.0
     costs = measure(
         s.target.model,
         drafters,
@@ -100,9 +108,15 @@ def measure_costs(
         s.device,
         max_gamma=max_gamma,
         repeats=repeats,
+        context_len=context_len,
         progress=progress.stage,
+        measure_acceptance=[n for n in drafters if acceptance_measured(s, pool.specs[n])],
     )
     costs.engine_mode = s.engine_mode
+    costs.weights, costs.shape = s.target.weights, s.target.shape
+    for d in costs.drafts:
+        if has_random_weights(pool.specs[d.name]):
+            d.weights = "random"
     if batch_sizes and batch_sizes != [1]:
         from ..measure.surface import measure_surface
 
@@ -121,6 +135,13 @@ def measure_costs(
 
     costs.compile_fallbacks = list(current().fallbacks)
     return costs
+
+
+def acceptance_measured(s: Any, spec: DraftSpec) -> bool:
+    """Whether the profiler measures this drafter's acceptance: prompts, and trained weights on both sides."""
+    from ..runtime.session import has_random_weights
+
+    return s.case is not None and s.target.weights == "trained" and not has_random_weights(spec)
 
 
 def check_writable(path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,8 @@ from ..domain import Costs
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import check_count, check_gamma
 from ..output.check import CheckReport
-from .common import Models, Progress, check_writable, drafter_pool, measure_costs
+from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
+from .common import Models, Progress, acceptance_measured, check_writable, drafter_pool, measure_costs
 
 # ---------------------------------------------------------------------------------------- bench
 
@@ -132,9 +133,10 @@ def bench(
 class CostsResult:
     hardware: dict[str, Any]
     costs: Costs
-    best_gamma: dict[str, tuple[int, float]]  # per draft: (gamma, predicted speedup)
+    best_gamma: dict[str, tuple[int, float]]  # per draft with known acceptance: (gamma, predicted speedup)
     ranked: list[tuple[str, int, float]]  # every (draft, gamma, predicted speedup), best first
     out: Path | None = None
+    target: dict[str, Any] = field(default_factory=dict)  # name, dtype, num_params, weights, shape
 
 
 def profile_costs(
@@ -143,25 +145,48 @@ def profile_costs(
     repeats: int = 7,
     out: Path | None = None,
     progress: Progress | None = None,
+    context_len: int | None = None,
+    acceptance: GivenAcceptance | None = None,
 ) -> CostsResult:
     """Measure the hardware costs (T_target, C_ver(γ), T_draft, acceptance, bandwidth) and predict
-    every config; with `out`, write them as a costs file `tune` can reuse."""
+    every config; with `out`, write them as a costs file `tune` can reuse.
+
+    The target or a draft may be a shape (`shape:NAME`, random weights): its costs are measured
+    at `context_len` (default: the workload's mid-generation length, SHAPE_CONTEXT_LEN for a
+    shape target), its acceptance is taken from `acceptance` or left unknown (no predictions).
+    """
     from ..measure.hardware import hardware_info
+    from ..runtime.shapes import SHAPE_CONTEXT_LEN
     from ..search.costmodel import CostModel
     from ..store.atomic import atomic_write_text
     from ..store.yamlio import costs_to_yaml
 
     check_gamma(max_gamma, allow_zero=False, what="--max-gamma")
+    check_count(repeats, "--repeats")
+    if context_len is not None:
+        check_count(context_len, "--context-len")
     if out is not None:
         check_writable(out)
-    s = models.open()
+    progress = progress or Progress()
+    s = models.open(allow_random=True)
+    measured = {spec.name for spec in s.specs if acceptance_measured(s, spec)}
+    plan, notes = acceptance_plan(acceptance or GivenAcceptance(), s.specs, measured)
+    if context_len is None and s.case is None:
+        context_len = SHAPE_CONTEXT_LEN
     hw = hardware_info(s.device)
-    costs = measure_costs(s, drafter_pool(s, s.specs), max_gamma, repeats, progress or Progress())
+    costs = measure_costs(s, drafter_pool(s, s.specs), max_gamma, repeats, progress, context_len=context_len)
+    apply_acceptance(costs, plan, max_gamma)
+    for note in notes:
+        progress.note(note)
     model = CostModel(costs)
-    per_draft = {d: model.best_gamma(d, max_gamma) for d in model.drafts}
+    per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
+    t = s.target
+    target = {"name": t.name, "dtype": t.dtype, "num_params": t.num_params, "weights": t.weights}
+    if t.shape:
+        target["shape"] = t.shape
     if out is not None:
-        atomic_write_text(out, costs_to_yaml(costs, hw))
-    return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out)
+        atomic_write_text(out, costs_to_yaml(costs, hw, target))
+    return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out, target)
 
 
 # ---------------------------------------------------------------------------------------- check

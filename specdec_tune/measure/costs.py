@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -263,7 +263,7 @@ def default_context_len(case: Case) -> int:
 def measure_costs(
     target: Any,
     drafters: dict[str, Drafter],
-    case: Case,
+    case: Case | None,
     device: str,
     max_gamma: int = 16,
     repeats: int = 5,
@@ -272,11 +272,15 @@ def measure_costs(
     progress: Callable[[str, float], None] | None = None,
     acceptance_tokens: int = 64,
     acceptance_steps: int | None = 256,
+    measure_acceptance: Collection[str] | None = None,
 ) -> Costs:
     """Measure every field of `Costs` for `target` and each drafter on `device`.
 
     Acceptance vectors come from one greedy pass over `case` with each prompt's budget capped at
-    `acceptance_tokens`, stopping after the prompt that reaches `acceptance_steps` verifications.
+    `acceptance_tokens`, stopping after the prompt that reaches `acceptance_steps` verifications;
+    only for the drafters named in `measure_acceptance` (default: all). The others (random
+    weights on either side) get an empty vector with `acceptance_source` "unknown". Without a
+    `case` no acceptance is measured and `context_len` must be given.
     T_target, C_ver and T_draft use a seeded random context of `context_len` tokens.
     `with_bandwidth=False` skips the synthetic micro-benchmarks (copy bandwidth, matmul
     throughput). `progress(label, fraction_done)` is called before each stage and once with 1.0
@@ -287,6 +291,11 @@ def measure_costs(
     check_count(acceptance_tokens, "acceptance_tokens")
     if acceptance_steps is not None:
         check_count(acceptance_steps, "acceptance_steps")
+    measured = [n for n in drafters if measure_acceptance is None or n in measure_acceptance]
+    if case is None:  # no prompts: nothing to measure acceptance on, nor to take a context length from
+        measured = []
+        if context_len is None:
+            raise SpecDecError("without prompts the context length must be given (--context-len)")
     if context_len is None:
         context_len = default_context_len(case)
     check_count(context_len, "context_len")
@@ -298,7 +307,9 @@ def measure_costs(
     stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
     stages.append(("decoding-loop overheads", 2.0))
     for name in drafters:
-        stages += [(f"draft cost: {name}", 1.0), (f"acceptance: {name}", 4.0)]
+        stages.append((f"draft cost: {name}", 1.0))
+        if name in measured:
+            stages.append((f"acceptance: {name}", 4.0))
     total = sum(w for _, w in stages)
     done = 0.0
     step = iter(stages)
@@ -332,8 +343,10 @@ def measure_costs(
         [vocab_size(target)] + [vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]
     )
     context = context_ids(vocab, context_len)
-    budgets = [min(m, acceptance_tokens) for m in case.max_new_tokens]
-    capped = Case(case.prompts, budgets, case.eos, case.temperature)
+    capped = None
+    if case is not None:
+        budgets = [min(m, acceptance_tokens) for m in case.max_new_tokens]
+        capped = Case(case.prompts, budgets, case.eos, case.temperature)
     draft_costs = []
     for name, drafter in drafters.items():
         next_stage()
@@ -343,6 +356,14 @@ def measure_costs(
             t_lookup = measure_t_draft_ms(drafter.lookup, context, repeats, gamma=min(4, max_gamma))
         else:
             t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
+        if name not in measured:
+            # No acceptance pass, so no share of the lookup's steps: a hybrid is charged its model's
+            # T_draft per token, an upper bound.
+            t_draft_ms = t_model if hybrid else t_draft_ms
+            unknown = DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, 0.0, [])
+            unknown.acceptance_source = "unknown"
+            draft_costs.append(unknown)
+            continue
         next_stage()
         reset_sources(drafter)
         with LoopClock(target, drafter, device) as clock:

@@ -61,9 +61,13 @@ def costs_report(
     costs: Costs,
     per_draft: dict[str, tuple[int, float]],
     ranked: list[tuple[str, int, float]],
+    target: dict[str, Any] | None = None,
 ) -> None:
-    """The `specdec-tune profile` output: hardware, bandwidth, cost curve, drafts, predictions."""
+    """The `specdec-tune profile` output: hardware, target, bandwidth, cost curve, drafts,
+    predictions; random weights (a shape) and unknown acceptance are said where they apply."""
     console.print(kv_table("hardware", [(k, str(v)) for k, v in hardware.items()]))
+    if target:
+        console.print(target_table(target, costs))
     console.print(
         kv_table(
             "bandwidth and throughput",
@@ -87,29 +91,15 @@ def costs_report(
         curve.add_row(str(g), f"{v:.3f}", f"{v / costs.t_target_ms:.2f}")
     curve.caption = f"worst C_ver spread {costs.verify_spread * 100:.1f}%"
     console.print(curve)
-    drafts = Table(title="drafts")
-    for col in (
-        "draft",
-        "T_draft ms/token",
-        "c",
-        "α (greedy)",
-        "acceptance by position",
-        "best γ",
-        "predicted",
-    ):
-        drafts.add_column(col, justify="left" if col in ("draft", "acceptance by position") else "right")
-    for d in costs.drafts:
-        g, v = per_draft.get(d.name, (0, 1.0))
-        drafts.add_row(
-            d.name,
-            f"{d.t_draft_ms:.3f}",
-            f"{d.c:.3f}",
-            f"{d.acceptance_rate:.3f}",
-            vec(d.acceptance_vector[:8]) + (" …" if len(d.acceptance_vector) > 8 else ""),
-            str(g) if g else "don't",
-            f"{v:.2f}×",
+    console.print(drafts_table(costs, per_draft))
+    unknown = [d.name for d in costs.drafts if not d.acceptance_known]
+    if unknown:
+        console.print(
+            f"[yellow]acceptance unknown[/] for {', '.join(unknown)}: not measurable against random "
+            "weights, so no speedup is predicted; give it with --acceptance-vector [DRAFT=]A1,A2,... "
+            "or --acceptance-from FILE",
+            soft_wrap=True,
         )
-    console.print(drafts)
     if ranked:
         top = Table(title="predicted best configs (cost model, threshold 0)")
         top.add_column("draft")
@@ -118,6 +108,50 @@ def costs_report(
         for name, g, v in ranked:
             top.add_row(name, str(g), f"{v:.3f}×")
         console.print(top)
+
+
+def target_table(target: dict[str, Any], costs: Costs) -> Table:
+    """The profiled target: name, size, dtype, and whether its weights are random (a shape)."""
+    weights = "trained"
+    if costs.weights == "random":
+        weights = f"[yellow]random[/] (shape {costs.shape}): real timings for this size, no acceptance"
+    rows = [("model", str(target.get("name"))), ("dtype", str(target.get("dtype")))]
+    n = target.get("num_params") or 0
+    if n:
+        rows.append(("parameters", f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"))
+    return kv_table("target", [*rows, ("weights", weights)])
+
+
+def drafts_table(costs: Costs, per_draft: dict[str, tuple[int, float]]) -> Table:
+    """Each draft's cost, acceptance (and where it came from) and best predicted γ."""
+    t = Table(title="drafts")
+    for col in (
+        "draft",
+        "T_draft ms/token",
+        "c",
+        "α",
+        "acceptance by position",
+        "from",
+        "best γ",
+        "predicted",
+    ):
+        t.add_column(col, justify="left" if col in ("draft", "acceptance by position", "from") else "right")
+    for d in costs.drafts:
+        if not d.acceptance_known:
+            t.add_row(d.name, f"{d.t_draft_ms:.3f}", f"{d.c:.3f}", "unknown", "—", "unknown", "—", "—")
+            continue
+        g, v = per_draft.get(d.name, (0, 1.0))
+        t.add_row(
+            d.name,
+            f"{d.t_draft_ms:.3f}",
+            f"{d.c:.3f}",
+            f"{d.acceptance_rate:.3f}",
+            vec(d.acceptance_vector[:8]) + (" …" if len(d.acceptance_vector) > 8 else ""),
+            d.acceptance_source.removeprefix("from:"),
+            str(g) if g else "don't",
+            f"{v:.2f}×",
+        )
+    return t
 
 
 def run_summary(console: Console, p: Profile, result: Any) -> None:

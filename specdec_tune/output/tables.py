@@ -211,6 +211,8 @@ def _costs_tables(c: Costs) -> list[Table]:
             "—" if c.step_overhead_ms is None else f"{c.step_overhead_ms:.3f} ms per speculative step",
         ),
     ]
+    if c.weights == "random":
+        summary.append(("target weights", f"random (shape {c.shape}): timings only, no measured acceptance"))
     tables = [kv_table("Hardware costs", summary)]
     if c.verify_ms:
         curve = Table(
@@ -257,12 +259,14 @@ def _costs_tables(c: Costs) -> list[Table]:
                 best = f"γ={g}: {s:.2f}×"
             else:
                 best = "—"
+            known = d.acceptance_known
             drafts.add_row(
                 d.name,
                 f"{d.t_draft_ms:.3f}",
                 f"{d.c:.3f}",
-                f"{d.acceptance_rate:.3f}",
-                vec(d.acceptance_vector),
+                f"{d.acceptance_rate:.3f}" if known else "unknown",
+                vec(d.acceptance_vector)
+                + ("" if d.acceptance_source == "measured" else f" ({d.acceptance_source})"),
                 best,
             )
         tables.append(drafts)

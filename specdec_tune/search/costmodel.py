@@ -148,7 +148,8 @@ class CostModel:
 
     def predict(self, draft: str, gamma: int, batch_size: int = 1, policy: str = "fixed") -> float | None:
         """Predicted speedup of `draft` at `gamma` with `batch_size` requests in flight (1.0 at
-        gamma 0; None for a draft or batch size that was not measured).
+        gamma 0; None for a draft or batch size that was not measured, or whose acceptance is
+        unknown).
 
         At B > 1 the same formula takes the costs of the surface at B: a step verifies B rows at
         once, every row gains E[tokens], so the throughput ratio is the per-row one. A gamma policy
@@ -161,7 +162,7 @@ class CostModel:
 
             return predict_policy(self, draft, gamma, policy, batch_size)
         d = self.costs.draft(draft)
-        if d is None:
+        if d is None or not d.acceptance_known:
             return None
         c = self.costs
         t_target, t_draft, verify = c.t_target_ms, d.t_draft_ms, c.verify_ms

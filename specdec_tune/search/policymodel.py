@@ -69,7 +69,7 @@ def predict_policy(model: Any, draft: str, gamma_max: int, policy: str, batch_si
     costs = model.costs
     d = costs.draft(draft)
     at = _costs_at(costs, draft, batch_size)
-    if d is None or at is None:
+    if d is None or at is None or not d.acceptance_known:
         return None
     t_target, t_draft, verify = at
     if policy == "costmodel":
