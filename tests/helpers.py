@@ -286,3 +286,28 @@ def one_red_line(result) -> None:
     err = result.stderr.strip()
     assert err.startswith("error:") and "\n" not in err, err
     assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------------ tiny shapes
+
+
+def write_shape(folder, name: str, layers: int = 2, vocab: int = VOCAB, hidden: int = 64):
+    """A tiny Llama `config.json`-style shape file (no weights) -> its path, for `shape:PATH`."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / f"{name}.json"
+    config = {
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": vocab,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
