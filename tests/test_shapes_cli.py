@@ -77,6 +77,29 @@ def test_without_acceptance_costs_are_measured_and_nothing_predicted(shapes):
     assert "predicted best configs" not in r.stdout
 
 
+@pytest.mark.slow
+def test_trained_target_with_a_shape_draft(tiny_dirs, shapes, tmp_path):
+    # Prompt lookup's acceptance is measured on the workload; the shape draft's is given.
+    _, draft = shapes
+    args = ["profile", "--target", tiny_dirs["target"], "--workload", tiny_dirs["workload"], "-n", "8"]
+    args += ["--draft", f"shape:{draft}", "--draft", "prompt-lookup", "--max-gamma", "2", "--repeats", "1"]
+    out = tmp_path / "mixed.yaml"
+    r = invoke(*args, "--acceptance-vector", "0.6", "--device", "cpu", "--out", out)
+    assert r.exit_code == 0, r.output
+    costs, _ = load_costs(out)
+    assert costs.weights == "trained" and costs.shape is None and costs.context_len >= 16
+    shape, lookup = costs.drafts
+    assert (shape.weights, shape.acceptance_source, shape.acceptance_vector) == (
+        "random",
+        "given",
+        [0.6, 0.6],
+    )
+    assert (lookup.weights, lookup.acceptance_source) == (None, "measured")
+    r = invoke(*args, "--acceptance-vector", "prompt-lookup=0.5", "--device", "cpu")
+    one_red_line(r)
+    assert "measured here" in r.stderr
+
+
 @pytest.mark.parametrize(
     "vector", ["1.5", "abc", "0.5,,0.2", "=0.5", "nan", "-0.1", "x=", ",".join(["0.5"] * 65)]
 )
