@@ -104,7 +104,7 @@ import sys
 from specdec_tune.search.costmodel import CostModel
 from specdec_tune.store.yamlio import load_costs
 
-print(f"\n{'file':<52} {'T_target':>9} {'T_draft':>8} {'c':>6} {'roofline':>8} {'best γ':>7}  C_ver(γ) ms, γ = 1..")
+print(f"\n{'file':<52} {'mode':>8} {'T_target':>9} {'T_draft':>8} {'c':>6} {'roofline':>8} {'best γ':>7}  C_ver(γ) ms, γ = 1..")
 for path in sys.argv[1:]:
     costs, hw = load_costs(path)
     roof = "—" if costs.roofline_share is None else f"{costs.roofline_share:.0%}"
@@ -114,7 +114,10 @@ for path in sys.argv[1:]:
         d = costs.drafts[0]
         g, s = CostModel(costs).best_gamma(d.name, len(costs.verify_ms))
         draft = f"{d.t_draft_ms:>6.2f}ms {d.c:>6.3f} {roof:>8} {g:>3} {s:.2f}×"
-    print(f"{path:<52} {costs.t_target_ms:>7.2f}ms {draft}  {curve}")
+    mode = getattr(costs, "engine_mode", "?")
+    print(f"{path:<52} {mode:>8} {costs.t_target_ms:>7.2f}ms {draft}  {curve}")
+    for reason in getattr(costs, "compile_fallbacks", []):
+        print(f"    compile fell back to static: {reason}")
 print(f"weights: {costs.weights} (shape {costs.shape}), context {costs.context_len}, on {hw['slug']}; "
       "best γ and its speedup are predicted from the given acceptance")
 EOF
