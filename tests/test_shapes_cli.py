@@ -214,6 +214,7 @@ def test_random_costs_round_trip_and_predict_only_known_acceptance(tmp_path):
         ("drafts.0.acceptance_source", "guessed", "acceptance_source"),
         ("drafts.0.acceptance_source", "from:", "acceptance_source"),
         ("drafts.0.weights", "fake", "drafts[0].weights"),
+        ("engine_mode", "warp", "costs.engine_mode"),
     ],
 )
 def test_bad_weights_fields_are_named(tmp_path, field, value, needle):

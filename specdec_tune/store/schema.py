@@ -283,12 +283,7 @@ def _validate(p: Profile) -> None:
     _at_least(p.workload.temperature, 0.0, "workload.temperature")
     _at_least(p.workload.max_new_tokens, 1, "workload.max_new_tokens")
     _at_least(p.workload.prompts, 1, "workload.prompts")
-    for where, mode in (
-        ("engine_mode", p.engine_mode),
-        ("costs.engine_mode", p.costs and p.costs.engine_mode),
-    ):
-        if mode not in (None, *MEASURED_MODES):
-            raise _field_error(where, f"must be one of {', '.join(MEASURED_MODES)}", mode)
+    _one_of(p.engine_mode, MEASURED_MODES, "engine_mode")
     _validate_result(p.best, "best")
     for i, alt in enumerate(p.alternatives):
         _validate_result(alt, f"alternatives[{i}]")
@@ -335,6 +330,7 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
     for name in ("loop_overhead_ms", "step_overhead_ms"):
         if getattr(c, name) is not None:
             _at_least(getattr(c, name), 0.0, f"{path}.{name}")
+    _one_of(c.engine_mode, MEASURED_MODES, f"{path}.engine_mode")
     _one_of(c.weights, WEIGHTS, f"{path}.weights")
     if c.weights == "random" and not c.shape:
         raise _field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)
