@@ -177,6 +177,16 @@ def test_plan_refuses_ambiguity_and_measured_drafts(tmp_path):
     assert "not used" in notes[0]
 
 
+def test_plan_reads_a_run_profile_and_refuses_one_without_costs(tmp_path):
+    specs = [parse_draft("shape:llama-3.2-1b")]
+    path = save_profile(make_sample_profile(), tmp_path / "p.yaml")  # its drafts: llama-3.2-1b, ...
+    plan, _ = acceptance_plan(parse_given([], path), specs, measured=set())
+    assert plan["shape:llama-3.2-1b"] == ([0.82, 0.78, 0.75, 0.72, 0.7, 0.68, 0.66, 0.64], "from:p.yaml")
+    empty = save_profile(make_sample_profile(costs=None), tmp_path / "none.yaml")
+    with pytest.raises(SpecDecError, match="no measured costs"):
+        acceptance_plan(parse_given([], empty), specs, measured=set())
+
+
 def test_apply_pads_to_max_gamma_and_derives_alpha():
     costs = make_costs()
     d = costs.drafts[0]

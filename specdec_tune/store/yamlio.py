@@ -140,6 +140,8 @@ def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
         raise SpecDecError(f"cannot read costs file {p}: {str(exc).splitlines()[0]}") from None
     if not isinstance(doc, dict) or "costs" not in doc or not isinstance(doc.get("hardware"), dict):
         raise SpecDecError(f"{p} is not a costs file written by `specdec-tune profile --out`")
+    if doc["costs"] is None:
+        raise SpecDecError(f"{p} holds no measured costs (a profile written by `run --no-profile`)")
     try:
         costs = convert_dataclass(doc["costs"], Costs, "costs")
         validate_costs(costs)
