@@ -8,8 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import noisy_copy, tiny_llama
-from test_batch import _check_rows, _hf_greedy
+from helpers import check_rows, noisy_copy, tiny_llama
 from test_engine import MAX_NEW, hf_greedy
 from test_sampling import (
     DEPTH,
@@ -158,7 +157,7 @@ def workload(tiny_target, prompts):
 @pytest.fixture(scope="module")
 def reference(tiny_target, workload):
     return [
-        _hf_greedy(tiny_target, p, b, None)
+        hf_greedy(tiny_target, p, b, None)
         for p, b in zip(workload.prompts, workload.max_new_tokens, strict=True)
     ]
 
@@ -173,7 +172,7 @@ def test_batched_hybrid_and_policies_equal_generate(
             inner = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size)
             drafter = BatchPolicyDrafter(inner, make, batch_size)
             run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold)
-            assert _check_rows(tiny_target, workload, run.outputs, reference) == 0
+            assert check_rows(tiny_target, workload, run.outputs, reference) == 0
             assert run.stats.proposed > 0
     counts = source_stats(drafter)
     assert all(v["proposed"] > 0 for v in counts.values())
