@@ -37,6 +37,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--engine", default="eager", help="engine mode (runtime.modes): eager, static, compiled, auto"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/batched.json"))
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -44,6 +47,7 @@ def main() -> None:
     s = open_session(
         None, ["draft-1l", "draft-2l", "prompt-lookup"], "demo-code", args.max_new_tokens, 0.0, "cpu", "auto",
         lazy_drafts=False,
+        engine=args.engine,
     )  # fmt: skip
     target = s.target.model
     # The workload's prompts, repeated until there are enough requests to refill every slot.

@@ -116,6 +116,7 @@ def per_category(args, configs: list[Config], costs, log) -> dict:
         "auto",
         args.category_prompts,
         lazy_drafts=False,
+        engine=args.engine,
     )
     pool = DrafterPool(s.specs, s.target.model, load=lambda spec: s.drafts[spec.name].model)
     pool.costs = costs  # the demo pair's costs: the costmodel policy's table
@@ -176,6 +177,9 @@ def main() -> None:
     ap.add_argument("--category-prompts", type=int, default=12)
     ap.add_argument("--category-tokens", type=int, default=32)
     ap.add_argument("--category-repeats", type=int, default=2)
+    ap.add_argument(
+        "--engine", default="eager", help="engine mode (runtime.modes): eager, static, compiled, auto"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/dynamic.json"))
     args = ap.parse_args()
     lines: list[str] = []
@@ -195,6 +199,7 @@ def main() -> None:
         "auto",
         args.prompts,
         lazy_drafts=False,
+        engine=args.engine,
     )
     pool = DrafterPool(s.specs, s.target.model, load=lambda spec: s.drafts[spec.name].model)
     costs = measure_costs(s, pool, args.max_gamma, 5, Progress())

@@ -43,6 +43,27 @@ def kv_bytes_per_step(model, context: int) -> int:
     return 2 * cfg.num_hidden_layers * heads * dim * context * size
 
 
+def linears_only_ms(model, repeats: int = 50) -> float:
+    """Every 2-D weight of the model applied to one token's activations, back to back, no Python
+    around them: the floor a decode step cannot go below with these matmul kernels."""
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    inputs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
+    with torch.inference_mode():
+
+        def run() -> None:
+            for w, x in zip(weights, inputs, strict=True):
+                torch.nn.functional.linear(x, w)
+
+        for _ in range(5):
+            run()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="eager,static,compiled")
@@ -64,6 +85,7 @@ def main() -> None:
         "context_len": context,
         "copy_bandwidth_gbps": copy_gbps,
         "decode_step_bytes": step_bytes,
+        "linears_only_ms": linears_only_ms(target),
         "modes": {},
     }
     for mode in args.modes.split(","):
