@@ -100,19 +100,41 @@ class _BatchLoopClock:
         self.forwards = self.tokens = self.positions = 0
 
     def __enter__(self) -> _BatchLoopClock:
-        forward = self.target.forward
+        from ..runtime.modes import current
+        from ..runtime.slots import SlotCache
 
-        def clocked(*args: Any, **kwargs: Any) -> Any:
-            if "logits_to_keep" in kwargs:
-                return forward(*args, **kwargs)
-            t0 = time.perf_counter()
-            out = forward(*args, **kwargs)
-            self.forward_ms += (time.perf_counter() - t0) * 1e3
-            self.forwards += 1
-            self.tokens += int(kwargs["input_ids"].shape[-1])
-            return out
+        if current().static:
+            # The slot cache's forward is clocked, not the model's: patching the model inside a
+            # compiled graph would recompile it and break the graph at the clock.
+            self._slot_forward = slot_forward = SlotCache.forward
+            target = self.target
 
-        self.target.forward = clocked
+            def clocked_slots(kv: Any, tokens: Any, counts: Any) -> Any:
+                if kv.model is not target:
+                    return slot_forward(kv, tokens, counts)
+                t0 = time.perf_counter()
+                out = slot_forward(kv, tokens, counts)
+                self.forward_ms += (time.perf_counter() - t0) * 1e3
+                self.forwards += 1
+                self.tokens += int(tokens.shape[-1])
+                return out
+
+            SlotCache.forward = clocked_slots
+        else:
+            self._slot_forward = None
+            forward = self.target.forward
+
+            def clocked(*args: Any, **kwargs: Any) -> Any:
+                if "logits_to_keep" in kwargs:
+                    return forward(*args, **kwargs)
+                t0 = time.perf_counter()
+                out = forward(*args, **kwargs)
+                self.forward_ms += (time.perf_counter() - t0) * 1e3
+                self.forwards += 1
+                self.tokens += int(kwargs["input_ids"].shape[-1])
+                return out
+
+            self.target.forward = clocked
         if self.drafter is not None:
             propose = self.drafter.propose
 
@@ -127,7 +149,12 @@ class _BatchLoopClock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.target.forward
+        if self._slot_forward is not None:
+            from ..runtime.slots import SlotCache
+
+            SlotCache.forward = self._slot_forward
+        else:
+            del self.target.forward
         if self.drafter is not None:
             del self.drafter.propose
 

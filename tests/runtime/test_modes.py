@@ -216,3 +216,17 @@ def test_prompt_lookup_needs_no_cache_in_any_mode():
         a = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
     b = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
     assert a.tokens == b.tokens == hf_greedy(target, prompt, 10, None)
+
+
+def test_loop_clocks_time_the_target_in_static_mode(tiny_target, tiny_draft, prompts):
+    from specdec_tune.measure.surface import loop_costs
+
+    case = Case(prompts[:3], [6, 6, 6], [], 0.0)
+    spec = DraftSpec("draft", "model")
+    make = {"draft": lambda b: build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, b)}
+    original = slots.SlotCache.forward
+    with modes.engine_mode("static", 64):
+        out = loop_costs(tiny_target, make, case, 2, 2, repeats=1)
+    assert slots.SlotCache.forward is original  # the clock is taken off again
+    assert out["loop_verify_ms"]["draft"] > 0 and out["loop_overhead_ms"] >= 0
+    assert 1 < out["loop_verify_tokens"]["draft"] <= 3  # gamma 2: [last, d1, d2] per row
