@@ -62,13 +62,9 @@ def check_engine_mode(name: str) -> str:
 def engine_mode(name: str, capacity: int = DEFAULT_CAPACITY) -> Iterator[EngineMode]:
     """Run the block under engine mode `name` (eager, static or compiled)."""
     global _current
-    check_engine_mode(name)
-    if name == "auto":
-        raise SpecDecError("engine mode 'auto' must be resolved first (modes.resolve_auto)")
     before = _current
-    _current = EngineMode(name, max(1, int(capacity)))
     try:
-        yield _current
+        yield use(name, capacity)
     finally:
         _current = before
 
@@ -114,7 +110,6 @@ class SeqCache:
     """
 
     def __init__(self, model: Any, capacity: int | None = None) -> None:
-        import torch
 
         self.model = model
         self.device = next(model.parameters()).device
@@ -122,7 +117,7 @@ class SeqCache:
         self.slots = None
         if mode.static:
             self.slots = row_kv(model, 1, capacity)
-            self._one = torch.ones(1, dtype=torch.long, device=self.device)
+            self._counts: dict[int, Any] = {}  # width -> tensor([width]): none made per token
         else:
             from .cache import cache_kwarg, new_cache
 
@@ -148,10 +143,18 @@ class SeqCache:
             import torch
 
             x = torch.nn.functional.pad(x, (0, width - t))
-            logits = self.slots.forward(x, self._one * width)[0]
+            logits = self.slots.forward(x, self._count(width))[0]
             self.crop(width - t)
             return logits[:t]
-        return self.slots.forward(x, self._one * t)[0]
+        return self.slots.forward(x, self._count(t))[0]
+
+    def _count(self, n: int) -> Any:
+        count = self._counts.get(n)
+        if count is None:
+            import torch
+
+            count = self._counts[n] = torch.tensor([n], dtype=torch.long, device=self.device)
+        return count
 
     def crop(self, n: int) -> None:
         """Drop the last n tokens (n >= 0)."""

@@ -227,14 +227,12 @@ class SlotCache:
         """Feed row r's first counts[r] tokens of `tokens` (B, T) after its held ones; the rest of
         each row is padding whose writes land past the row's length. Returns logits (B, T, vocab)."""
         t = width = tokens.shape[1]
-        pos = self.lengths[:, None] + self.cols[None, :width]
-        self._ensure(int(self.lengths.max()) + t)
+        end = int(self.lengths.max()) + t  # the one host sync: the longest row after this forward
+        self._ensure(end)
         # Padding slots past the capacity write into the last column, which no row reaches.
-        pos = pos.clamp_max(self.capacity - 1)
+        pos = (self.lengths[:, None] + self.cols[None, :width]).clamp_max(self.capacity - 1)
         self.write_at = pos
-        self.visible = (
-            self.capacity if self.compiled else min(self.capacity, _round_up(int(pos.max()) + 1, 32))
-        )
+        self.visible = self.capacity if self.compiled else min(self.capacity, _round_up(end, 32))
         if self.compiled and width not in self._graphs:
             self._graphs.add(width)
             self.compiles += 1

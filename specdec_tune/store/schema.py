@@ -5,11 +5,8 @@ Never imports torch.
 
 from __future__ import annotations
 
-import math
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Union
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..domain import (
     ACCEPTANCE_FROM,
@@ -26,12 +23,9 @@ from ..domain import (
 from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
+from .fields import READABLE_VERSIONS, SCHEMA_VERSION, convert, describe, field_error
 
 MEASURED_MODES = ("eager", "static", "compiled")  # runtime.modes.ENGINE_MODES, auto resolved
-
-SCHEMA_VERSION = 2
-# Version 1 profiles (before the batch table) still load: every field added since is optional.
-READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -125,11 +119,11 @@ def profile_from_dict(d: Any) -> Profile:
     Raises SpecDecError naming the offending field path, e.g. 'best.config.gamma'.
     """
     if not isinstance(d, dict):
-        raise SpecDecError(f"a profile must be a YAML mapping at the top level, got {_describe(d)}")
+        raise SpecDecError(f"a profile must be a YAML mapping at the top level, got {describe(d)}")
     if "schema_version" not in d:
         # schema_version is the last key written, so a file without it was most likely cut off:
         # converting the rest names the first field that went missing
-        _convert(d, Profile, "")
+        convert(d, Profile, "")
         raise SpecDecError(
             f"profile field 'schema_version' is missing: it is the last line specdec-tune writes, so the "
             f"file may be cut off (this specdec-tune reads schema version {SCHEMA_VERSION})"
@@ -141,136 +135,9 @@ def profile_from_dict(d: Any) -> Profile:
             f"{' and '.join(map(str, READABLE_VERSIONS))} (re-run `specdec-tune run` to write a current profile, or install the "
             f"specdec-tune that wrote it)"
         )
-    profile = _convert(d, Profile, "")
+    profile = convert(d, Profile, "")
     _validate(profile)
     return profile
-
-
-_NONE_TYPE = type(None)
-
-
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """Check `value` against the annotation `tp` and build dataclasses; path names the field."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not _NONE_TYPE]
-        if value is None:
-            return None
-        return _convert(value, args[0], path)
-    if value is None:
-        raise _field_error(path, f"must be {_expected(tp)}{_range_of(path)}", value)
-    if is_dataclass(tp):
-        return convert_dataclass(value, tp, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _field_error(path, "must be a list", value)
-        (item_tp,) = typing.get_args(tp)
-        return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _field_error(path, "must be a mapping", value)
-        _, value_tp = typing.get_args(tp)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise _field_error(path, "must have string keys", k)
-            out[k] = _convert(v, value_tp, f"{path}.{k}")
-        return out
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _field_error(path, "must be an int" + _range_of(path), value)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _field_error(path, "must be a number" + _range_of(path), value)
-        if not math.isfinite(value):
-            raise _field_error(path, "must be a finite number" + _range_of(path), value)
-        return float(value)
-    if tp is str:
-        # YAML turns an unquoted ISO timestamp into a datetime; a hand-edited `created:` is still fine
-        if hasattr(value, "isoformat") and not isinstance(value, str):
-            return value.isoformat()
-        if not isinstance(value, str):
-            # an unquoted hash or version would have been mangled by YAML already (0123 is octal)
-            raise _field_error(path, "must be a string (quote it in YAML)", value)
-        return value
-    raise TypeError(f"profile schema has an unsupported annotation {tp!r} at {path}")  # a bug, not input
-
-
-def convert_dataclass(value: Any, cls: type, path: str) -> Any:
-    if not isinstance(value, dict):
-        raise _field_error(path or "(top level)", "must be a mapping", value)
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in fields(cls)]
-    unknown = [k for k in value if k not in known]
-    if unknown:
-        where = f"profile field '{_join(path, str(unknown[0]))}'"
-        raise SpecDecError(
-            f"{where} is not part of schema version {SCHEMA_VERSION} (known fields here: {', '.join(known)})"
-        )
-    kwargs = {}
-    for f in fields(cls):
-        sub = _join(path, f.name)
-        if f.name not in value:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise SpecDecError(
-                    f"profile field '{sub}' is missing (is the file truncated or hand-edited?)"
-                )
-            continue
-        kwargs[f.name] = _convert(value[f.name], hints[f.name], sub)
-    return cls(**kwargs)
-
-
-# The allowed range of a numeric field, named in type errors too ("must be an int >= 0, got 'x'")
-_FIELD_RANGES = {
-    "gamma": ">= 0",
-    "threshold": f"in {THRESHOLD_RANGE}",
-    "acceptance_rate": "in [0, 1]",
-    "acceptance_vector": "in [0, 1]",
-    "per_position_acceptance": "in [0, 1]",
-    "repeats": ">= 1",
-    "prompts": ">= 1",
-    "max_new_tokens": ">= 1",
-    "temperature": ">= 0",
-    "ngram_min": ">= 1",
-    "ngram_max": ">= 1",
-    "layers": ">= 1",
-}
-
-
-def _range_of(path: str) -> str:
-    name = path.rsplit(".", 1)[-1].split("[", 1)[0]
-    rng = _FIELD_RANGES.get(name)
-    return f" {rng}" if rng else ""
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _expected(tp: Any) -> str:
-    if is_dataclass(tp) or typing.get_origin(tp) is dict:
-        return "a mapping"
-    if typing.get_origin(tp) is list:
-        return "a list"
-    return {int: "an int", float: "a number", str: "a string"}.get(tp, "set")
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _field_error(path: str, expectation: str, value: Any) -> SpecDecError:
-    return SpecDecError(f"profile field '{path}' {expectation}, got {_describe(value)}")
 
 
 # ------------------------------------------------------------------------------ semantic checks
@@ -279,7 +146,7 @@ def _field_error(path: str, expectation: str, value: Any) -> SpecDecError:
 def _validate(p: Profile) -> None:
     slug = p.hardware.get("slug")
     if not isinstance(slug, str) or not slug:
-        raise _field_error("hardware.slug", "must be a non-empty string", slug)
+        raise field_error("hardware.slug", "must be a non-empty string", slug)
     _at_least(p.workload.temperature, 0.0, "workload.temperature")
     _at_least(p.workload.max_new_tokens, 1, "workload.max_new_tokens")
     _at_least(p.workload.prompts, 1, "workload.prompts")
@@ -293,7 +160,7 @@ def _validate(p: Profile) -> None:
         where = f"batch_table[{i}]"
         _at_least(row.batch_size, 1, f"{where}.batch_size")
         if row.batch_size in seen:
-            raise _field_error(
+            raise field_error(
                 f"{where}.batch_size", "must not repeat an earlier row's batch size", row.batch_size
             )
         seen.add(row.batch_size)
@@ -304,7 +171,7 @@ def _validate(p: Profile) -> None:
     for i, crow in enumerate(p.category_table):
         where = f"category_table[{i}]"
         if not crow.category.strip() or crow.category in categories:
-            raise _field_error(f"{where}.category", "must be a non-empty, unrepeated name", crow.category)
+            raise field_error(f"{where}.category", "must be a non-empty, unrepeated name", crow.category)
         categories.add(crow.category)
         _at_least(crow.prompts, 1, f"{where}.prompts")
         _at_least(crow.overall_speedup, 0.0, f"{where}.overall_speedup")
@@ -333,7 +200,7 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
     _one_of(c.engine_mode, MEASURED_MODES, f"{path}.engine_mode")
     _one_of(c.weights, WEIGHTS, f"{path}.weights")
     if c.weights == "random" and not c.shape:
-        raise _field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)
+        raise field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)
     for i, dc in enumerate(c.drafts):
         where = f"{path}.drafts[{i}]"
         _at_least(dc.t_draft_ms, 0.0, f"{where}.t_draft_ms")
@@ -346,7 +213,7 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
         if source not in ACCEPTANCE_SOURCES and not (
             source.startswith(ACCEPTANCE_FROM) and source != ACCEPTANCE_FROM
         ):
-            raise _field_error(
+            raise field_error(
                 f"{where}.acceptance_source",
                 f"must be one of {', '.join(ACCEPTANCE_SOURCES)} or {ACCEPTANCE_FROM}<file>",
                 source,
@@ -355,7 +222,7 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
 
 def _one_of(value: str, allowed: tuple[str, ...], path: str) -> None:
     if value not in allowed:
-        raise _field_error(path, f"must be one of {', '.join(allowed)}", value)
+        raise field_error(path, f"must be one of {', '.join(allowed)}", value)
 
 
 def _validate_result(r: Result, path: str) -> None:
@@ -363,37 +230,37 @@ def _validate_result(r: Result, path: str) -> None:
     where = f"{path}.config.draft"
     _one_of(d.kind, DRAFT_KINDS, f"{where}.kind")
     if d.kind == "model" and not d.path:
-        raise _field_error(
+        raise field_error(
             f"{where}.path", "must name the draft model folder or HF id for kind 'model'", d.path
         )
     if d.kind in ("prompt_lookup", "hybrid"):
         for name in ("ngram_min", "ngram_max"):
             v = getattr(d, name)
             if v is None or v < 1:
-                raise _field_error(f"{where}.{name}", f"must be an int >= 1 for kind '{d.kind}'", v)
+                raise field_error(f"{where}.{name}", f"must be an int >= 1 for kind '{d.kind}'", v)
         if d.ngram_min > d.ngram_max:
-            raise _field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
+            raise field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
     if d.lookup_match is not None:
         _one_of(d.lookup_match, LOOKUP_MATCHES, f"{where}.lookup_match")
     if d.threshold_mode is not None:
         _one_of(d.threshold_mode, THRESHOLD_MODES, f"{where}.threshold_mode")
     if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
-        raise _field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
+        raise field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
     gamma_path = f"{path}.config.gamma"
     if d.kind == "none":
         if r.config.gamma != 0:
-            raise _field_error(gamma_path, "must be 0 for draft kind 'none'", r.config.gamma)
+            raise field_error(gamma_path, "must be 0 for draft kind 'none'", r.config.gamma)
     else:
         if not 1 <= r.config.gamma <= MAX_GAMMA:
-            raise _field_error(gamma_path, f"must be an int in 1..{MAX_GAMMA}", r.config.gamma)
+            raise field_error(gamma_path, f"must be an int in 1..{MAX_GAMMA}", r.config.gamma)
     if d.kind == "hybrid" and not (d.path or d.layers):
-        raise _field_error(
+        raise field_error(
             f"{where}.path", "must name the draft model (or set layers) for kind 'hybrid'", d.path
         )
     _one_of(r.config.gamma_policy, GAMMA_POLICIES, f"{path}.config.gamma_policy")
     t = r.config.threshold
     if not threshold_ok(t):
-        raise _field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)
+        raise field_error(f"{path}.config.threshold", f"must be a number in {THRESHOLD_RANGE}", t)
     _validate_metrics(r.metrics, f"{path}.metrics")
 
 
@@ -414,14 +281,14 @@ def _validate_metrics(m: Metrics, path: str) -> None:
 def _at_least(value: float, low: float, path: str) -> None:
     if value < low:
         kind = "an int" if isinstance(low, int) else "a number"
-        raise _field_error(path, f"must be {kind} >= {low}", value)
+        raise field_error(path, f"must be {kind} >= {low}", value)
 
 
 def _positive(value: float, path: str) -> None:
     if value <= 0:
-        raise _field_error(path, "must be a number > 0", value)
+        raise field_error(path, "must be a number > 0", value)
 
 
 def _probability(value: float, path: str) -> None:
     if not 0.0 <= value <= 1.0:
-        raise _field_error(path, "must be a number in [0, 1]", value)
+        raise field_error(path, "must be a number in [0, 1]", value)

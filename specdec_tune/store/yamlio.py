@@ -15,7 +15,8 @@ import yaml
 from ..domain import Costs
 from ..errors import SpecDecError
 from .atomic import atomic_write_text
-from .schema import SCHEMA_VERSION, Profile, convert_dataclass, profile_from_dict, validate_costs
+from .fields import SCHEMA_VERSION, convert_dataclass
+from .schema import Profile, profile_from_dict, validate_costs
 
 # Floats are written with this many significant digits: enough for timings and rates, few enough
 # that two profiles diff cleanly.
