@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip", "hybrid")
+DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip", "hybrid", "ngram_mod")
+# Kinds only a serving engine runs (llama.cpp's ngram-mod hash pool): the native engine refuses them.
+ENGINE_ONLY_KINDS = ("ngram_mod",)
 # Drafters with a confidence to threshold (prompt lookup has none; a hybrid's model part has one).
 THRESHOLD_KINDS = ("model", "layer_skip", "hybrid")
 # How gamma is chosen per step (runtime/policies.py): fixed, transformers' heuristic, the cost model.
@@ -46,6 +48,7 @@ class DraftSpec:
     layers: int | None = None
     lookup_match: str | None = None  # prompt lookup; None = "latest"
     threshold_mode: str | None = None  # model, layer-skip; None = "hf"
+    min_draft: int | None = None  # llama.cpp's n_min: draft nothing when fewer would be proposed
 
     @property
     def label(self) -> str:

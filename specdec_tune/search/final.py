@@ -19,9 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..domain import Metrics, Result
-from ..measure.bench import Entry, measure_many
-from ..measure.serving import BatchEntry, measure_batched_many
-from ..runtime.workloads import Case
 from .results import TuneResult, csv_row
 from .space import TuneSettings
 
@@ -51,8 +48,8 @@ def pick_finalists(results: list[Result], k: int, floor: float = 0.75) -> list[R
 def final_round(
     study: Any,
     result: TuneResult,
-    pool: Any,
-    case: Case,
+    backend: Any,
+    case: Any,
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None = None,
     claim: Any = None,
@@ -82,7 +79,7 @@ def final_round(
     try:
         stored = _stored(study, key)
         if stored is None:
-            stored = _measure(finalists, pool, case, settings, on_start)
+            stored = _measure(finalists, backend, case, settings, on_start)
             study.set_user_attr("final_round", {"key": key, **stored})
     finally:
         if claim is not None:
@@ -109,8 +106,8 @@ def _stored(study: Any, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def _measure(
     finalists: list[Result],
-    pool: Any,
-    case: Case,
+    backend: Any,
+    case: Any,
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None,
 ) -> dict[str, Any]:
@@ -120,21 +117,14 @@ def _measure(
     if on_start is not None:
         on_start([r.config.label for r in finalists])
     try:
-        if settings.batch_size == 1:
-            entries = [
-                Entry(pool.for_config(r.config), r.config.gamma, r.config.threshold) for r in finalists
-            ]
-            ms = measure_many(pool.target, entries, case, settings.final_repeats, seed=settings.seed)
-        else:
-            b = settings.batch_size
-            batched = [
-                BatchEntry(_maker(pool, r.config, b), r.config.gamma, r.config.threshold) for r in finalists
-            ]
-            ms = measure_batched_many(
-                pool.target, batched, case, b, settings.final_repeats, seed=settings.seed
-            )
+        ms = backend.measure(
+            [r.config for r in finalists],
+            case,
+            settings.batch_size,
+            settings.final_repeats,
+            seed=settings.seed,
+        )
     except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
-        pool.free_device_memory()
         return {"error": f"final round skipped: {type(exc).__name__}: {exc}"[:300], "worker": WORKER}
     measured = []
     for r, m in zip(finalists, ms, strict=True):
@@ -142,7 +132,3 @@ def _measure(
         m.metrics.search_speedup = r.metrics.speedup
         measured.append(m.metrics.as_dict())
     return {"metrics": measured, "worker": WORKER}
-
-
-def _maker(pool: Any, config: Any, batch_size: int) -> Callable[[], Any]:
-    return lambda: pool.for_config(config, batch_size)

@@ -19,8 +19,7 @@ from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..measure.bench import measure
-from ..measure.serving import measure_batched
+from ..measure.backends import MeasuringBackend, NativeBackend
 from ..runtime.batch import build_batch_drafter
 from ..runtime.drafters import build_drafter
 from ..runtime.session import model_part
@@ -105,9 +104,12 @@ def tune(
     on_trial: Callable[[int, int, float | None], None] | None = None,
     on_final: Callable[[list[str]], None] | None = None,
     extra_seeds: list[dict[str, Any]] | None = None,
+    backend: MeasuringBackend | None = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
+    Every trial and the final round measure through `backend` (default: our own engine over
+    `pool`; the llama.cpp backend measures inside llama-server and needs no `target`).
     `extra_seeds` (trial params, e.g. the neighbouring batch size's winner) are tried right after
     the cost model's seeds when the study is new.
     """
@@ -121,8 +123,10 @@ def tune(
     if "none" in by_name:
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
     space = search_space(specs, settings)
-    pool = pool or DrafterPool(specs, target)
-    pool.costs = pool.costs or costs
+    if backend is None:
+        pool = pool or DrafterPool(specs, target)
+        pool.costs = pool.costs or costs
+        backend = NativeBackend(pool)
     model = CostModel(costs) if costs is not None else None
     storage_url = settings.storage or default_storage()
     name = settings.study_name or study_name_for(
@@ -140,7 +144,7 @@ def tune(
     claim_identity(study, identity, seeds, redact(storage_url))
 
     total = trial_count(specs, settings)
-    objective = _Objective(study, pool, by_name, space, case, model, settings, total)
+    objective = _Objective(study, backend, by_name, space, case, model, settings, total)
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
     # Counting the free slots and creating the trial happen under one lock shared by all workers,
     # so two workers never take the last slot together; the trial releases it once it exists.
@@ -174,7 +178,7 @@ def tune(
     if settings.finalists > 0:
         claim = StorageLock(storage_url, f"{name}:final")
         try:
-            final_round(study, result, pool, case, settings, on_final, claim)
+            final_round(study, result, backend, case, settings, on_final, claim)
         finally:
             claim.close()
     return result
@@ -184,8 +188,8 @@ class _Objective:
     """One trial: ask the config, measure it against the baseline, record its metrics as user
     attributes (readable by optuna-dashboard and `optuna.load_study`)."""
 
-    def __init__(self, study, pool, specs, space, case, model, settings, total) -> None:
-        self.study, self.pool, self.specs, self.space = study, pool, specs, space
+    def __init__(self, study, backend, specs, space, case, model, settings, total) -> None:
+        self.study, self.backend, self.specs, self.space = study, backend, specs, space
         self.case, self.model, self.settings, self.total = case, model, settings, total
         self.on_start: Callable[[], None] = lambda: None
 
@@ -214,31 +218,14 @@ class _Objective:
                 if r == 0 and self.settings.repeats > 1 and prune_below and speedup < prune_below:
                     raise optuna.TrialPruned()
 
-            batch = self.settings.batch_size
-            if batch == 1:
-                drafter = None if config.gamma == 0 else self.pool.for_config(config)
-                m = measure(
-                    self.pool.target,
-                    drafter,
-                    config.gamma,
-                    config.threshold,
-                    self.case,
-                    self.settings.repeats,
-                    seed=self.settings.seed,
-                    on_repeat=on_repeat,
-                )
-            else:
-                m = measure_batched(
-                    self.pool.target,
-                    lambda: self.pool.for_config(config, batch),
-                    config.gamma,
-                    config.threshold,
-                    self.case,
-                    batch,
-                    self.settings.repeats,
-                    seed=self.settings.seed,
-                    on_repeat=on_repeat,
-                )
+            (m,) = self.backend.measure(
+                [config],
+                self.case,
+                self.settings.batch_size,
+                self.settings.repeats,
+                seed=self.settings.seed,
+                on_repeat=on_repeat,
+            )
             if not math.isfinite(m.metrics.speedup):
                 raise RuntimeError("measured speedup is not finite")
             m.metrics.predicted_speedup = (
@@ -248,6 +235,9 @@ class _Objective:
             )
             for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
                 trial.set_user_attr(k, v)
+            for k in ("flags", "exactness"):  # what an engine backend ran and how exact it was
+                if getattr(m, k, None):
+                    trial.set_user_attr(k, getattr(m, k))
             return m.metrics.speedup
         except optuna.TrialPruned:
             raise
@@ -258,7 +248,6 @@ class _Objective:
             # At B > 1 an out-of-memory names the batch size: the cure is usually a smaller one.
             where = f"at batch size {self.settings.batch_size}: " if self.settings.batch_size > 1 else ""
             trial.set_user_attr("error", f"{where}{type(exc).__name__}: {exc}"[:500])
-            self.pool.free_device_memory()
             raise
         finally:
             trial.set_user_attr("duration_s", time.monotonic() - started)

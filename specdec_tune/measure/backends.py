@@ -1,0 +1,93 @@
+"""The measuring seam: "measure these configs against the plain baseline on this workload at
+batch size B, interleaved, and return one measurement each". The tuner, the final round, `check`
+and the batch table call only this. Two implementations: `NativeBackend` (our own engine, in
+process) and `llamacpp.backend.LlamaCppBackend` (llama-server processes); a vLLM or SGLang
+backend on a GPU box is a third class with the same three members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..domain import Config, Metrics
+
+BACKENDS = ("native", "llamacpp")
+
+
+class Measured(Protocol):
+    metrics: Metrics
+    mismatches: int
+
+
+class MeasuringBackend(Protocol):
+    name: str
+
+    def measure(
+        self,
+        configs: list[Config],
+        case: Any,
+        batch_size: int = 1,
+        repeats: int = 3,
+        seed: int = 0,
+        on_repeat: Callable[[int, float], None] | None = None,
+    ) -> list[Any]:
+        """One measurement per config (`.metrics`, `.mismatches`), timed against the plain
+        baseline in the same run. `on_repeat(r, speedup)` after each repeat (one config only)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """What identifies the engine that measured (name, build), for the profile."""
+        ...
+
+
+class NativeBackend:
+    """Our own engine in this process: `pool` builds each config's drafter (search.tuner.DrafterPool)."""
+
+    name = "native"
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @property
+    def target(self) -> Any:
+        return self.pool.target
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def measure(
+        self,
+        configs: list[Config],
+        case: Any,
+        batch_size: int = 1,
+        repeats: int = 3,
+        seed: int = 0,
+        on_repeat: Callable[[int, float], None] | None = None,
+    ) -> list[Any]:
+        from .bench import Entry, measure_many
+        from .serving import BatchEntry, measure_batched_many
+
+        pool = self.pool
+        hook = None
+        if on_repeat is not None:
+            if len(configs) != 1:
+                raise ValueError("on_repeat watches a single config")
+            hook = lambda r, speedups: on_repeat(r, speedups[0])  # noqa: E731
+        try:
+            if batch_size == 1:
+                entries = [
+                    Entry(None if c.gamma == 0 else pool.for_config(c), c.gamma, c.threshold) for c in configs
+                ]
+                return measure_many(pool.target, entries, case, repeats, seed=seed, on_repeat=hook)
+            batched = [BatchEntry(_maker(pool, c, batch_size), c.gamma, c.threshold) for c in configs]
+            return measure_batched_many(
+                pool.target, batched, case, batch_size, repeats, seed=seed, on_repeat=hook
+            )
+        except Exception:
+            pool.free_device_memory()
+            raise
+
+
+def _maker(pool: Any, config: Config, batch_size: int) -> Callable[[], Any]:
+    return lambda: pool.for_config(config, batch_size)

