@@ -294,7 +294,7 @@ def check(
 @app.command()
 def export(
     profile: Annotated[Path, typer.Argument(help="A profile YAML written by `specdec-tune run`.")],
-    to: Annotated[str, typer.Option("--to", help="hf, vllm, llamacpp or sglang.")] = "hf",
+    to: Annotated[str, typer.Option("--to", help="hf, vllm, llamacpp, sglang or trtllm.")] = "hf",
     engine_version: Annotated[
         str | None,
         typer.Option(
@@ -302,15 +302,38 @@ def export(
             help="Flag set of an older engine release, e.g. b8953 for llama.cpp (default: current).",
         ),
     ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="command (a ready-to-run command or snippet), json (the same as data) or flags "
+            "(the speculative settings alone, as before).",
+        ),
+    ] = "command",
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="The load to size the server for (default: the largest measured batch size where "
+            "speculation won).",
+        ),
+    ] = None,
+    no_schedule: Annotated[
+        bool,
+        typer.Option(
+            "--no-schedule", help="No batch-size schedule: the best operating point for --batch-size."
+        ),
+    ] = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Print the best config the engine runs as measured, as its settings (gaps and a fallback are
-    said on stderr). Exit 5 when nothing in the profile can be exported."""
+    """Print a ready-to-run deployment of the best config the engine runs as measured (gaps and a
+    fallback are said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
         from . import app as api
 
-        r = api.export(profile, to, engine_version)
-        if json_out:
+        r = api.export(profile, to, engine_version, fmt, batch_size, not no_schedule)
+        if json_out or fmt == "json":
             print_json(r.as_dict())
         elif r.text:
             typer.echo(r.text.rstrip("\n"))

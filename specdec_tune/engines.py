@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .domain import Config, DraftSpec
 from .errors import SpecDecError
 
-ENGINES = ("hf", "vllm", "llamacpp", "sglang")
+ENGINES = ("hf", "vllm", "llamacpp", "sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,11 @@ ENGINE_INFO = {
     # SGLang: no threshold; NGRAM drafts from a trie over all suffixes shared across requests, which
     # has no n-gram sizes, so our prompt lookup has no counterpart there.
     "sglang": Engine("sglang", "SGLang", ("model",), None, None, None),
+    # TensorRT-LLM: DraftTargetDecodingConfig has no confidence threshold (acceptance_rate_threshold
+    # switches speculation off for good when the rolling acceptance drops, another thing); its NGram
+    # drafter tries n = max..1 and continues the oldest match, or the newest with is_use_oldest=False,
+    # so either of our policies runs there (lookup_match None: set per config).
+    "trtllm": Engine("trtllm", "TensorRT-LLM", ("model", "prompt_lookup"), None, None, "down_to_1"),
 }
 
 _MODE_TEXT = {

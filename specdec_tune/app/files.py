@@ -14,17 +14,34 @@ __all__ = ["ExportResult", "ShowResult", "export", "show"]
 # --------------------------------------------------------------------------------- export, show
 
 
-def export(path: Path, to: str = "hf", engine_version: str | None = None) -> ExportResult:
+def export(
+    path: Path,
+    to: str = "hf",
+    engine_version: str | None = None,
+    fmt: str = "command",
+    batch_size: int | None = None,
+    schedule: bool = True,
+) -> ExportResult:
     """A stored profile's best config that engine `to` (at `engine_version`, default the current
-    release) runs as measured, as its settings; a fallback and every gap are in `warnings`, and
-    `exported` is None (`nothing` says why) when there is nothing to export."""
+    release) runs as measured, as a ready-to-run deployment (`fmt` "command" or "json") or the
+    round-2 fragment ("flags"); `batch_size` is the load to size it for, `schedule=False` the single
+    operating point for that load. A fallback and every gap are in `warnings`; `exported` is None
+    (`nothing` says why) when there is nothing to export."""
     from ..output.export import export as export_config
     from ..store.refs import engine_path
     from ..store.yamlio import load_profile
 
     p = load_profile(path)
     folder = Path(path).parent
-    return export_config(p, to, engine_version, lambda ref: engine_path(ref, folder))
+    return export_config(
+        p,
+        to,
+        engine_version,
+        lambda ref: engine_path(ref, folder),
+        fmt=fmt,
+        batch_size=batch_size,
+        schedule=schedule,
+    )
 
 
 @dataclass

@@ -1,16 +1,18 @@
-"""Translate a profile into one serving engine's settings (HF, vLLM, llama.cpp, SGLang), per engine
-version, exporting only a config the engine runs the way it was measured.
+"""Translate a profile into a deployment for one serving engine (HF, vLLM, llama.cpp, SGLang,
+TensorRT-LLM), per engine version, exporting only a config the engine runs the way it was measured.
 
-When the best config cannot run there as measured (engines.blockers), the best measured
-alternative that can is exported instead and the warnings say which, at what measured speedup, and
-what was lost. When nothing in the profile can, nothing is exported (the CLI exits 5). Every emitted
-option is checked against the engine version's flag set (flagsets), so a renamed flag is a bug
-here, never a server that refuses to start. Plain data in, text out, no torch.
+The default output is ready to run: the engine's command (or a Python snippet for HF and
+TensorRT-LLM) with the target and draft resolved, the measured operating point, and the batch
+settings from the profile's batch table (`-np`, `--max-running-requests`, a batch-size schedule made
+safe by output/schedule.py). `--format flags` keeps the round-2 fragment byte for byte.
+
+When the best config cannot run there as measured (engines.blockers), the best measured alternative
+that can is exported and the warnings say which; when nothing can, nothing is exported (exit 5).
+Every emitted option is checked against the engine version's flag set. Plain data in, text out.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,11 +21,21 @@ from typing import Any
 from ..domain import Config, Result
 from ..engines import ENGINES, blockers, engine_info
 from ..store.schema import Profile
-from .flagsets import FlagSet, flagset, problems
+from .commands import command_argv, python_snippet
+from .flagcheck import problems
+from .flagsets import FlagSet, flagset
+from .fragments import EXPORTERS, fragment_batch_notes, render_fragment
+from .llamacpp_args import llamacpp_args, measured_llamacpp_args
+from .schedule import Tier, default_load, row_for_load, tiers
 
-__all__ = ["ENGINES", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
+__all__ = ["ENGINES", "FORMATS", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
 
 NO_SPECULATION = "profile says: do not speculate (plain decoding was fastest on this hardware)"
+FORMATS = ("command", "json", "flags")
+SCHEDULE_ENGINES = ("vllm", "trtllm")
+# vLLM: a schedule downgrades full CUDA graphs to PIECEWISE (vllm/config/vllm.py
+# _maybe_override_dynamic_sd_cudagraph_mode), so its K = 0 tier costs more than no speculation
+K0_COSTS_MORE = {"vllm": True, "trtllm": False}
 
 
 @dataclass
@@ -31,13 +43,19 @@ class Export:
     engine: str
     version: str
     source: str  # where the flag set was read from
-    settings: Any  # a dict (hf, vllm) or an argv list (llamacpp, sglang); None when nothing exported
-    text: str  # what to paste: JSON or a shell-quoted command line; "" when nothing exported
+    settings: Any  # the engine's speculative settings: a dict (hf, vllm, trtllm) or an argv list
+    text: str  # what to paste: a command, a snippet, or the fragment; "" when nothing exported
     warnings: list[str] = field(default_factory=list)
     exported: Result | None = None  # the measured config handed over
     fallback: bool = False  # True when that is not the profile's best config
     lost: list[str] = field(default_factory=list)  # why the best could not be exported
     nothing: str = ""  # one line: why nothing was exported
+    fmt: str = "command"
+    target: str = ""  # the target as the engine loads it
+    load: int | None = None  # the batch size the batch settings were sized for
+    schedule: list[list[int]] = field(default_factory=list)  # [start, end, K] tiers handed over
+    argv: list[str] = field(default_factory=list)  # the shell command (llamacpp, vllm, sglang)
+    lead: int = 0  # argv entries before the checked flags (program, positional target)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.exported
@@ -50,7 +68,12 @@ class Export:
             "measured_speedup": r.metrics.speedup if r else None,
             "fallback": self.fallback,
             "lost": self.lost,
+            "target": self.target or None,
+            "load": self.load,
+            "schedule": self.schedule,
             "settings": self.settings,
+            "command": self.argv or None,
+            "text": self.text or None,
             "warnings": self.warnings,
             "nothing": self.nothing or None,
         }
@@ -61,58 +84,258 @@ def export(
     to: str,
     version: str | None = None,
     model_path: Callable[[str], str] | None = None,
+    *,
+    fmt: str = "command",
+    batch_size: int | None = None,
+    schedule: bool = True,
 ) -> Export:
-    """The best config `to` can run as measured, as its settings for engine `version` (None: current).
+    """The best config `to` can run as measured, as a deployment for engine `version` (None: current).
 
-    `model_path` turns a stored draft reference into what the engine should load (app passes the
-    resolver of the profile's portable references); by default the reference is used as written.
+    `model_path` turns a stored model reference into what the engine should load (app passes the
+    resolver of the profile's portable references). `batch_size` names the load to size the server
+    for (default: the largest measured batch size where speculation won); `schedule=False` emits the
+    single best operating point for that load instead of a batch-size schedule.
     """
+    if fmt not in FORMATS:
+        from ..errors import SpecDecError
+
+        raise SpecDecError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     e = engine_info(to)
     fs = flagset(e.key, version)
     resolve = model_path or (lambda ref: ref)
-    out = Export(e.key, fs.version, fs.source, None, "")
-    best = profile.best
-    if best.config.draft.kind == "none":
+    out = Export(e.key, fs.version, fs.source, None, "", fmt=fmt)
+    if profile.best.config.draft.kind == "none":
         out.nothing = NO_SPECULATION
         return out
-    out.lost = blockers(best.config, e.key)
-    chosen = best if not out.lost else _best_expressible(profile, e.key)
+    if fmt == "flags" and e.key != "trtllm":
+        return _fragment(profile, e.key, fs, resolve, out)
+    load = batch_size if batch_size is not None else default_load(profile)
+    per_load = profile.batch_table and load is not None and (e.key not in SCHEDULE_ENGINES or not schedule)
+    chosen = _choose_at_load(profile, e.key, load, out) if per_load else _choose(profile, e.key, out)
     if chosen is None:
-        out.nothing = (
-            f"nothing in the profile runs on {e.display} as measured and beats plain decoding; "
-            f"best {best.config.label}: {'; '.join(out.lost)}"
-        )
         return out
-    if chosen is not best:
-        out.fallback = True
-        loss = best.metrics.speedup - chosen.metrics.speedup
-        out.warnings.append(
-            f"the best config {best.config.label} (measured {best.metrics.speedup:.3f}x) cannot run on "
-            f"{e.display} as measured: {'; '.join(out.lost)}. Exported instead the best measured config it "
-            f"can run: {chosen.config.label}, measured {chosen.metrics.speedup:.3f}x ({loss:.3f}x less)"
-        )
     d = chosen.config.draft
-    settings, notes = _EXPORTERS[e.key](profile, chosen.config, fs, resolve(d.path) if d.path else "")
-    bad = problems(fs, settings)
-    if bad:  # a bug in this module, not the user's input
-        raise RuntimeError(f"export to {e.key} {fs.version} emitted options it refuses: {'; '.join(bad)}")
-    if profile.batch_table:
-        notes += _batch_sizes(profile, e.key, chosen, settings)
-        bad = problems(fs, settings)
-        if bad:
-            raise RuntimeError(f"export to {e.key} {fs.version} emitted options it refuses: {'; '.join(bad)}")
+    path = resolve(d.path) if d.path else ""
+    if e.key == "llamacpp":
+        stored = measured_llamacpp_args(
+            getattr(profile, "backend", None), getattr(chosen, "backend_args", None)
+        )
+        settings, notes = llamacpp_args(chosen.config, fs, path, measured=stored)
+        if d.kind != "model":
+            notes = _lookup_note(chosen.config, "latest") + notes
+    else:
+        settings, notes = EXPORTERS[e.key](profile, chosen.config, fs, path)
+    out.target = resolve(profile.target.path)
+    out.load = 1 if e.key == "hf" else load
+    batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
+    notes += more
+    _check(fs, settings, batch)
     out.settings, out.exported = settings, chosen
     out.warnings += notes
-    out.text = _render(e.key, settings)
+    if fmt == "flags":  # TensorRT-LLM has no round-2 fragment: its speculative_config as JSON
+        out.text = render_fragment(e.key, settings)
+    elif e.key in ("hf", "trtllm"):
+        mnt, temp = profile.workload.max_new_tokens, profile.workload.temperature
+        out.text = python_snippet(e.key, out.target, settings, mnt, temp)
+    else:
+        out.argv, out.lead = command_argv(e.key, out.target, settings, batch)
+        out.text = shlex.join(out.argv)
+        if e.key == "llamacpp" and not out.target.endswith(".gguf"):
+            out.warnings.append(
+                f"llama-server loads GGUF files: convert the target ({out.target}) with "
+                "convert_hf_to_gguf.py and pass the .gguf path to -m"
+            )
     return out
 
 
-def _best_expressible(profile: Profile, engine: str) -> Result | None:
-    """The first of the ranked alternatives `engine` runs as measured and that beats the baseline."""
-    for r in profile.alternatives:
-        if r.config.draft.kind != "none" and r.metrics.speedup > 1.0 and not blockers(r.config, engine):
-            return r
-    return None
+def _check(fs: FlagSet, settings: Any, batch: list[str]) -> None:
+    given = settings + batch if isinstance(settings, list) else settings
+    bad = problems(fs, given) + (problems(fs, batch) if not isinstance(settings, list) else [])
+    if bad:  # a bug in this module, not the user's input
+        raise RuntimeError(f"export to {fs.engine} {fs.version} emitted options it refuses: {'; '.join(bad)}")
+
+
+def _fallback_warning(best: Result, chosen: Result, display: str, lost: list[str], where: str = "") -> str:
+    loss = best.metrics.speedup - chosen.metrics.speedup
+    return (
+        f"the best config {best.config.label}{where} (measured {best.metrics.speedup:.3f}x) cannot run on "
+        f"{display} as measured: {'; '.join(lost)}. Exported instead the best measured config it "
+        f"can run: {chosen.config.label}, measured {chosen.metrics.speedup:.3f}x ({loss:.3f}x less)"
+    )
+
+
+def _choose(profile: Profile, engine: str, out: Export) -> Result | None:
+    """The profile's best if `engine` runs it as measured, else the first ranked alternative that it
+    runs and that beats plain decoding; None (with `out.nothing`) when there is none."""
+    best, display = profile.best, engine_info(engine).display
+    out.lost = blockers(best.config, engine)
+    if not out.lost:
+        return best
+    chosen = next(
+        (
+            r
+            for r in profile.alternatives
+            if r.config.draft.kind != "none" and r.metrics.speedup > 1.0 and not blockers(r.config, engine)
+        ),
+        None,
+    )
+    if chosen is None:
+        out.nothing = (
+            f"nothing in the profile runs on {display} as measured and beats plain decoding; "
+            f"best {best.config.label}: {'; '.join(out.lost)}"
+        )
+        return None
+    out.fallback = True
+    out.warnings.append(_fallback_warning(best, chosen, display, out.lost))
+    return chosen
+
+
+def _choose_at_load(profile: Profile, engine: str, load: int, out: Export) -> Result | None:
+    """The best config `engine` runs as measured at the batch table row that holds `load`."""
+    row, display = row_for_load(profile, load), engine_info(engine).display
+    at = f" at batch size {row.batch_size}"
+    if row.best.config.draft.kind == "none":
+        out.nothing = (
+            f"plain decoding was fastest{at} (the row for a load of {load}): nothing to speculate with"
+        )
+        return None
+    out.lost = blockers(row.best.config, engine)
+    if not out.lost:
+        return row.best
+    ranked = sorted(row.per_draft, key=lambda r: -r.metrics.speedup)
+    chosen = next((r for r in ranked if r.metrics.speedup > 1.0 and not blockers(r.config, engine)), None)
+    if chosen is None:
+        out.nothing = (
+            f"nothing measured{at} runs on {display} as measured and beats plain decoding; "
+            f"best {row.best.config.label}: {'; '.join(out.lost)}"
+        )
+        return None
+    out.fallback = True
+    out.warnings.append(_fallback_warning(row.best, chosen, display, out.lost, at))
+    return chosen
+
+
+def _lookup_note(cfg: Config, match: str) -> list[str]:
+    from .fragments import lookup_notes
+
+    return lookup_notes("llamacpp", "llama.cpp", cfg, match)
+
+
+def _batch(
+    profile: Profile, engine: str, chosen: Result, settings: Any, out: Export, schedule: bool
+) -> tuple[list[str], list[str]]:
+    """(batch flags for the command, notes): the schedule goes into `settings` for vLLM and
+    TensorRT-LLM; -np / --max-running-requests size llama.cpp and SGLang for the load."""
+    load, b_star = out.load, profile.b_star
+    star = f"speculation stopped paying at B* = {b_star} here" if b_star else ""
+    if engine == "hf":
+        from .fragments import HF_BATCH_NOTE
+
+        return [], [HF_BATCH_NOTE + (f"; {star}" if star else "")] if profile.batch_table else []
+    if engine in ("llamacpp", "sglang"):
+        if load is None:
+            return [], []
+        flag = "-np" if engine == "llamacpp" else "--max-running-requests"
+        why = f"{flag} {load}: " + (
+            "the load asked for (--batch-size)"
+            if load != default_load(profile)
+            else "the largest measured batch size where speculation won here"
+        )
+        notes = [why + (f"; {star}, so do not raise it to {b_star} or more" if star else "")]
+        if engine == "sglang":
+            notes.append(
+                "SGLang's --speculative-adaptive adapts the number of steps at run time from the acceptance; "
+                "it was not measured here, so it is not emitted (the steps are fixed at the measured γ)"
+            )
+        return [flag, str(load)], notes
+    if not profile.batch_table or not schedule:
+        if profile.batch_table:
+            return [], [f"no schedule (--no-schedule): the operating point measured for a load of {load}"]
+        return [], []
+    c = chosen.config
+    found, notes = tiers(profile, c.draft.name, c.gamma, c.threshold, K0_COSTS_MORE[engine])
+    if engine == "vllm":
+        return [], notes + _vllm_schedule(found, settings, out, b_star)
+    return [], notes + _trtllm_schedule(found, settings, out, b_star)
+
+
+def _vllm_schedule(found: list[Tier], settings: dict[str, Any], out: Export, b_star: int | None) -> list[str]:
+    notes = []
+    if b_star and all(t.k for t in found):
+        notes.append(
+            f"speculation stopped paying at B* = {b_star} here; vLLM's K = 0 tier runs with PIECEWISE CUDA "
+            "graphs and users measured it 7-17 % slower than no speculation, so none is emitted: above "
+            f"{b_star - 1} concurrent requests serve from an instance without speculation"
+        )
+    if len(found) < 2:
+        return [
+            *notes,
+            "one γ for every batch size: no schedule emitted (a schedule would only cost CUDA graphs)",
+        ]
+    out.schedule = [[t.start, t.end, t.k] for t in found]
+    settings["num_speculative_tokens_per_batch_size"] = out.schedule
+    settings["num_speculative_tokens"] = max(t.k for t in found)
+    notes.append(
+        "with num_speculative_tokens_per_batch_size set, vLLM's V1 model runner downgrades full CUDA graphs "
+        "to PIECEWISE (_maybe_override_dynamic_sd_cudagraph_mode) and drops the schedule with data "
+        "parallelism > 1 (_maybe_disable_dynamic_sd_for_data_parallel)"
+    )
+    if any(t.k == 0 for t in found):
+        notes.append(
+            "K = 0 tier: the profile measured that drafting 0 tokens pays there; vLLM still runs it with "
+            "PIECEWISE CUDA graphs"
+        )
+    return notes
+
+
+def _trtllm_schedule(
+    found: list[Tier], settings: dict[str, Any], out: Export, b_star: int | None
+) -> list[str]:
+    spec = settings["speculative_config"]
+    while found and found[-1].k == 0:  # above the largest key TensorRT-LLM drafts 0: implicit
+        found = found[:-1]
+    if len(found) == 1 and found[0].end >= found[0].start and not b_star:
+        return ["one γ for every measured batch size: no draft_len_schedule emitted"]
+    first = found[0].k
+    spec["max_draft_len"] = first
+    spec["draft_len_schedule"] = {t.end: min(t.k, first) for t in found}
+    out.schedule = [[t.start, t.end, min(t.k, first)] for t in found]
+    notes = [
+        f"draft_len_schedule: batch sizes up to each key draft its value; above {found[-1].end} TensorRT-LLM "
+        "drafts 0 tokens (speculation off, the implicit last tier)"
+    ]
+    if any(t.k > first for t in found):
+        notes.append(
+            f"TensorRT-LLM caps every draft length at max_draft_len = {first} (the batch size 1 tier)"
+        )
+    if b_star:
+        notes.append(
+            f"K = 0 from batch size {found[-1].end + 1} on, as this profile measured plain decoding fastest "
+            f"from B* = {b_star}: TensorRT-LLM switches speculation off there; what its K = 0 iteration costs "
+            "against a server without speculation was not measured here"
+        )
+    return notes
+
+
+def _fragment(
+    profile: Profile, engine: str, fs: FlagSet, resolve: Callable[[str], str], out: Export
+) -> Export:
+    """The round-2 output, unchanged: the fragment of the best expressible config."""
+    chosen = _choose(profile, engine, out)
+    if chosen is None:
+        return out
+    d = chosen.config.draft
+    settings, notes = EXPORTERS[engine](profile, chosen.config, fs, resolve(d.path) if d.path else "")
+    if profile.batch_table:
+        notes += fragment_batch_notes(profile, engine, chosen, settings)
+    if problems(fs, settings):
+        raise RuntimeError(
+            f"export to {engine} {fs.version} emitted options it refuses: {problems(fs, settings)}"
+        )
+    out.settings, out.exported = settings, chosen
+    out.warnings += notes
+    out.text = render_fragment(engine, settings)
+    return out
 
 
 def export_settings(profile: Profile, to: str, version: str | None = None) -> tuple[Any, list[str]]:
@@ -121,212 +344,9 @@ def export_settings(profile: Profile, to: str, version: str | None = None) -> tu
     return r.settings, r.warnings + ([r.nothing] if r.nothing else [])
 
 
-def export_profile(profile: Profile, to: str, version: str | None = None) -> tuple[str, list[str]]:
+def export_profile(
+    profile: Profile, to: str, version: str | None = None, fmt: str = "command"
+) -> tuple[str, list[str]]:
     """(text for stdout, warnings) of `export`; text "" when nothing is exported."""
-    r = export(profile, to, version)
+    r = export(profile, to, version, fmt=fmt)
     return r.text, r.warnings + ([r.nothing] if r.nothing else [])
-
-
-def _render(engine: str, settings: Any) -> str:
-    if engine == "hf":
-        return json.dumps(settings, indent=2)
-    if engine == "vllm":
-        compact = json.dumps(settings)
-        # line 1 for LLM(speculative_config=...), line 2 for `vllm serve`
-        return f"{compact}\n--speculative-config {shlex.quote(compact)}"
-    return shlex.join(settings)
-
-
-def _num(x: float) -> float:
-    """Thresholds as people write them: 0.3, not 0.30000000000000004."""
-    return round(x, 4)
-
-
-def _flag_num(x: float) -> str:
-    return f"{_num(x):g}"
-
-
-def _lookup_notes(engine: str, display: str, cfg: Config, match: str | None) -> list[str]:
-    d = cfg.draft
-    measured = d.lookup_match or "latest"
-    if match is None or measured == match:
-        return []
-    return [
-        f"prompt lookup was measured continuing the {measured} earlier match of the n-gram; {display} "
-        f"continues the {match}, so its acceptance can differ (`specdec-tune run --for {engine}` "
-        "measures its policy)"
-    ]
-
-
-# -------------------------------------------------------------------------------------- engines
-
-
-def _hf(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any], list[str]]:
-    d = cfg.draft
-    notes: list[str] = []
-    sampling: dict[str, Any] = {"do_sample": p.workload.temperature > 0}
-    if p.workload.temperature > 0:
-        sampling["temperature"] = p.workload.temperature
-    if d.kind == "model":
-        # transformers reads these three from the assistant's own generation_config, not from
-        # generate() kwargs; its default threshold is 0.4, so 0 must be written out to disable it
-        out = {
-            "generate_kwargs": {"assistant_model": path, **sampling},
-            "assistant_model.generation_config": _hf_assistant_fields(cfg),
-        }
-        return out, _hf_threshold_note(cfg) + _hf_schedule_note(cfg)
-    if d.kind == "prompt_lookup":
-        kwargs = {"prompt_lookup_num_tokens": cfg.gamma, "max_matching_ngram_size": d.ngram_max, **sampling}
-        if d.ngram_min is not None and d.ngram_min > 1:
-            notes.append(
-                f"HF prompt lookup: max_matching_ngram_size = ngram_max ({d.ngram_max}); HF always falls "
-                f"back to n-grams down to 1, so ngram_min={d.ngram_min} has no equivalent"
-            )
-        notes += _lookup_notes("hf", "HF", cfg, "earliest")
-        return {"generate_kwargs": kwargs}, notes
-    # layer_skip: the early-exit drafter is the target itself, so its generation_config holds the knobs
-    out = {
-        "generate_kwargs": {"assistant_early_exit": d.layers, **sampling},
-        "model.generation_config": _hf_assistant_fields(cfg),
-    }
-    return out, _hf_threshold_note(cfg) + _hf_schedule_note(cfg)
-
-
-def _hf_assistant_fields(cfg: Config) -> dict[str, Any]:
-    return {
-        "num_assistant_tokens": cfg.gamma,
-        "num_assistant_tokens_schedule": "heuristic" if cfg.gamma_policy == "heuristic" else "constant",
-        "assistant_confidence_threshold": _num(cfg.threshold),
-    }
-
-
-def _hf_schedule_note(cfg: Config) -> list[str]:
-    if cfg.gamma_policy != "heuristic":
-        return []
-    return [
-        f"HF's heuristic schedule starts at num_assistant_tokens={cfg.gamma} and grows without bound "
-        f"(+2 after a fully accepted step); it was measured here capped at γ={cfg.gamma}"
-    ]
-
-
-def _hf_threshold_note(cfg: Config) -> list[str]:
-    if cfg.threshold <= 0:
-        return []
-    return [
-        "HF adapts assistant_confidence_threshold during generation when scikit-learn is installed; "
-        f"the tuned t={_flag_num(cfg.threshold)} is then only its starting value"
-    ]
-
-
-def _vllm(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[dict[str, Any], list[str]]:
-    d = cfg.draft
-    if d.kind == "model":
-        return {"method": "draft_model", "model": path, "num_speculative_tokens": cfg.gamma}, []
-    out = {
-        "method": "ngram",
-        "num_speculative_tokens": cfg.gamma,
-        "prompt_lookup_max": d.ngram_max,
-        "prompt_lookup_min": d.ngram_min,
-    }
-    return out, _lookup_notes("vllm", "vLLM", cfg, "earliest")
-
-
-def _llamacpp(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str], list[str]]:
-    d = cfg.draft
-    old = fs.version == "b8953"
-    if d.kind == "model":
-        notes = []
-        if not path.endswith(".gguf"):
-            notes.append(
-                f"llama.cpp loads GGUF files: convert the draft ({path}) with convert_hf_to_gguf.py "
-                "and pass the .gguf path instead"
-            )
-        # p-min's default was 0.75 before b9235 and is 0.0 since, so it is always written
-        if old:
-            args = ["-md", path, "--draft-max", str(cfg.gamma), "--draft-min", "0"]
-            args += ["--draft-p-min", _flag_num(cfg.threshold)]
-        else:
-            # since b9464 a draft model does not enable drafting by itself: --spec-type draft-simple
-            args = [] if fs.version == "b8955" else ["--spec-type", "draft-simple"]
-            args += ["--spec-draft-model", path, "--spec-draft-n-max", str(cfg.gamma)]
-            args += ["--spec-draft-n-min", "0", "--spec-draft-p-min", _flag_num(cfg.threshold)]
-        return args, notes
-    notes = _lookup_notes("llamacpp", "llama.cpp", cfg, "latest")
-    if d.ngram_min != d.ngram_max:
-        notes.append(
-            f"llama.cpp's ngram-simple matches one n-gram length (n = ngram_max {d.ngram_max}) and does "
-            f"not fall back to shorter ones down to ngram_min {d.ngram_min}"
-        )
-    if old:
-        args = ["--spec-type", "ngram-simple", "--spec-ngram-size-n", str(d.ngram_max)]
-        args += ["--spec-ngram-size-m", str(cfg.gamma), "--draft-max", str(cfg.gamma)]
-    else:
-        args = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(d.ngram_max)]
-        args += ["--spec-ngram-simple-size-m", str(cfg.gamma)]
-    return args, notes
-
-
-def _sglang(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str], list[str]]:
-    # only draft models reach here (engines.blockers); SGLang counts the last verified token as
-    # the root of the draft tree, so a chain of gamma drafts is gamma + 1 draft tokens
-    args = [
-        "--speculative-algorithm", "STANDALONE",
-        "--speculative-draft-model-path", path,
-        "--speculative-num-steps", str(cfg.gamma),
-        "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(cfg.gamma + 1),
-    ]  # fmt: skip
-    return args, []
-
-
-_EXPORTERS = {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp, "sglang": _sglang}
-
-# The last range of vLLM's schedule ends here: beyond any concurrency a server is configured for.
-LAST_BATCH = 65536
-
-
-def _batch_sizes(profile: Profile, engine: str, chosen: Result, settings: Any) -> list[str]:
-    """Map the profile's batch table (γ*(B), B*) onto what `engine` can express; notes for the rest.
-
-    vLLM takes a batch-size schedule (`num_speculative_tokens_per_batch_size`, the successor of the
-    removed `disable_by_batch_size`): row i's γ holds from its batch size up to the next row's.
-    """
-    rows = sorted(profile.batch_table, key=lambda r: r.batch_size)
-    name = chosen.config.draft.name
-    b_star = profile.b_star
-    if engine != "vllm":
-        where = {
-            "sglang": "SGLang has no batch-size switch for speculation; cap concurrency with "
-            "--max-running-requests",
-            "llamacpp": "llama.cpp has no batch-size switch for speculation; cap the parallel slots (-np)",
-            "hf": "HF's assisted generation decodes one request at a time",
-        }[engine]
-        if b_star:
-            return [f"speculation stopped paying at batch size B* = {b_star} here: {where} below it"]
-        return [f"{where}; the batch table measured speculation winning up to B = {rows[-1].batch_size}"]
-    notes = []
-    schedule = []
-    for i, row in enumerate(rows):
-        start = 1 if i == 0 else row.batch_size
-        end = rows[i + 1].batch_size - 1 if i + 1 < len(rows) else LAST_BATCH
-        best = row.best.config
-        if best.gamma == 0:
-            k = 0
-        elif best.draft.name == name:
-            k = best.gamma
-        else:
-            own = next((r for r in row.per_draft if r.config.draft.name == name), None)
-            k = own.config.gamma if own else chosen.config.gamma
-            notes.append(
-                f"at batch size {row.batch_size} the best was {best.label}; vLLM runs one draft, so "
-                f"{name} γ={k} is scheduled there" + ("" if own else " (not measured at that batch size)")
-            )
-        schedule.append([start, end, k])
-    settings["num_speculative_tokens_per_batch_size"] = schedule
-    settings["num_speculative_tokens"] = max(settings["num_speculative_tokens"], *(k for _, _, k in schedule))
-    if any(k == 0 for _, _, k in schedule):
-        notes.append(
-            f"K = 0 from B* = {b_star} on: vLLM accepts it (dynamic/utils.py); that it switches drafting off "
-            "entirely at run time was not verified; vLLM ignores the schedule with data parallelism > 1"
-        )
-    return notes

