@@ -32,7 +32,7 @@ from .cli_options import (
 )
 from .cli_run import run
 from .cli_studies import studies_app
-from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
+from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
     add_completion=False,
@@ -65,7 +65,7 @@ def _main(
 ) -> None:
     if threads is not None:
         if threads < 1:
-            err_console().print(f"[red]error:[/red] --threads must be >= 1, got {threads}")
+            error_line("error", f"--threads must be >= 1, got {threads}")
             raise typer.Exit(2)
         import torch
 
@@ -287,7 +287,7 @@ def check(
             bad = ", ".join(
                 f"{i.metric} (stored {i.stored}, measured {i.measured})" for i in report.items if not i.ok
             )
-            err_console().print(f"[red]regression:[/red] {bad}", soft_wrap=True)
+            error_line("regression", bad)
             raise typer.Exit(1)
 
 
@@ -308,18 +308,18 @@ def export(
     said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
         from . import app as api
+        from .output.fmt import plain
 
         r = api.export(profile, to, engine_version)
         if json_out:
             print_json(r.as_dict())
         elif r.text:
-            typer.echo(r.text.rstrip("\n"))
-        err = err_console()
+            typer.echo(plain(r.text.rstrip("\n")))
         if r.exported is None:
-            err.print(f"[red]nothing exported:[/red] {r.nothing}", soft_wrap=True)
+            error_line("nothing exported", r.nothing)
             raise typer.Exit(5)
         for w in r.warnings:
-            err.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True)
+            error_line("note", w, "yellow")
 
 
 @app.command()

@@ -70,10 +70,16 @@ def profile_to_yaml(p: Profile) -> str:
     profile_from_dict(data)
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
     header = (
-        f"# specdec-tune profile — {p.target.name} on {p.hardware.get('slug')} "
+        f"# specdec-tune profile — {_comment(p.target.name)} on {_comment(p.hardware.get('slug'))} "
         f"(schema {p.schema_version}); written by `specdec-tune run`, read by check/export/show\n"
     )
     return header + body
+
+
+def _comment(value: object) -> str:
+    # a name goes into the header comment: a newline there would start YAML content, and YAML
+    # refuses control characters outside quoted scalars
+    return "".join(c if c.isprintable() else "?" for c in str(value))
 
 
 def save_profile(p: Profile, path: str | os.PathLike[str]) -> Path:
