@@ -11,7 +11,7 @@ from typing import Any
 
 from ..domain import Costs
 from ..errors import OtherHardwareError, SpecDecError
-from ..limits import check_count, check_gamma
+from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_gamma
 from ..output.check import CheckReport
 from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
 from .common import Models, Progress, acceptance_measured, check_writable, drafter_pool, measure_costs
@@ -67,7 +67,7 @@ def bench(
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
     if batch_size is not None:
-        check_count(batch_size, "--batch-size")
+        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if compare_hf:
             raise SpecDecError(
                 "--compare-hf times transformers' assisted generation, which is batch size 1 only"
@@ -162,9 +162,9 @@ def profile_costs(
     from ..store.yamlio import costs_to_yaml
 
     check_gamma(max_gamma, allow_zero=False, what="--max-gamma")
-    check_count(repeats, "--repeats")
+    check_count(repeats, "--repeats", high=MAX_REPEATS)
     if context_len is not None:
-        check_count(context_len, "--context-len")
+        check_count(context_len, "--context-len", high=MAX_CONTEXT_LEN)
     if out is not None:
         check_writable(out)
     progress = progress or Progress()
@@ -223,10 +223,10 @@ def check(
     started = time.monotonic()
     p = load_profile(path)
     floor = speedup_floor(p, tolerance)
-    check_count(repeats, "--repeats")
+    check_count(repeats, "--repeats", high=MAX_REPEATS)
     rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
     if batch_size is not None:
-        check_count(batch_size, "--batch-size")
+        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if not rows:
             sizes = ", ".join(str(r.batch_size) for r in p.batch_table) or "none (run --batch-sizes)"
             raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
