@@ -249,6 +249,15 @@ def check(
             help="table, json, or benchmark-action (github-action-benchmark's customBiggerIsBetter JSON).",
         ),
     ] = "table",
+    models_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--models-root",
+            envvar="SPECDEC_MODELS_ROOT",
+            help="Load only model folders, shapes and workload files inside this folder (plus demo "
+            "models, bundled workloads and cached HF ids): for profiles from untrusted pull requests.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: JsonOut = False,
 ) -> None:
@@ -272,6 +281,7 @@ def check(
                 allow_other_hardware,
                 junit,
                 batch_size,
+                models_root=models_root,
             )
         if output_format == "benchmark-action":
             from .output.benchmark_action import benchmark_action_entries

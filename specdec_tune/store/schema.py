@@ -272,6 +272,9 @@ def _validate_result(r: Result, path: str) -> None:
         raise field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
     if d.layers is not None:
         _in_range(d.layers, 0, MAX_LAYERS, f"{where}.layers")
+    for name in ("ngram_min", "ngram_max"):
+        if getattr(d, name) is not None:
+            _in_range(getattr(d, name), 0, MAX_NEW_TOKENS, f"{where}.{name}")
     gamma_path = f"{path}.config.gamma"
     if d.kind == "none":
         if r.config.gamma != 0:
