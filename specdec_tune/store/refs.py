@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 
 from ..domain import Result
@@ -91,12 +90,9 @@ def make_portable(profile: Profile, profile_path: Path, target_arg: str) -> Prof
 def storage_for_record(url: str) -> str:
     """A storage URL as a profile may hold it: no password (SQLAlchemy's hide_password), and the
     user's home folder written as ~."""
-    try:
-        from sqlalchemy.engine import make_url
+    from ..urls import redact_url
 
-        text = make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy URL: keep the user part, drop any password
-        text = re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    text = redact_url(url)
     home = str(Path.home())
     if home not in ("", "/"):
         text = text.replace(home.rstrip("/") + "/", "~/")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import os
 import re
