@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 from ..domain import Result
@@ -28,6 +29,28 @@ def portable_ref(name_or_path: str, profile_dir: Path) -> str:
         return name_or_path  # an HF id (loaded from the local cache)
     rel = Path(os.path.relpath(p.resolve(), Path(profile_dir).resolve())).as_posix()
     return rel if rel.startswith("../") or rel == ".." else f"./{rel}"
+
+
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def profile_file_slug(name: str) -> str:
+    """The default profile file name of a target, unique per model reference: a demo name as it is
+    (profiles/<hw>/demo.yaml), an HF id with its org ("org--model"), a folder with a short hash of
+    its absolute path, so org-a/X and org-b/X, or /models/a/hf and /models/b/hf, never collide."""
+    import hashlib
+
+    from ..runtime.models import slugify
+
+    text = name.strip()
+    if _is_demo(text):
+        return slugify(text)
+    p = Path(text).expanduser()
+    if _HF_ID.match(text) and ".." not in text and not p.exists():
+        org, model = text.split("/")
+        return f"{slugify(org)}--{slugify(model)}"
+    where = str(p.resolve()) if not text.startswith("shape:") else text
+    return f"{slugify(text)}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
 
 
 def is_relative_ref(ref: str) -> bool:
