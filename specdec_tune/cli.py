@@ -32,7 +32,7 @@ from .cli_options import (
 )
 from .cli_run import run
 from .cli_studies import studies_app
-from .terminal import CliProgress, console, err_console, print_json, quiet_libraries, spinner, user_errors
+from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
     add_completion=False,
@@ -65,7 +65,7 @@ def _main(
 ) -> None:
     if threads is not None:
         if threads < 1:
-            err_console().print(f"[red]error:[/red] --threads must be >= 1, got {threads}")
+            error_line("error", f"--threads must be >= 1, got {threads}")
             raise typer.Exit(2)
         import torch
 
@@ -249,6 +249,15 @@ def check(
             help="table, json, or benchmark-action (github-action-benchmark's customBiggerIsBetter JSON).",
         ),
     ] = "table",
+    models_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--models-root",
+            envvar="SPECDEC_MODELS_ROOT",
+            help="Load only model folders, shapes and workload files inside this folder (plus demo "
+            "models, bundled workloads and cached HF ids): for profiles from untrusted pull requests.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: JsonOut = False,
 ) -> None:
@@ -272,6 +281,7 @@ def check(
                 allow_other_hardware,
                 junit,
                 batch_size,
+                models_root=models_root,
             )
         if output_format == "benchmark-action":
             from .output.benchmark_action import benchmark_action_entries
@@ -287,7 +297,7 @@ def check(
             bad = ", ".join(
                 f"{i.metric} (stored {i.stored}, measured {i.measured})" for i in report.items if not i.ok
             )
-            err_console().print(f"[red]regression:[/red] {bad}", soft_wrap=True)
+            error_line("regression", bad)
             raise typer.Exit(1)
 
 
@@ -331,18 +341,18 @@ def export(
     fallback are said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
         from . import app as api
+        from .output.fmt import plain
 
         r = api.export(profile, to, engine_version, fmt, batch_size, not no_schedule)
         if json_out or fmt == "json":
             print_json(r.as_dict())
         elif r.text:
-            typer.echo(r.text.rstrip("\n"))
-        err = err_console()
+            typer.echo(plain(r.text.rstrip("\n")))
         if r.exported is None:
-            err.print(f"[red]nothing exported:[/red] {r.nothing}", soft_wrap=True)
+            error_line("nothing exported", r.nothing)
             raise typer.Exit(5)
         for w in r.warnings:
-            err.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True)
+            error_line("note", w, "yellow")
 
 
 @app.command()

@@ -48,15 +48,22 @@ def studies_show(
 @studies_app.command("delete")
 def studies_delete(
     names: Annotated[list[str] | None, typer.Argument(help="Study names.")] = None,
-    all_studies: Annotated[bool, typer.Option("--all", help="Delete every study in the storage.")] = False,
+    all_studies: Annotated[
+        bool, typer.Option("--all", help="Delete every study specdec-tune created in the storage.")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Really delete (required).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Delete even a study with running trials.")] = False,
     storage: StorageUrl = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Delete studies (their trials and attributes) from the storage."""
+    """Delete studies (their trials and attributes) from the storage. Needs --yes."""
     with user_errors():
         from .app.studies import delete_studies
+        from .errors import SpecDecError
 
-        gone = delete_studies(names or [], storage, all_studies)
+        if not yes:
+            raise SpecDecError("deleting studies cannot be undone: pass --yes to confirm")
+        gone = delete_studies(names or [], storage, all_studies, force)
         if json_out:
             print_json({"deleted": gone})
         else:

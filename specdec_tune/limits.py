@@ -14,6 +14,18 @@ from .errors import SpecDecError
 MAX_GAMMA = 64  # draft tokens per step; gamma 0 means plain decoding (no speculation)
 THRESHOLD_RANGE = "[0, 1)"  # draft confidence early stop; 0 = off, 1 would never propose twice
 
+# Upper bounds on every number that sizes work, so a profile (from a pull request, say) cannot make
+# `check` run for days or allocate without end. Far above any real run.
+MAX_NEW_TOKENS = 32_768
+MAX_PROMPTS = 100_000
+MAX_BATCH_SIZE = 4_096
+MAX_REPEATS = 1_000
+MAX_TRIALS = 1_000_000
+MAX_CONTEXT_LEN = 1 << 21
+MAX_LAYERS = 4_096
+MAX_PARAMS = 10**14
+MAX_INT = 2**53  # any other integer in a profile (JSON and YAML readers agree up to here)
+
 
 def _is_int(value: object) -> bool:
     # numbers.Integral so numpy / optuna integers pass too; bool is not a count.
@@ -45,11 +57,22 @@ def check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-def check_count(value: object, what: str, low: int = 1) -> int:
-    """An integer count >= `low` (max_new_tokens, repeats, prompts, trials ...)."""
+def check_count(value: object, what: str, low: int = 1, high: int | None = None) -> int:
+    """An integer count >= `low` (and <= `high` when given): max_new_tokens, repeats, prompts ..."""
     if not _is_int(value) or value < low:  # type: ignore[operator]
-        raise SpecDecError(f"{what} must be an integer >= {low}, got {value!r}")
+        raise SpecDecError(f"{what} must be an integer >= {low}, got {_short(value)}")
+    if high is not None and value > high:  # type: ignore[operator]
+        raise SpecDecError(f"{what} must be an integer in {low}..{high}, got {_short(value)}")
     return int(value)  # type: ignore[call-overload]
+
+
+def _short(value: object) -> str:
+    text = (
+        repr(value)
+        if not _is_int(value) or abs(value) < 10**30
+        else f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    )  # type: ignore[arg-type]
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_decoding(gamma: int, threshold: float, temperature: float, max_new_tokens: int) -> None:
@@ -57,7 +80,7 @@ def check_decoding(gamma: int, threshold: float, temperature: float, max_new_tok
     check_gamma(gamma)
     check_threshold(threshold)
     check_temperature(temperature)
-    check_count(max_new_tokens, "max_new_tokens")
+    check_count(max_new_tokens, "max_new_tokens", high=MAX_NEW_TOKENS)
 
 
 def parse_batch_sizes(text: str) -> list[int]:

@@ -7,10 +7,11 @@ unexpected failure (a bug, out of memory) is one line and exit code 4.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import typer
@@ -18,16 +19,56 @@ import typer
 from .errors import OtherHardwareError, SpecDecError
 
 
-def err_console() -> Any:
+@functools.cache
+def _console_class() -> Any:
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    from .output.fmt import plain
+
+    class SafeConsole(Console):
+        """A console that never parses markup or emoji codes and shows control characters as
+        escapes, so a name from a profile, study or exception is printed as it is. Styling is
+        done with Text (output.fmt.styled), never with markup in strings."""
+
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            kwargs["markup"] = False
+            kwargs["emoji"] = False
+            return super().render_str(plain(text), **kwargs)
+
+    return SafeConsole
+
+
+def err_console() -> Any:
+    return _console_class()(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def console() -> Any:
-    from rich.console import Console
+    return _console_class()(highlight=False, markup=False, emoji=False)
 
-    return Console(highlight=False)
+
+_MAX_MESSAGE = 2000  # characters of one error line; a crafted value must not flood the log
+
+
+def error_line(label: str, message: object, style: str = "red") -> None:
+    """`label: message` as one line on stderr. Cannot fail: a message that will not render is
+    written as plain text, one that will not even turn into a string is replaced by its type."""
+    try:
+        text = str(message)
+    except Exception:  # a broken __str__ must not replace the error being reported
+        text = f"<{type(message).__name__}>"
+    text = " ".join(text.split())  # one line, whatever the message held
+    if len(text) > _MAX_MESSAGE:
+        text = text[:_MAX_MESSAGE] + f"… ({len(text) - _MAX_MESSAGE} more characters)"
+    try:
+        from .output.fmt import styled
+
+        head = f"{label}:" if text else label
+        err_console().print(styled((head, style), " " if text else "", text), soft_wrap=True)
+    except Exception:
+        from .output.fmt import plain
+
+        with suppress(Exception):
+            sys.stderr.write(f"{label}: {plain(text)}\n" if text else f"{label}\n")
 
 
 @contextmanager
@@ -36,15 +77,13 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except OtherHardwareError as exc:
-        err_console().print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        error_line("error", exc)
         raise typer.Exit(3) from None
     except SpecDecError as exc:
-        from rich.markup import escape  # a message may hold brackets: pip install 'x[extra]'
-
-        err_console().print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        error_line("error", exc)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        err_console().print("[red]interrupted[/red]")
+        error_line("interrupted", "")
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
@@ -55,11 +94,17 @@ def user_errors() -> Iterator[None]:
 
         if os.environ.get("SPECDEC_DEBUG"):
             raise
-        err_console().print(
-            f"[red]internal error:[/red] {type(exc).__name__}: {exc} (SPECDEC_DEBUG=1 shows the traceback)",
-            soft_wrap=True,
+        error_line(
+            "internal error", f"{type(exc).__name__}: {_safe_str(exc)} (SPECDEC_DEBUG=1 shows the traceback)"
         )
         raise typer.Exit(4) from None
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "<unprintable>"
 
 
 @contextmanager
@@ -91,9 +136,9 @@ class CliProgress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", markup=False),
             TimeElapsedColumn(),
             console=err_console(),
             disable=json_out,
@@ -116,7 +161,9 @@ class CliProgress:
         self.bar.update(self.task, description="searching", completed=done, total=total, info=info)
 
     def final(self, labels: list[str]) -> None:
-        self.bar.update(self.task, description="final round", info=f"re-measuring {', '.join(labels)}")
+        from .output.fmt import plain
+
+        self.bar.update(self.task, description="final round", info=plain(f"re-measuring {', '.join(labels)}"))
 
     def note(self, text: str) -> None:
-        err_console().print(f"[yellow]warning:[/yellow] {text}", soft_wrap=True)
+        error_line("warning", text, "yellow")

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..domain import Costs
 from ..errors import OtherHardwareError, SpecDecError
-from ..limits import check_count, check_gamma
+from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_gamma
 from ..output.check import CheckReport
 from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
 from .common import Models, Progress, acceptance_measured, check_writable, drafter_pool, measure_costs
@@ -67,7 +67,7 @@ def bench(
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
     if batch_size is not None:
-        check_count(batch_size, "--batch-size")
+        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if compare_hf:
             raise SpecDecError(
                 "--compare-hf times transformers' assisted generation, which is batch size 1 only"
@@ -162,9 +162,9 @@ def profile_costs(
     from ..store.yamlio import costs_to_yaml
 
     check_gamma(max_gamma, allow_zero=False, what="--max-gamma")
-    check_count(repeats, "--repeats")
+    check_count(repeats, "--repeats", high=MAX_REPEATS)
     if context_len is not None:
-        check_count(context_len, "--context-len")
+        check_count(context_len, "--context-len", high=MAX_CONTEXT_LEN)
     if out is not None:
         check_writable(out)
     progress = progress or Progress()
@@ -201,9 +201,11 @@ def check(
     allow_other_hardware: bool = False,
     junit: Path | None = None,
     batch_size: int | None = None,
+    models_root: Path | None = None,
 ) -> CheckReport:
     """Re-measure a stored profile's best config here and judge it against what it stored; with a
-    batch table, every row at its batch size (only `batch_size`'s row when given).
+    batch table, every row at its batch size (only `batch_size`'s row when given). With
+    `models_root` (or SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows.
 
     Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed. A speedup below the
     floor is measured again and judged on all repeats together.
@@ -219,14 +221,16 @@ def check(
     from ..store.atomic import atomic_write_text
     from ..store.refs import resolve_ref, target_ref
     from ..store.yamlio import load_profile
+    from .confine import confine_model, confine_workload
+    from .confine import models_root as models_root_of
 
     started = time.monotonic()
     p = load_profile(path)
     floor = speedup_floor(p, tolerance)
-    check_count(repeats, "--repeats")
+    check_count(repeats, "--repeats", high=MAX_REPEATS)
     rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
     if batch_size is not None:
-        check_count(batch_size, "--batch-size")
+        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if not rows:
             sizes = ", ".join(str(r.batch_size) for r in p.batch_table) or "none (run --batch-sizes)"
             raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
@@ -242,17 +246,25 @@ def check(
     extra = [local(r.best.config.draft) for r in rows if r.best.config.draft.kind != "none"]
     specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
     target = resolve_ref(target_ref(p), folder)
-    s = Models(
-        target=target,
-        drafts=list(specs.values()),
-        workload=p.workload.name,
-        prompts=p.workload.prompts,
-        max_new_tokens=p.workload.max_new_tokens,
-        temperature=p.workload.temperature,
-        device=device,
-        dtype=p.target.dtype,
-        engine=p.engine_mode,
-    ).open(lazy_drafts=False)
+    root = models_root_of(models_root)
+    confine_model(target, root, "target")
+    for d in specs.values():
+        if d.path:
+            confine_model(d.path, root, f"draft '{d.name}'")
+    confine_workload(p.workload.name, root)
+    s = open_models(
+        Models(
+            target=target,
+            drafts=list(specs.values()),
+            workload=p.workload.name,
+            prompts=p.workload.prompts,
+            max_new_tokens=p.workload.max_new_tokens,
+            temperature=p.workload.temperature,
+            device=device,
+            dtype=p.target.dtype,
+            engine=p.engine_mode,
+        )
+    )
     hw = hardware_info(s.device)
     if not same_hardware(p.hardware, hw) and not allow_other_hardware:
         raise OtherHardwareError(
@@ -289,6 +301,20 @@ def check(
     if junit is not None:
         atomic_write_text(junit, junit_xml(report))
     return report
+
+
+def open_models(models: Models) -> Any:
+    """Load what a stored profile names. Whatever the loaders raise for a folder the profile points
+    at (a broken config.json, a tokenizer that will not build) is the profile's problem: exit 2."""
+    try:
+        return models.open(lazy_drafts=False)
+    except (SpecDecError, MemoryError):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise SpecDecError(
+            f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
+        ) from None
 
 
 def judge_batch_rows(

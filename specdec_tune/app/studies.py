@@ -3,17 +3,41 @@ keeps every study ever run until it is pruned)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..search.study import CREATED_BY, TOOL
 
 
 def _storage(url: str | None) -> tuple[Any, str]:
+    """Open an existing storage; `studies` never creates one (a typo must not make a new database)."""
     from ..search.storage import open_storage
     from ..search.study import default_storage
 
     url = url or default_storage()
+    _require_existing(url)
     return open_storage(url), url
+
+
+def _require_existing(url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    from ..search.storage import redact
+
+    try:
+        u = make_url(url)
+    except Exception:
+        return  # open_storage says why it is not a URL
+    if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
+        return
+    if u.database.startswith("file:"):
+        raise SpecDecError(f"--storage '{redact(url)}': give the SQLite file as sqlite:///PATH")
+    if not Path(u.database).expanduser().is_file():
+        raise SpecDecError(
+            f"no study storage at {redact(url)}: the file does not exist (a typo?); `studies` never "
+            "creates one, `specdec-tune run` does"
+        )
 
 
 def _state_counts(trials: list[Any]) -> dict[str, int]:
@@ -84,21 +108,53 @@ def show_study(name: str, storage: str | None = None) -> dict[str, Any]:
     }
 
 
-def delete_studies(names: list[str], storage: str | None = None, everything: bool = False) -> list[str]:
-    """Delete the named studies (or all of them); unknown names are refused before any is deleted."""
+def delete_studies(
+    names: list[str],
+    storage: str | None = None,
+    everything: bool = False,
+    force: bool = False,
+) -> list[str]:
+    """Delete the named studies, or with `everything` every study specdec-tune created (a study of
+    another tool in the same storage is left alone). Unknown names, and studies with running trials
+    unless `force`, are refused before any is deleted. The CLI asks for --yes first."""
     import optuna
 
     from ..search.storage import redact
 
-    store, url = _storage(storage)
-    known = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
-    if everything:
-        names = known
-    elif not names:
+    if everything and names:
+        raise SpecDecError("give study names or --all, not both")
+    if not everything and not names:
         raise SpecDecError("name the studies to delete, or pass --all")
+    store, url = _storage(storage)
+    summaries = optuna.get_all_study_summaries(store, include_best_trial=False)
+    known = [s.study_name for s in summaries]
+    if everything:
+        names = [s.study_name for s in summaries if is_ours(s.user_attrs)]
     missing = [n for n in names if n not in known]
     if missing:
         raise SpecDecError(f"no study {', '.join(map(repr, missing))} in {redact(url)}")
+    if not force:
+        busy = [n for n in names if _running(store, n)]
+        if busy:
+            raise SpecDecError(
+                f"study {', '.join(map(repr, busy))} has running trials (a worker may still be using it); "
+                "stop its workers first, or pass --force"
+            )
     for n in names:
         optuna.delete_study(study_name=n, storage=store)
     return names
+
+
+def is_ours(user_attrs: dict[str, Any]) -> bool:
+    """Whether specdec-tune created the study: its marker, or (studies made before the marker) the
+    identity every specdec-tune study records."""
+    identity = user_attrs.get("identity")
+    return user_attrs.get(CREATED_BY) == TOOL or (isinstance(identity, dict) and "key" in identity)
+
+
+def _running(store: Any, name: str) -> bool:
+    import optuna
+
+    study_id = store.get_study_id_from_name(name)
+    running = store.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    return bool(running)

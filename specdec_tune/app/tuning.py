@@ -81,7 +81,9 @@ def tune(
         for n in notes:
             progress.note(n)
     hw = hardware_info(s.device)
-    out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.yaml"
+    from ..store.refs import profile_file_slug
+
+    out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.yaml"
     check_writable(out)
     pool = drafter_pool(s, specs)
     costs = None

@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.table import Table
+from rich.text import Text
+
+# C0 controls but tab and newline, DEL and C1: an ESC from a profile could move the cursor or
+# retitle the terminal, so it is shown as \x1b instead.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: object) -> str:
+    """A value as inert text for the terminal: control characters shown as escapes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Styled text without markup parsing: `styled(("error:", "red"), " ", message)`.
+
+    Values that come from a profile, a study or an exception may hold `[/x]`; as Text they are
+    printed as they are, never parsed (the consoles have markup off, see terminal.console)."""
+    return Text.assemble(*((plain(p[0]), p[1]) if isinstance(p, tuple) else plain(p) for p in parts))
 
 
 def times(v: float | None, digits: int = 2) -> str:
@@ -21,7 +41,7 @@ def unit(v: float | None, unit: str, digits: int = 1) -> str:
     return "—" if v is None else f"{v:.{digits}f} {unit}"
 
 
-def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+def kv_table(title: str, rows: list[tuple[str, str | Text]]) -> Table:
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()

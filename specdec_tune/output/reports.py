@@ -9,10 +9,11 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..domain import Costs
 from ..store.schema import Profile
-from .fmt import kv_table, num, times, unit, vec
+from .fmt import kv_table, num, styled, times, unit, vec
 
 
 def bench_table(r: dict[str, Any]) -> Table:
@@ -95,9 +96,12 @@ def costs_report(
     unknown = [d.name for d in costs.drafts if not d.acceptance_known]
     if unknown:
         console.print(
-            f"[yellow]acceptance unknown[/] for {', '.join(unknown)}: not measurable against random "
-            "weights, so no speedup is predicted; give it with --acceptance-vector [DRAFT=]A1,A2,... "
-            "or --acceptance-from FILE",
+            styled(
+                ("acceptance unknown", "yellow"),
+                f" for {', '.join(unknown)}: not measurable against random "
+                "weights, so no speedup is predicted; give it with --acceptance-vector [DRAFT=]A1,A2,... "
+                "or --acceptance-from FILE",
+            ),
             soft_wrap=True,
         )
     if ranked:
@@ -112,9 +116,11 @@ def costs_report(
 
 def target_table(target: dict[str, Any], costs: Costs) -> Table:
     """The profiled target: name, size, dtype, and whether its weights are random (a shape)."""
-    weights = "trained"
+    weights: str | Text = "trained"
     if costs.weights == "random":
-        weights = f"[yellow]random[/] (shape {costs.shape}): real timings for this size, no acceptance"
+        weights = styled(
+            ("random", "yellow"), f" (shape {costs.shape}): real timings for this size, no acceptance"
+        )
     rows = [("model", str(target.get("name"))), ("dtype", str(target.get("dtype")))]
     n = target.get("num_params") or 0
     if n:
@@ -192,16 +198,19 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     )
     console.print(t)
     if p.search.budget_note:
-        console.print(f"[dim]time budget {p.search.budget_s:g} s: {p.search.budget_note}[/]")
+        console.print(styled((f"time budget {p.search.budget_s:g} s: {p.search.budget_note}", "dim")))
     if p.batch_table:
         from .tables import batch_table
 
         console.print(batch_table(p))
     if getattr(result, "final_note", ""):
-        console.print(f"[yellow]{result.final_note}[/] (the best search trial was kept)")
+        console.print(styled((result.final_note, "yellow"), " (the best search trial was kept)"))
     if p.best.config.gamma == 0:
         console.print(
-            "[bold]verdict:[/bold] speculation does not pay here for this workload; serve the plain target."
+            styled(
+                ("verdict:", "bold"),
+                " speculation does not pay here for this workload; serve the plain target.",
+            )
         )
 
 
@@ -211,7 +220,7 @@ def check_table(report: Any) -> Table:
     for col in ("metric", "stored", "measured", "result", "note"):
         t.add_column(col)
     for i in report.items:
-        verdict = "[green]ok[/green]" if i.ok else "[red]REGRESSION[/red]"
+        verdict = styled(("ok", "green")) if i.ok else styled(("REGRESSION", "red"))
         t.add_row(i.metric, str(i.stored), str(i.measured), verdict, i.note)
     return t
 

@@ -15,7 +15,7 @@ from rich.text import Text
 from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
-from .fmt import add_columns, kv_table, num, times, unit, vec
+from .fmt import add_columns, kv_table, num, plain, styled, times, unit, vec
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -29,9 +29,9 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(
         Text.assemble(
             ("specdec-tune profile ", "bold"),
-            (p.target.name, "bold cyan"),
+            (plain(p.target.name), "bold cyan"),
             " on ",
-            (str(p.hardware.get("slug")), "bold magenta"),
+            (plain(p.hardware.get("slug")), "bold magenta"),
             (f"  (created {p.created or '?'}, schema {p.schema_version})", "dim"),
         )
     )
@@ -40,8 +40,13 @@ def render_profile(profile: Profile, console: Console) -> None:
         console.print(_results_table("Alternatives (next best)", p.alternatives))
         if any(a.metrics.search_speedup is not None for a in p.alternatives):
             console.print(
-                "[dim]final: re-measured head to head with the best in the final round; search: one search "
-                "trial, whose number runs high when it was the largest of many noisy trials.[/]"
+                styled(
+                    (
+                        "final: re-measured head to head with the best in the final round; search: one "
+                        "search trial, whose number runs high when it was the largest of many noisy trials.",
+                        "dim",
+                    )
+                )
             )
     console.print(_baseline_table(p.baseline))
     if p.batch_table:
@@ -49,7 +54,7 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(_run_table(p))
     console.print(kv_table("Hardware", _flatten(p.hardware)))
     if p.costs is None:
-        console.print("[dim]No hardware costs in this profile (run without the profiler).[/]")
+        console.print(styled(("No hardware costs in this profile (run without the profiler).", "dim")))
     else:
         for table in _costs_tables(p.costs):
             console.print(table)
@@ -101,15 +106,18 @@ def _best_table(p: Profile) -> Table:
     t.add_column(style="bold")
     t.add_column()
     if cfg.draft.kind == "none":
-        t.add_row("config", "[yellow]no speculation: plain decoding was fastest here[/]")
+        t.add_row("config", styled(("no speculation: plain decoding was fastest here", "yellow")))
     else:
-        t.add_row("config", f"[bold green]{cfg.label}[/]")
+        t.add_row("config", styled((cfg.label, "bold green")))
         drafter = cfg.draft.label + (f"  {cfg.draft.path}" if cfg.draft.path else "")
         t.add_row("drafter", f"{cfg.draft.kind}: {drafter}")
     where = "final round" if m.search_speedup is not None else "search trial"
     t.add_row(
         "speedup",
-        f"[bold]{times(m.speedup)}[/] ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
+        styled(
+            (times(m.speedup), "bold"),
+            f" ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
+        ),
     )
     if m.search_speedup is not None:
         t.add_row("speedup in the search", f"{times(m.search_speedup)} (one trial; the final round decides)")
@@ -305,7 +313,7 @@ def render_compare(a: Profile, b: Profile, console: Console) -> None:
     t.add_column("better", justify="center")
 
     def same(label: str, va: str, vb: str) -> None:
-        t.add_row(label, va, vb, "" if va == vb else "[dim]differs[/]")
+        t.add_row(label, va, vb, "" if va == vb else styled(("differs", "dim")))
 
     def higher(
         label: str, get: Callable[[Profile], float | None], fmt: Callable[[float | None], str]
@@ -314,9 +322,9 @@ def render_compare(a: Profile, b: Profile, console: Console) -> None:
         if va is None or vb is None or math.isclose(va, vb, rel_tol=0.005, abs_tol=1e-9):
             t.add_row(label, fmt(va), fmt(vb), "≈" if va is not None and vb is not None else "")
         elif va > vb:
-            t.add_row(label, f"[bold green]{fmt(va)}[/]", fmt(vb), "[green]A[/]")
+            t.add_row(label, styled((fmt(va), "bold green")), fmt(vb), styled(("A", "green")))
         else:
-            t.add_row(label, fmt(va), f"[bold green]{fmt(vb)}[/]", "[green]B[/]")
+            t.add_row(label, fmt(va), styled((fmt(vb), "bold green")), styled(("B", "green")))
 
     same("hardware", str(a.hardware.get("slug")), str(b.hardware.get("slug")))
     same("device", _device(a), _device(b))
@@ -335,11 +343,18 @@ def render_compare(a: Profile, b: Profile, console: Console) -> None:
     higher("predicted speedup", lambda p: p.best.metrics.predicted_speedup, times)
     console.print(t)
     if a.target.content_hash != b.target.content_hash:
-        console.print("[yellow]The profiles tune different target weights: tokens/s are not comparable.[/]")
+        console.print(
+            styled(("The profiles tune different target weights: tokens/s are not comparable.", "yellow"))
+        )
     if a.workload.sha256 != b.workload.sha256 or a.workload.temperature != b.workload.temperature:
         console.print(
-            "[yellow]The profiles were measured on different workloads: "
-            "α and speedup may differ for that alone.[/]"
+            styled(
+                (
+                    "The profiles were measured on different workloads: "
+                    "α and speedup may differ for that alone.",
+                    "yellow",
+                )
+            )
         )
 
 

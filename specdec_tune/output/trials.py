@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..limits import MAX_GAMMA
 
 REQUIRED = ("draft", "gamma", "speedup")
+MAX_CSV_BYTES = 64 * 1024 * 1024  # a million trials fit; a crafted file must not fill memory
 
 
 def read_trials(path: str | Path) -> Any:
@@ -18,6 +20,8 @@ def read_trials(path: str | Path) -> Any:
 
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_CSV_BYTES:
+            raise SpecDecError(f"trials CSV {path} is larger than {MAX_CSV_BYTES >> 20} MiB")
         df = pd.read_csv(path)
     except FileNotFoundError:
         raise SpecDecError(f"trials CSV not found: {path}") from None
@@ -53,7 +57,10 @@ def _completed(df: Any) -> Any:
             "speedup": pd.to_numeric(df["speedup"], errors="coerce"),
         }
     )
-    out = out[out["speedup"].abs() < float("inf")].dropna(subset=["gamma", "speedup"])
+    # a hand-edited or crafted CSV: inf, NaN or a gamma outside the range is no trial
+    finite = (out["speedup"].abs() < float("inf")) & out["gamma"].between(0, MAX_GAMMA)
+    finite &= out["threshold"].isna() | out["threshold"].between(0.0, 1.0)
+    out = out[finite].dropna(subset=["gamma", "speedup"])
     return out.fillna({"threshold": 0.0}).astype({"gamma": int})
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from ..domain import GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
 from ..engines import engine_info, gamma_policies_for, tunes_threshold
 from ..errors import SpecDecError
-from ..limits import check_count, check_gamma, threshold_ok
+from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, MAX_TRIALS, check_count, check_gamma, threshold_ok
 from .costmodel import CostModel
 
 THRESHOLD_STEP = 0.05
@@ -50,18 +50,18 @@ class TuneSettings:
 
     def __post_init__(self) -> None:
         if self.trials is not None:
-            check_count(self.trials, "--trials")
+            check_count(self.trials, "--trials", high=MAX_TRIALS)
         check_gamma(self.max_gamma, allow_zero=False, what="--max-gamma")
         if self.sampler not in ("tpe", "grid"):
             raise SpecDecError(f"unknown sampler '{self.sampler}': use tpe or grid")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise SpecDecError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        check_count(self.repeats, "--repeats")
-        check_count(self.finalists, "--finalists", low=0)
-        check_count(self.final_repeats, "--final-repeats")
+        check_count(self.repeats, "--repeats", high=MAX_REPEATS)
+        check_count(self.finalists, "--finalists", low=0, high=MAX_TRIALS)
+        check_count(self.final_repeats, "--final-repeats", high=MAX_REPEATS)
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
-        check_count(self.batch_size, "batch size")
+        check_count(self.batch_size, "batch size", high=MAX_BATCH_SIZE)
         self.gamma_policies = tuple(self.gamma_policies)  # a list when read back from JSON
         bad = [p for p in self.gamma_policies if p not in GAMMA_POLICIES]
         if bad or not self.gamma_policies:

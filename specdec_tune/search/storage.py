@@ -11,12 +11,12 @@ up, about 30 s with the settings below), the kernel drops a dead process's file 
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..urls import redact_url, scrub
 
 URL_HELP = "use sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST[:PORT]/DB"
 # The driver each backend's extra installs, and how to get it.
@@ -27,15 +27,13 @@ DRIVERS = {
 
 
 def redact(url: str) -> str:
-    """Never write or print a database password."""
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    """Never write or print a database password (urls.redact_url)."""
+    return redact_url(url)
 
 
 def _clean(text: str, url: str) -> str:
-    """The first line of a driver's message, without the password even if the driver echoed it."""
-    line = (text.strip().splitlines() or [""])[0]
-    m = re.search(r"//[^:/@]+:([^@]+)@", url)
-    return line.replace(m.group(1), "***") if m else line
+    """The first line of a driver's message, without any secret of the URL even if echoed."""
+    return scrub((scrub(text, url).strip().splitlines() or [""])[0], url)
 
 
 def check_url(url: str) -> str:

@@ -29,6 +29,9 @@ SURPLUS = "surplus"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C
 
 
+CREATED_BY, TOOL = "created_by", "specdec-tune"
+
+
 def default_storage() -> str:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-tune"
     cache.mkdir(parents=True, exist_ok=True)
@@ -79,6 +82,7 @@ def claim_identity(study: Any, identity: dict[str, Any], seeds: list[dict[str, A
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
+        study.set_user_attr(CREATED_BY, TOOL)  # `studies delete --all` deletes only these
         for params in seeds:
             study.enqueue_trial(params, skip_if_exists=True)
         return

@@ -12,7 +12,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Union
 
 from ..errors import SpecDecError
-from ..limits import THRESHOLD_RANGE
+from ..limits import MAX_INT, THRESHOLD_RANGE
 
 SCHEMA_VERSION = 2
 # Version 1 profiles (before the batch table) still load: every field added since is optional.
@@ -54,10 +54,14 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise field_error(path, "must be an int" + _range_of(path), value)
+        if abs(value) > MAX_INT:
+            raise field_error(path, f"must be an int of at most {MAX_INT}", value)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise field_error(path, "must be a number" + _range_of(path), value)
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise field_error(path, f"must be a number of at most {MAX_INT}", value)
         if not math.isfinite(value):
             raise field_error(path, "must be a finite number" + _range_of(path), value)
         return float(value)
@@ -131,6 +135,38 @@ def _expected(tp: Any) -> str:
     return {int: "an int", float: "a number", str: "a string"}.get(tp, "set")
 
 
+MAX_TEXT = 1024  # characters of a string in a free-form mapping (hardware, search.space)
+MAX_ITEMS = 256  # entries of a list or mapping there
+
+
+def check_plain(value: Any, path: str, depth: int = 2) -> None:
+    """A free-form value (a `hardware` entry, an unknown `search.space` key): a scalar, or a short
+    list or mapping of them `depth` levels deep at most; strings and collections are capped."""
+    if value is None or isinstance(value, bool | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise field_error(path, "must be a finite number", value)
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise field_error(path, f"must be an int of at most {MAX_INT}", value)
+        return
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise field_error(path, f"must be a string of at most {MAX_TEXT} characters", value)
+        return
+    if hasattr(value, "isoformat"):  # an unquoted date
+        return
+    if depth <= 0 or not isinstance(value, list | dict):
+        raise field_error(path, "must be a number or a string", value)
+    if len(value) > MAX_ITEMS:
+        raise field_error(path, f"must have at most {MAX_ITEMS} entries", value)
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        if isinstance(value, dict) and not isinstance(k, str):
+            raise field_error(path, "must have string keys", k)
+        check_plain(v, f"{path}.{k}" if isinstance(value, dict) else f"{path}[{k}]", depth - 1)
+
+
 def describe(value: Any) -> str:
     if value is None:
         return "null"
@@ -138,6 +174,8 @@ def describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, int) and abs(value) > 10**30:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

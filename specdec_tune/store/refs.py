@@ -31,6 +31,28 @@ def portable_ref(name_or_path: str, profile_dir: Path) -> str:
     return rel if rel.startswith("../") or rel == ".." else f"./{rel}"
 
 
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def profile_file_slug(name: str) -> str:
+    """The default profile file name of a target, unique per model reference: a demo name as it is
+    (profiles/<hw>/demo.yaml), an HF id with its org ("org--model"), a folder with a short hash of
+    its absolute path, so org-a/X and org-b/X, or /models/a/hf and /models/b/hf, never collide."""
+    import hashlib
+
+    from ..runtime.models import slugify
+
+    text = name.strip()
+    if _is_demo(text):
+        return slugify(text)
+    p = Path(text).expanduser()
+    if _HF_ID.match(text) and ".." not in text and not p.exists():
+        org, model = text.split("/")
+        return f"{slugify(org)}--{slugify(model)}"
+    where = str(p.resolve()) if not text.startswith("shape:") else text
+    return f"{slugify(text)}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
 def is_relative_ref(ref: str) -> bool:
     return ref in (".", "..") or ref.startswith(("./", "../"))
 
@@ -91,12 +113,9 @@ def make_portable(profile: Profile, profile_path: Path, target_arg: str) -> Prof
 def storage_for_record(url: str) -> str:
     """A storage URL as a profile may hold it: no password (SQLAlchemy's hide_password), and the
     user's home folder written as ~."""
-    try:
-        from sqlalchemy.engine import make_url
+    from ..urls import redact_url
 
-        text = make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy URL: keep the user part, drop any password
-        text = re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    text = redact_url(url)
     home = str(Path.home())
     if home not in ("", "/"):
         text = text.replace(home.rstrip("/") + "/", "~/")

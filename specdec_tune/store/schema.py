@@ -22,8 +22,20 @@ from ..domain import (
 )
 from ..engines import ENGINES
 from ..errors import SpecDecError
-from ..limits import MAX_GAMMA, THRESHOLD_RANGE, threshold_ok
-from .fields import READABLE_VERSIONS, SCHEMA_VERSION, convert, describe, field_error
+from ..limits import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT_LEN,
+    MAX_GAMMA,
+    MAX_LAYERS,
+    MAX_NEW_TOKENS,
+    MAX_PARAMS,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    MAX_TRIALS,
+    THRESHOLD_RANGE,
+    threshold_ok,
+)
+from .fields import MAX_ITEMS, READABLE_VERSIONS, SCHEMA_VERSION, check_plain, convert, describe, field_error
 
 MEASURED_MODES = ("eager", "static", "compiled")  # runtime.modes.ENGINE_MODES, auto resolved
 
@@ -144,12 +156,18 @@ def profile_from_dict(d: Any) -> Profile:
 
 
 def _validate(p: Profile) -> None:
-    slug = p.hardware.get("slug")
-    if not isinstance(slug, str) or not slug:
-        raise field_error("hardware.slug", "must be a non-empty string", slug)
+    _validate_hardware(p.hardware)
+    _validate_space(p.search.space)
     _at_least(p.workload.temperature, 0.0, "workload.temperature")
-    _at_least(p.workload.max_new_tokens, 1, "workload.max_new_tokens")
-    _at_least(p.workload.prompts, 1, "workload.prompts")
+    _in_range(p.workload.temperature, 0.0, 100.0, "workload.temperature")
+    _in_range(p.workload.max_new_tokens, 1, MAX_NEW_TOKENS, "workload.max_new_tokens")
+    _in_range(p.workload.prompts, 1, MAX_PROMPTS, "workload.prompts")
+    _in_range(p.target.num_params, 0, MAX_PARAMS, "target.num_params")
+    for name in ("trials", "failed", "pruned"):
+        _in_range(getattr(p.search, name), 0, MAX_TRIALS, f"search.{name}")
+    for name in ("alternatives", "batch_table", "category_table", "compile_fallbacks"):
+        if len(getattr(p, name)) > MAX_ITEMS:
+            raise field_error(name, f"must have at most {MAX_ITEMS} entries", getattr(p, name))
     _one_of(p.engine_mode, MEASURED_MODES, "engine_mode")
     _validate_result(p.best, "best")
     for i, alt in enumerate(p.alternatives):
@@ -158,7 +176,7 @@ def _validate(p: Profile) -> None:
     seen: set[int] = set()
     for i, row in enumerate(p.batch_table):
         where = f"batch_table[{i}]"
-        _at_least(row.batch_size, 1, f"{where}.batch_size")
+        _in_range(row.batch_size, 1, MAX_BATCH_SIZE, f"{where}.batch_size")
         if row.batch_size in seen:
             raise field_error(
                 f"{where}.batch_size", "must not repeat an earlier row's batch size", row.batch_size
@@ -173,15 +191,15 @@ def _validate(p: Profile) -> None:
         if not crow.category.strip() or crow.category in categories:
             raise field_error(f"{where}.category", "must be a non-empty, unrepeated name", crow.category)
         categories.add(crow.category)
-        _at_least(crow.prompts, 1, f"{where}.prompts")
+        _in_range(crow.prompts, 1, MAX_PROMPTS, f"{where}.prompts")
         _at_least(crow.overall_speedup, 0.0, f"{where}.overall_speedup")
         _probability(crow.overall_acceptance_rate, f"{where}.overall_acceptance_rate")
         _validate_result(crow.best, f"{where}.best")
     for name in ("b_star", "predicted_b_star"):
         if getattr(p, name) is not None:
-            _at_least(getattr(p, name), 1, name)
-    _at_least(p.search.finalists, 0, "search.finalists")
-    _at_least(p.search.final_repeats, 0, "search.final_repeats")
+            _in_range(getattr(p, name), 1, MAX_BATCH_SIZE, name)
+    _in_range(p.search.finalists, 0, MAX_TRIALS, "search.finalists")
+    _in_range(p.search.final_repeats, 0, MAX_REPEATS, "search.final_repeats")
     if p.search.engine is not None:
         _one_of(p.search.engine, ENGINES, "search.engine")
     if p.costs is not None:
@@ -191,7 +209,11 @@ def _validate(p: Profile) -> None:
 def validate_costs(c: Costs, path: str = "costs") -> None:
     """The measured costs' ranges (a profile's `costs`, or a costs file's)."""
     _positive(c.t_target_ms, f"{path}.t_target_ms")
-    _at_least(c.context_len, 0, f"{path}.context_len")
+    _in_range(c.context_len, 0, MAX_CONTEXT_LEN, f"{path}.context_len")
+    if len(c.verify_ms) > MAX_GAMMA:
+        raise field_error(f"{path}.verify_ms", f"must have at most {MAX_GAMMA} entries", c.verify_ms)
+    if len(c.drafts) > MAX_ITEMS:
+        raise field_error(f"{path}.drafts", f"must have at most {MAX_ITEMS} entries", c.drafts)
     for i, v in enumerate(c.verify_ms):
         _positive(v, f"{path}.verify_ms[{i}]")
     for name in ("loop_overhead_ms", "step_overhead_ms"):
@@ -236,8 +258,10 @@ def _validate_result(r: Result, path: str) -> None:
     if d.kind in ("prompt_lookup", "hybrid"):
         for name in ("ngram_min", "ngram_max"):
             v = getattr(d, name)
-            if v is None or v < 1:
-                raise field_error(f"{where}.{name}", f"must be an int >= 1 for kind '{d.kind}'", v)
+            if v is None or not 1 <= v <= MAX_NEW_TOKENS:
+                raise field_error(
+                    f"{where}.{name}", f"must be an int in 1..{MAX_NEW_TOKENS} for kind '{d.kind}'", v
+                )
         if d.ngram_min > d.ngram_max:
             raise field_error(f"{where}.ngram_min", f"must be <= ngram_max ({d.ngram_max})", d.ngram_min)
     if d.lookup_match is not None:
@@ -246,6 +270,11 @@ def _validate_result(r: Result, path: str) -> None:
         _one_of(d.threshold_mode, THRESHOLD_MODES, f"{where}.threshold_mode")
     if d.kind == "layer_skip" and (d.layers is None or d.layers < 1):
         raise field_error(f"{where}.layers", "must be an int >= 1 for kind 'layer_skip'", d.layers)
+    if d.layers is not None:
+        _in_range(d.layers, 0, MAX_LAYERS, f"{where}.layers")
+    for name in ("ngram_min", "ngram_max"):
+        if getattr(d, name) is not None:
+            _in_range(getattr(d, name), 0, MAX_NEW_TOKENS, f"{where}.{name}")
     gamma_path = f"{path}.config.gamma"
     if d.kind == "none":
         if r.config.gamma != 0:
@@ -273,7 +302,13 @@ def _validate_metrics(m: Metrics, path: str) -> None:
     _at_least(m.mean_accepted_len, 0.0, f"{path}.mean_accepted_len")
     for i, a in enumerate(m.per_position_acceptance):
         _probability(a, f"{path}.per_position_acceptance[{i}]")
-    _at_least(m.repeats, 1, f"{path}.repeats")
+    _in_range(m.repeats, 1, MAX_REPEATS, f"{path}.repeats")
+    if len(m.per_position_acceptance) > MAX_GAMMA:
+        raise field_error(
+            f"{path}.per_position_acceptance",
+            f"must have at most {MAX_GAMMA} entries",
+            m.per_position_acceptance,
+        )
     if m.search_speedup is not None:
         _at_least(m.search_speedup, 0.0, f"{path}.search_speedup")
 
@@ -282,6 +317,54 @@ def _at_least(value: float, low: float, path: str) -> None:
     if value < low:
         kind = "an int" if isinstance(low, int) else "a number"
         raise field_error(path, f"must be {kind} >= {low}", value)
+
+
+def _in_range(value: float, low: float, high: float, path: str) -> None:
+    if not low <= value <= high:
+        kind = "an int" if isinstance(low, int) else "a number"
+        raise field_error(path, f"must be {kind} in {low}..{high}", value)
+
+
+def _validate_hardware(hw: dict[str, Any]) -> None:
+    """The fingerprint is free-form (it grows with the hardware probed), but only plain values."""
+    slug = hw.get("slug")
+    if not isinstance(slug, str) or not slug:
+        raise field_error("hardware.slug", "must be a non-empty string", slug)
+    if len(hw) > MAX_ITEMS:
+        raise field_error("hardware", f"must have at most {MAX_ITEMS} entries", hw)
+    for k, v in hw.items():
+        check_plain(v, f"hardware.{k}", depth=1)
+
+
+_SPACE_LISTS = ("drafts", "threshold_drafts", "gamma_policies")
+
+
+def _validate_space(space: dict[str, Any]) -> None:
+    """search.space as search.space.search_space writes it; keys added later stay plain values."""
+    if len(space) > MAX_ITEMS:
+        raise field_error("search.space", f"must have at most {MAX_ITEMS} entries", space)
+    for key in _SPACE_LISTS:
+        if key in space:
+            value = space[key]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise field_error(f"search.space.{key}", "must be a list of names", value)
+    if "gamma" in space:
+        g = space["gamma"]
+        if not isinstance(g, list) or len(g) != 2 or not all(_int_in(v, 0, MAX_GAMMA) for v in g):
+            raise field_error("search.space.gamma", f"must be [low, high] within 0..{MAX_GAMMA}", g)
+    if "threshold" in space:
+        t = space["threshold"]
+        ok = isinstance(t, list) and 2 <= len(t) <= 3
+        if not ok or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1 for v in t
+        ):
+            raise field_error("search.space.threshold", "must be [low, high(, step)] within 0..1", t)
+    for k, v in space.items():
+        check_plain(v, f"search.space.{k}", depth=1)
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _positive(value: float, path: str) -> None:

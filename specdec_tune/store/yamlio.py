@@ -16,6 +16,7 @@ from ..domain import Costs
 from ..errors import SpecDecError
 from .atomic import atomic_write_text
 from .fields import SCHEMA_VERSION, convert_dataclass
+from .safeyaml import read_capped_text, safe_yaml
 from .schema import Profile, profile_from_dict, validate_costs
 
 # Floats are written with this many significant digits: enough for timings and rates, few enough
@@ -54,6 +55,9 @@ def _round(x: float) -> float:
 class _Dumper(yaml.SafeDumper):
     """Short lists of numbers on one line (`verify_ms: [7.1, 7.2]`): far easier to read and diff."""
 
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # the loader refuses anchors and aliases (store.safeyaml): never write one
+
 
 def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     flat = all(isinstance(v, int | float | bool) or v is None for v in data)
@@ -70,10 +74,16 @@ def profile_to_yaml(p: Profile) -> str:
     profile_from_dict(data)
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
     header = (
-        f"# specdec-tune profile — {p.target.name} on {p.hardware.get('slug')} "
+        f"# specdec-tune profile — {_comment(p.target.name)} on {_comment(p.hardware.get('slug'))} "
         f"(schema {p.schema_version}); written by `specdec-tune run`, read by check/export/show\n"
     )
     return header + body
+
+
+def _comment(value: object) -> str:
+    # a name goes into the header comment: a newline there would start YAML content, and YAML
+    # refuses control characters outside quoted scalars
+    return "".join(c if c.isprintable() else "?" for c in str(value))
 
 
 def save_profile(p: Profile, path: str | os.PathLike[str]) -> Path:
@@ -87,27 +97,7 @@ def save_profile(p: Profile, path: str | os.PathLike[str]) -> Path:
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile; every problem with the file is a SpecDecError, never a traceback."""
     path = Path(path)
-    if not path.exists():
-        raise SpecDecError(f"profile not found: {path}")
-    if path.is_dir():
-        raise SpecDecError(f"profile path is a folder, not a YAML file: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecDecError(f"{path} is not a text file, so not a specdec-tune profile") from None
-    except OSError as e:
-        raise SpecDecError(f"cannot read profile {path}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        problem = getattr(e, "problem", None) or "parse error"
-        raise SpecDecError(
-            f"{path} is not valid YAML{where}: {problem}; if the file was cut off, re-run `specdec-tune run`"
-        ) from None
+    data = safe_yaml(read_capped_text(path, "profile"), str(path))
     if data is None:
         raise SpecDecError(f"profile {path} is empty")
     try:
@@ -135,10 +125,7 @@ def costs_to_yaml(costs: Costs, hardware: dict[str, Any], target: dict[str, Any]
 def load_costs(path: str | os.PathLike[str]) -> tuple[Costs, dict[str, Any]]:
     """Read a costs file written by `specdec-tune profile --out` -> (costs, hardware)."""
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise SpecDecError(f"cannot read costs file {p}: {str(exc).splitlines()[0]}") from None
+    doc = safe_yaml(read_capped_text(p, "costs file"), str(p))
     if not isinstance(doc, dict) or "costs" not in doc or not isinstance(doc.get("hardware"), dict):
         raise SpecDecError(f"{p} is not a costs file written by `specdec-tune profile --out`")
     if doc["costs"] is None:

@@ -207,8 +207,8 @@ def test_bad_storage_input_is_one_line_and_never_shows_the_password(pg_url, tiny
     assert listed.exit_code == 0 and [s["name"] for s in yaml.safe_load(listed.stdout)] == ["s1"]
     shown = invoke("studies", "show", "s1", "--storage", pg_url, "--json")
     assert shown.exit_code == 0 and yaml.safe_load(shown.stdout)["trials"] == {"COMPLETE": 1}
-    one_red_line(invoke("studies", "delete", "nope", "--storage", pg_url))
-    assert invoke("studies", "delete", "s1", "--storage", pg_url).exit_code == 0
+    one_red_line(invoke("studies", "delete", "nope", "--yes", "--storage", pg_url))
+    assert invoke("studies", "delete", "s1", "--yes", "--storage", pg_url).exit_code == 0
     assert yaml.safe_load(invoke("studies", "list", "--storage", pg_url, "--json").stdout) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -283,7 +284,8 @@ def test_batch_table_round_trips_and_is_validated(tmp_path):
     save_profile(prof, tmp_path / "p.yaml")
     assert load_profile(tmp_path / "p.yaml") == prof
     data = profile_to_dict(prof)
-    data["batch_table"] = [data["batch_table"][0]] * 2
+    # two equal rows, not one object twice (YAML would write that as an alias, which is refused)
+    data["batch_table"] = [data["batch_table"][0], copy.deepcopy(data["batch_table"][0])]
     twice = tmp_path / "twice.yaml"
     twice.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     assert "batch_table[1].batch_size' must not repeat" in _load_error(str(twice))

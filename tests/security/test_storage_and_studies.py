@@ -1,0 +1,96 @@
+"""Storage URLs: passwords never printed or stored; `studies` never creates a storage and deletes
+only with --yes, only what it names (or, with --all, only specdec-tune's studies), never a study
+with running trials unless forced."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from helpers import invoke
+
+from specdec_tune.search.storage import open_storage
+from specdec_tune.search.study import CREATED_BY, TOOL
+from specdec_tune.store.refs import storage_for_record
+from specdec_tune.urls import redact_url, scrub
+
+SECRET = "s3cr3t-Pw"
+
+URLS = [
+    f"postgresql://user:{SECRET}@127.0.0.1:1/db",
+    f"postgresql+psycopg://:{SECRET}@127.0.0.1:1/db",
+    f"postgresql://user@127.0.0.1:1/db?password={SECRET}",
+    f"postgresql://user@127.0.0.1:1/db?sslpassword={SECRET}&sslmode=require",
+    f"mysql+pymysql://user@127.0.0.1:1/db?passwd={SECRET}",
+    f"mysql://u:{SECRET}@127.0.0.1:1/db",
+    f"nosuchdialect://u:{SECRET}@host/db",
+    f"http://u:{SECRET}@example.invalid/x",
+    f"not a url //u:{SECRET}@",
+    f"oracle://u:{SECRET}@127.0.0.1:1/db",
+]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_redaction_masks_every_form(url):
+    assert SECRET not in redact_url(url)
+    assert SECRET not in storage_for_record(url)
+    assert SECRET not in scrub(f"driver said: bad password {SECRET} for {url}", url)
+
+
+@pytest.mark.parametrize("url", URLS)
+@pytest.mark.parametrize("command", ["list", "show"])
+def test_studies_on_hostile_urls_are_one_line_without_password(url, command):
+    args = ["studies", command] + (["x"] if command == "show" else []) + ["--storage", url]
+    result = invoke(*args)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err
+    assert SECRET not in result.output
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["delete", "x", "--yes"]])
+def test_studies_never_create_a_sqlite_storage(tmp_path, command):
+    db = tmp_path / "typo.db"
+    result = invoke("studies", *command, "--storage", f"sqlite:///{db}")
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    assert not db.exists()
+
+
+def _storage_with_studies(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = open_storage(url)
+    ours = optuna.create_study(study_name="specdec-ours", storage=store)
+    ours.set_user_attr(CREATED_BY, TOOL)
+    ours.tell(ours.ask(), 1.0)
+    optuna.create_study(study_name="someone-elses", storage=store).tell(
+        optuna.load_study(study_name="someone-elses", storage=store).ask(), 2.0
+    )
+    busy = optuna.create_study(study_name="specdec-busy", storage=store)
+    busy.set_user_attr(CREATED_BY, TOOL)
+    busy.ask()  # a trial left RUNNING
+    return url
+
+
+def _names(url):
+    result = invoke("studies", "list", "--storage", url, "--json")
+    import json
+
+    return sorted(s["name"] for s in json.loads(result.stdout))
+
+
+def test_delete_needs_yes_and_refuses_name_with_all(tmp_path):
+    url = _storage_with_studies(tmp_path)
+    assert invoke("studies", "delete", "specdec-ours", "--storage", url).exit_code == 2
+    r = invoke("studies", "delete", "specdec-ours", "--all", "--yes", "--storage", url)
+    assert r.exit_code == 2 and "not both" in r.stderr
+    assert _names(url) == ["someone-elses", "specdec-busy", "specdec-ours"]
+
+
+def test_delete_all_keeps_other_tools_and_running_studies(tmp_path):
+    url = _storage_with_studies(tmp_path)
+    r = invoke("studies", "delete", "--all", "--yes", "--storage", url)
+    assert r.exit_code == 2 and "running trials" in r.stderr and "specdec-busy" in r.stderr
+    assert _names(url) == ["someone-elses", "specdec-busy", "specdec-ours"]  # nothing deleted
+    assert invoke("studies", "delete", "specdec-ours", "--yes", "--storage", url).exit_code == 0
+    assert invoke("studies", "delete", "--all", "--yes", "--force", "--storage", url).exit_code == 0
+    assert _names(url) == ["someone-elses"]
