@@ -16,17 +16,20 @@ from . import __version__
 from .cli_options import (
     AcceptanceFrom,
     AcceptanceVectors,
+    BackendOpt,
     ContextLen,
     Device,
     Drafts,
     Dtype,
     EngineOpt,
     JsonOut,
+    LlamaServer,
     MaxNew,
     Prompts,
     Shape,
     Target,
     Temperature,
+    Threads,
     WorkloadOpt,
     models_from,
 )
@@ -122,6 +125,9 @@ def bench(
     device: Device = "auto",
     dtype: Dtype = "auto",
     engine: EngineOpt = "auto",
+    backend: BackendOpt = "native",
+    llama_server: LlamaServer = None,
+    threads: Threads = None,
     json_out: JsonOut = False,
 ) -> None:
     """Measure one config against the plain target, timed in the same run."""
@@ -130,7 +136,19 @@ def bench(
         from . import app as api
 
         models = models_from(
-            target, None, workload, max_new_tokens, temperature, prompts, device, dtype, prompt, engine
+            target,
+            None,
+            workload,
+            max_new_tokens,
+            temperature,
+            prompts,
+            device,
+            dtype,
+            prompt,
+            engine,
+            backend,
+            llama_server,
+            threads,
         )
         with spinner("measuring…", json_out):
             result = api.bench(
@@ -259,9 +277,22 @@ def check(
         ),
     ] = None,
     device: Device = "auto",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="native or llamacpp: re-measure in that engine (default: the one the profile names).",
+        ),
+    ] = None,
+    llama_server: LlamaServer = None,
+    allow_other_build: Annotated[
+        bool,
+        typer.Option("--allow-other-build", help="Compare even with another llama.cpp build (else exit 3)."),
+    ] = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware."""
+    """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware
+    or engine build."""
     with user_errors():
         quiet_libraries()
         from . import app as api
@@ -282,6 +313,9 @@ def check(
                 junit,
                 batch_size,
                 models_root=models_root,
+                backend=backend,
+                llama_server=llama_server,
+                allow_other_build=allow_other_build,
             )
         if output_format == "benchmark-action":
             from .output.benchmark_action import benchmark_action_entries

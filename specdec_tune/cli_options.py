@@ -39,6 +39,26 @@ EngineOpt = Annotated[
     ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print a machine-readable result on stdout.")]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="Where configs are measured: native (our own engine, default) or llamacpp (llama-server "
+        "processes of the [llamacpp] extra; target: a .gguf, smollm2-135m or demo).",
+        envvar="SPECDEC_BACKEND",
+    ),
+]
+LlamaServer = Annotated[
+    str | None,
+    typer.Option(
+        "--llama-server",
+        help="The llama-server binary for --backend llamacpp (default: the [llamacpp] extra's).",
+        envvar="SPECDEC_LLAMA_SERVER",
+    ),
+]
+Threads = Annotated[
+    int | None, typer.Option("--threads", help="Engine threads for --backend llamacpp (default: every core).")
+]
 
 
 Drafts = Annotated[
@@ -96,11 +116,39 @@ StorageUrl = Annotated[
 
 
 def models_from(
-    target, drafts, workload, max_new_tokens, temperature, prompts, device, dtype, prompt=None, engine="auto"
+    target,
+    drafts,
+    workload,
+    max_new_tokens,
+    temperature,
+    prompts,
+    device,
+    dtype,
+    prompt=None,
+    engine="auto",
+    backend="native",
+    llama_server=None,
+    threads=None,
 ):
     """The app's Models from the shared options."""
     from .app import Models
+    from .errors import SpecDecError
+    from .measure.backends import BACKENDS
 
+    if backend not in BACKENDS:
+        raise SpecDecError(f"unknown backend '{backend}': use {' or '.join(BACKENDS)}")
     return Models(
-        target, drafts, workload, prompt, prompts, max_new_tokens, temperature, device, dtype, engine
+        target,
+        drafts,
+        workload,
+        prompt,
+        prompts,
+        max_new_tokens,
+        temperature,
+        device,
+        dtype,
+        engine,
+        backend,
+        llama_server,
+        threads,
     )

@@ -8,15 +8,18 @@ from typing import Annotated
 import typer
 
 from .cli_options import (
+    BackendOpt,
     Device,
     Drafts,
     Dtype,
     EngineOpt,
     JsonOut,
+    LlamaServer,
     MaxNew,
     Prompts,
     Target,
     Temperature,
+    Threads,
     WorkloadOpt,
     models_from,
 )
@@ -126,6 +129,9 @@ def run(
     device: Device = "auto",
     dtype: Dtype = "auto",
     engine: EngineOpt = "auto",
+    backend: BackendOpt = "native",
+    llama_server: LlamaServer = None,
+    threads: Threads = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile, search (Optuna over the real speculative loop) and write the winning YAML profile."""
@@ -155,8 +161,21 @@ def run(
             gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
         )
         models = models_from(
-            target, draft, workload, max_new_tokens, temperature, prompts, device, dtype, engine=engine
+            target,
+            draft,
+            workload,
+            max_new_tokens,
+            temperature,
+            prompts,
+            device,
+            dtype,
+            engine=engine,
+            backend=backend,
+            llama_server=llama_server,
+            threads=threads,
         )
+        if backend != "native" and (per_category or workers > 1):
+            raise SpecDecError("--per-category and --workers run our own engine only: drop --backend")
         if per_category:
             from .app.categories import check_categories
 

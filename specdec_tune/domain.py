@@ -139,6 +139,8 @@ class Metrics:
 class Result:
     config: Config
     metrics: Metrics
+    # An engine backend: the exact server flags this config ran with (what `export` emits).
+    backend_args: list[str] = field(default_factory=list)
 
 
 @dataclass

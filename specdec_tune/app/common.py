@@ -31,6 +31,9 @@ class Models:
     device: str = "auto"
     dtype: str = "auto"
     engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.modes)
+    backend: str = "native"  # where configs are measured: native (our engine) or llamacpp
+    llama_server: str | None = None  # the llama-server binary (default: the [llamacpp] extra's)
+    threads: int | None = None  # engine threads (default: every core)
 
     def open(self, lazy_drafts: bool = True, allow_random: bool = False) -> Any:
         """Load the models and the workload; shapes (random weights) only with `allow_random`."""

@@ -66,6 +66,16 @@ def bench(
 
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
+    if models.backend == "llamacpp":
+        if compare_hf:
+            raise SpecDecError(
+                "--compare-hf compares our own engine with transformers: drop --backend llamacpp"
+            )
+        from ..measure.llamacpp.server import servers_die_with_us
+        from .engine import bench_engine
+
+        with servers_die_with_us():
+            return bench_engine(models, draft, gamma, threshold, batch_size or 1, repeats)
     if batch_size is not None:
         check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if compare_hf:
@@ -202,6 +212,9 @@ def check(
     junit: Path | None = None,
     batch_size: int | None = None,
     models_root: Path | None = None,
+    backend: str | None = None,
+    llama_server: str | None = None,
+    allow_other_build: bool = False,
 ) -> CheckReport:
     """Re-measure a stored profile's best config here and judge it against what it stored; with a
     batch table, every row at its batch size (only `batch_size`'s row when given). With
@@ -226,6 +239,25 @@ def check(
 
     started = time.monotonic()
     p = load_profile(path)
+    engine = backend or (p.backend or {}).get("name") or "native"
+    if engine != "native":
+        from ..measure.llamacpp.server import servers_die_with_us
+        from .engine import check_engine
+
+        with servers_die_with_us():
+            report = check_engine(
+                path,
+                tolerance,
+                acceptance_tolerance,
+                repeats,
+                allow_other_hardware,
+                allow_other_build,
+                batch_size,
+                llama_server,
+            )
+        if junit is not None:
+            atomic_write_text(junit, junit_xml(report))
+        return report
     floor = speedup_floor(p, tolerance)
     check_count(repeats, "--repeats", high=MAX_REPEATS)
     rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]

@@ -69,6 +69,21 @@ def tune(
         raise SpecDecError(f"--budget must be > 0 seconds, got {budget_s}")
     if out is not None:
         check_writable(out)
+    if models.backend == "llamacpp":
+        from ..measure.llamacpp.server import servers_die_with_us
+        from .engine import tune_engine
+
+        if costs_file is not None:
+            raise SpecDecError("--costs-from holds costs of our own engine; llama.cpp measures its own")
+        if layer_skip:
+            base = list(models.drafts) if models.drafts is not None else None
+            from ..measure.llamacpp.args import DEFAULT_DRAFTS
+
+            models = replace(
+                models, drafts=[*(base or DEFAULT_DRAFTS), *(f"layer-skip:{k}" for k in layer_skip)]
+            )
+        with servers_die_with_us():
+            return tune_engine(models, settings, out, progress, batch_sizes, budget_s)
     s = models.open()
     specs = list(s.specs) + [
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []

@@ -120,6 +120,9 @@ class Profile:
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    # The measuring backend ({} = our own engine): name, engine build, threads, and how exact the
+    # engine's speculation was at T = 0 here. `check --backend` re-measures in the same engine.
+    backend: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION

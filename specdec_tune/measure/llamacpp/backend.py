@@ -17,6 +17,7 @@ server of the same build, side by side, their requests alternating.
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -54,6 +55,16 @@ class EngineMeasurement:
     speedups: list[float] = field(default_factory=list)
     exactness: dict[str, Any] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.metrics.as_dict(),
+            "tokens": self.tokens,
+            "mismatches": self.mismatches,
+            "speedups": list(self.speedups),
+            "exactness": dict(self.exactness),
+            "flags": list(self.flags),
+        }
 
 
 @dataclass
@@ -151,7 +162,10 @@ class LlamaCppBackend:
         t = data.get("timings") or {}
         top2 = []
         for entry in data.get("completion_probabilities") or []:
-            ps = [float(p.get("prob", 0.0)) for p in entry.get("top_probs") or []]
+            if "top_probs" in entry:  # post-sampling format
+                ps = [float(p.get("prob", 0.0)) for p in entry["top_probs"]]
+            else:
+                ps = [math.exp(float(p.get("logprob", -math.inf))) for p in entry.get("top_logprobs") or []]
             top2.append(ps[:2])
         return _Reply(
             tokens=[int(x) for x in data.get("tokens") or []],

@@ -86,7 +86,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 _LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
 
 
-@dataclass
+@dataclass(eq=False)
 class LlamaServer:
     """One llama-server: `args` are everything after the binary except host and port."""
 

