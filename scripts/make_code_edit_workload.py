@@ -36,7 +36,7 @@ MODULES = (
     "imaplib", "mailbox", "plistlib", "pathlib", "tempfile", "traceback", "linecache", "keyword",
     "functools", "operator", "warnings", "contextlib", "enum", "dataclasses", "typing",
 )  # fmt: skip
-MIN_LINES, MAX_LINES, MAX_CHARS = 5, 28, 1400
+MIN_LINES, MAX_LINES, MIN_CHARS, MAX_CHARS = 5, 28, 300, 1400
 NEW_NAMES = ("item", "value", "entry", "current", "chunk", "piece", "buf", "acc", "tmp", "elem")
 REPLY = "Reply with the whole edited function in one ```python code block and nothing else."
 
@@ -56,14 +56,23 @@ def _functions(module: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
         if not isinstance(node, ast.FunctionDef) or node.decorator_list:
             continue
         text = ast.get_source_segment(source, node, padded=True)
-        if text is None or not MIN_LINES <= text.count("\n") + 1 <= MAX_LINES or len(text) > MAX_CHARS:
+        if (
+            text is None
+            or not MIN_LINES <= text.count("\n") + 1 <= MAX_LINES
+            or not MIN_CHARS <= len(text) <= MAX_CHARS
+        ):
             continue
         if any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             for n in list(ast.walk(node))[1:]
         ):
             continue  # keep one scope: renames and typos stay unambiguous
-        out.append((module, name, node, textwrap.dedent(text)))
+        code = textwrap.dedent(text)
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            continue  # a method whose strings are indented less than its body: dedent cannot fix it
+        out.append((module, name, node, code))
     return out
 
 
@@ -105,18 +114,22 @@ def type_hints(module: str, node: ast.FunctionDef, code: str, rng: random.Random
 
 
 def fix_typo(module: str, node: ast.FunctionDef, code: str, rng: random.Random) -> str | None:
-    names = [n for n in _names(node) if len(_uses(code, n)) >= 3]
+    bound = _names(node)
+    loads = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    names = [b for b in bound if sum(n.id == b for n in loads) >= 2]
     if not names:
         return None
     name = rng.choice(names)
-    use = rng.choice(_uses(code, name)[1:])  # never the definition
+    use = rng.choice([n for n in loads if n.id == name])  # a read, so the misspelling is a NameError
     i = rng.randrange(1, len(name) - 1)
     typo = name[:i] + name[i + 1] + name[i] + name[i + 2 :]
     if typo == name or _uses(code, typo):
         return None
-    planted = code[: use.start()] + typo + code[use.end() :]
+    lines = code.splitlines(keepends=True)
+    line = lines[use.lineno - 1].encode()
+    lines[use.lineno - 1] = (line[: use.col_offset] + typo.encode() + line[use.end_col_offset :]).decode()
     ask = "This function has a typo: one name is misspelled, so it would raise NameError. Fix it."
-    return _message(module, ask, planted)
+    return _message(module, ask, "".join(lines))
 
 
 def rename(module: str, node: ast.FunctionDef, code: str, rng: random.Random) -> str | None:
@@ -138,7 +151,7 @@ def docstring(module: str, node: ast.FunctionDef, code: str, rng: random.Random)
         return None  # a function with its docstring removed reads naturally; one without may be odd
     lines = code.splitlines()
     stripped = "\n".join(lines[: span[0]] + lines[span[1] + 1 :])
-    if len(stripped.splitlines()) < 3:
+    if len(stripped.splitlines()) < 3 or len(stripped) < MIN_CHARS:
         return None
     ask = "Add a docstring to this function that says what it does, its arguments and what it returns."
     return _message(module, ask, stripped)
