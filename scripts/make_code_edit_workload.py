@@ -41,6 +41,16 @@ NEW_NAMES = ("item", "value", "entry", "current", "chunk", "piece", "buf", "acc"
 REPLY = "Reply with the whole edited function in one ```python code block and nothing else."
 
 
+def _segment(lines: list[str], node: ast.FunctionDef) -> str:
+    """ast.get_source_segment(padded=True), which re-splits the whole file on every call."""
+    first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[operator]
+    head = " " * node.col_offset + lines[first].encode()[node.col_offset :].decode()
+    if first == last:
+        return head.encode()[: node.end_col_offset].decode()
+    tail = lines[last].encode()[: node.end_col_offset].decode()
+    return head + "".join(lines[first + 1 : last]) + tail
+
+
 def _functions(module: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
     """(module, qualified name, node, source) for each small function or method of a stdlib module, in file order."""
     spec = importlib.util.find_spec(module)
@@ -48,6 +58,7 @@ def _functions(module: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
         return []
     source = Path(spec.origin).read_text(encoding="utf-8")
     tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
     found = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         found += [(f"{cls.name}.{n.name}", n) for n in cls.body if isinstance(n, ast.FunctionDef)]
@@ -55,12 +66,8 @@ def _functions(module: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
     for name, node in found:
         if not isinstance(node, ast.FunctionDef) or node.decorator_list:
             continue
-        text = ast.get_source_segment(source, node, padded=True)
-        if (
-            text is None
-            or not MIN_LINES <= text.count("\n") + 1 <= MAX_LINES
-            or not MIN_CHARS <= len(text) <= MAX_CHARS
-        ):
+        text = _segment(lines, node)
+        if not MIN_LINES <= text.count("\n") + 1 <= MAX_LINES or not MIN_CHARS <= len(text) <= MAX_CHARS:
             continue
         if any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
