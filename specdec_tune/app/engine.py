@@ -187,6 +187,7 @@ def tune_engine(
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
         raise SpecDecError("llama.cpp drafts a fixed number of tokens: --gamma-policies must be fixed")
+    settings = replace(settings, engine="llamacpp")  # its threshold semantics (p-min after top-k 10)
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:
@@ -207,7 +208,9 @@ def tune_engine(
         }
         results: dict[int, Any] = {}
         notes: list[str] = []
-        neighbour: list[dict[str, Any]] = []
+        # Without a cost model of this engine, every draft is tried once at a middle gamma first,
+        # so no draft is left out of a short search; TPE goes on from there.
+        neighbour: list[dict[str, Any]] = [_start(d, settings.max_gamma) for d in s.specs]
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
@@ -231,7 +234,7 @@ def tune_engine(
             )
             for r in results[b].results:
                 r.backend_args = s.backend.flags(r.config, b)
-            neighbour = [_params(results[b].results[0].config)]
+            neighbour = [_params(results[b].results[0].config)] + [_start(d, settings.max_gamma) for d in s.specs]
         first = results[batch_sizes[0]]
         exact = _exactness(s, first)
     finally:
@@ -281,6 +284,13 @@ def tune_engine(
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
     return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _start(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"draft": draft.name, "gamma": min(max_gamma, 6 if draft.kind != "model" else 4)}
+    if draft.has_threshold:
+        params["threshold"] = 0.0
+    return params
 
 
 def _batch_row(batch_size: int, result: Any) -> Any:
@@ -379,7 +389,7 @@ def check_engine(
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
     from ..measure.llamacpp.server import build_info, find_server
     from ..output.check import CheckItem, CheckReport, judge_config
-    from ..store.refs import resolve_ref, target_ref
+    from ..store.refs import resolve_ref
     from ..store.yamlio import load_profile
     from .measuring import OtherHardwareError
 
@@ -411,7 +421,8 @@ def check_engine(
     drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
     drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
     models = Models(
-        target=resolve_ref(target_ref(p), folder),
+        # a built-in GGUF by its name (its file lives in a package); a file by its path
+        target=p.target.name if p.target.name in (SMOLLM2, "demo") else resolve_ref(p.target.path, folder),
         drafts=list({d.name: d for d in drafts}.values()),
         workload=p.workload.name,
         prompts=p.workload.prompts,

