@@ -234,7 +234,9 @@ def tune_engine(
             )
             for r in results[b].results:
                 r.backend_args = s.backend.flags(r.config, b)
-            neighbour = [_params(results[b].results[0].config)] + [_start(d, settings.max_gamma) for d in s.specs]
+            neighbour = [_params(results[b].results[0].config)] + [
+                _start(d, settings.max_gamma) for d in s.specs
+            ]
         first = results[batch_sizes[0]]
         exact = _exactness(s, first)
     finally:
