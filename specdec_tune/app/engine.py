@@ -170,6 +170,7 @@ def tune_engine(
     progress: Progress,
     batch_sizes: list[int],
     budget_s: float | None,
+    no_profile: bool = False,
 ) -> Any:
     """`run --backend llamacpp`: the search per batch size inside the engine, the final round
     head to head, the profile with the engine's build and the exact flags of every config."""
@@ -177,6 +178,7 @@ def tune_engine(
 
     from .. import __version__
     from ..measure.hardware import hardware_info
+    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
     from ..search.tuner import tune as run_search
     from ..store.atomic import atomic_write_text
     from ..store.refs import storage_for_record
@@ -208,8 +210,15 @@ def tune_engine(
         }
         results: dict[int, Any] = {}
         notes: list[str] = []
-        # Without a cost model of this engine, every draft is tried once at a middle gamma first,
-        # so no draft is left out of a short search; TPE goes on from there.
+        costs = None
+        if not no_profile:
+            progress.stage("llama.cpp costs: T_target, C_ver(γ), T_draft", 0.0)
+            costs = measure_engine_costs(
+                s.backend, s.case.head(2), draft_paths(s.backend, s.specs), settings.max_gamma
+            )
+        # Every draft is tried once at a middle gamma first (its acceptance in this engine feeds
+        # the cost model), so no draft is left out of a short search; the model's best predictions
+        # are tried next, then TPE.
         neighbour: list[dict[str, Any]] = [_start(d, settings.max_gamma) for d in s.specs]
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
@@ -219,14 +228,26 @@ def tune_engine(
                 left = budget_s - (time.monotonic() - started)
                 settings_b, note = _fit_budget(s, settings_b, left / (len(batch_sizes) - i))
                 notes.append(note)
+            key_b = {**key, "batch_size": b}
+            costs_b = None
+            if costs is not None and b == 1:  # the cost surface over B is not measured in the engine
+                first_trials = replace(
+                    settings_b, trials=min(settings_b.trials or 20, 1 + len(s.specs)), finalists=0
+                )
+                probe = run_search(
+                    None, s.specs, s.case, first_trials, None, None, key_b, progress.trial, None, neighbour,
+                    backend=s.backend,
+                )  # fmt: skip
+                costs_b = with_acceptance(costs, _acceptance(probe), settings.max_gamma)
+                _enqueue_predictions(probe, s.specs, costs_b, settings_b)
             results[b] = run_search(
                 None,
                 s.specs,
                 s.case,
                 settings_b,
+                costs_b,
                 None,
-                None,
-                {**key, "batch_size": b},
+                key_b,
                 progress.trial,
                 progress.final,
                 neighbour,
@@ -252,7 +273,7 @@ def tune_engine(
             max(s.case.max_new_tokens),
             s.case.temperature,
         ),
-        costs=None,
+        costs=costs,
         search=SearchInfo(
             sampler=settings.sampler,
             trials=first.trials,
@@ -272,7 +293,7 @@ def tune_engine(
         alternatives=[r for r in first.results[1:] if r.config.gamma > 0][:4],
         baseline=first.baseline,
         engine_mode="eager",
-        backend={**info, "exactness": exact},
+        backend={**info, "exactness": exact, "cost_model_error": prediction_error(first)},
         versions=versions,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
@@ -286,6 +307,40 @@ def tune_engine(
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
     return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _acceptance(result: Any) -> dict[str, tuple[float, float]]:
+    """Each draft's measured (alpha, tau) in its best trial so far."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in result.results:
+        if r.config.gamma > 0 and r.config.draft.name not in out and r.metrics.acceptance_rate > 0:
+            out[r.config.draft.name] = (r.metrics.acceptance_rate, r.metrics.mean_accepted_len)
+    return out
+
+
+def _enqueue_predictions(result: Any, specs: list[DraftSpec], costs: Any, settings: TuneSettings) -> None:
+    """The cost model's best predictions (fed with the engine's costs and measured acceptance) are
+    the study's next trials."""
+    import optuna
+
+    from ..search.costmodel import CostModel
+    from ..search.space import seed_configs
+
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    for params in seed_configs(specs, CostModel(costs), settings)[1:]:
+        study.enqueue_trial(params, skip_if_exists=True)
+
+
+def prediction_error(result: Any) -> float | None:
+    """Median |predicted - measured| / measured over the configs the cost model predicted."""
+    from ..measure.timing import median
+
+    errs = [
+        abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup
+        for r in result.results
+        if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
+    ]
+    return round(median(errs), 4) if errs else None
 
 
 def _start(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def tune(
                 models, drafts=[*(base or DEFAULT_DRAFTS), *(f"layer-skip:{k}" for k in layer_skip)]
             )
         with servers_die_with_us():
-            return tune_engine(models, settings, out, progress, batch_sizes, budget_s)
+            return tune_engine(models, settings, out, progress, batch_sizes, budget_s, no_profile)
     s = models.open()
     specs = list(s.specs) + [
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []

@@ -37,7 +37,9 @@ from ..limits import (
 )
 from .fields import MAX_ITEMS, READABLE_VERSIONS, SCHEMA_VERSION, check_plain, convert, describe, field_error
 
-MEASURED_MODES = ("eager", "static", "compiled")  # runtime.modes.ENGINE_MODES, auto resolved
+# runtime.modes.ENGINE_MODES with auto resolved; "llamacpp": costs measured inside llama-server
+MEASURED_MODES = ("eager", "static", "compiled")
+COSTS_MODES = (*MEASURED_MODES, "llamacpp")
 
 
 @dataclass
@@ -222,7 +224,7 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
     for name in ("loop_overhead_ms", "step_overhead_ms"):
         if getattr(c, name) is not None:
             _at_least(getattr(c, name), 0.0, f"{path}.{name}")
-    _one_of(c.engine_mode, MEASURED_MODES, f"{path}.engine_mode")
+    _one_of(c.engine_mode, COSTS_MODES, f"{path}.engine_mode")
     _one_of(c.weights, WEIGHTS, f"{path}.weights")
     if c.weights == "random" and not c.shape:
         raise field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)

@@ -145,7 +145,12 @@ class LlamaCppBackend:
 
     # -- requests
     def complete(
-        self, server: LlamaServer, prompt: str, n_predict: int, temperature: float, probs: bool = False
+        self,
+        server: LlamaServer,
+        prompt: str | list[Any],
+        n_predict: int,
+        temperature: float,
+        probs: bool = False,
     ) -> _Reply:
         body: dict[str, Any] = {
             "prompt": prompt,
@@ -183,7 +188,7 @@ class LlamaCppBackend:
         for prompt, n in zip(case.prompts, case.max_new_tokens, strict=True):
             key = (n, prompt)
             if key not in self._reference:
-                self._reference[key] = self.complete(server, prompt, n, case.temperature, probs=True)
+                self._reference[key] = self.complete(server, prompt, n, case.temperature)
             out.append(self._reference[key])
         return out
 
@@ -274,13 +279,13 @@ class LlamaCppBackend:
             if own:
                 server.stop()
         prompts = []
-        for a, b in zip(ref, got, strict=True):
+        for text, a, b in zip(case.prompts, ref, got, strict=True):
             at = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None)
             if at is None and len(a.tokens) != len(b.tokens):
                 at = min(len(a.tokens), len(b.tokens))
             gap = None
-            if at is not None and at < len(a.probs) and len(a.probs[at]) == 2:
-                gap = a.probs[at][0] - a.probs[at][1]
+            if at is not None and at < len(a.tokens):
+                gap = self._top2_gap(text, a.tokens[:at])
             prompts.append({"diverges_at": at, "top2_gap": gap})
         diverged = [p for p in prompts if p["diverges_at"] is not None]
         ties = [p for p in diverged if p["top2_gap"] is not None and p["top2_gap"] < NEAR_TIE]
@@ -291,6 +296,15 @@ class LlamaCppBackend:
             "first_divergence": [p["diverges_at"] for p in prompts],
             "top2_gap": [None if p["top2_gap"] is None else round(p["top2_gap"], 4) for p in prompts],
         }
+
+    def _top2_gap(self, prompt: str, prefix: list[int]) -> float | None:
+        """The plain server's top-1 minus top-2 probability after `prompt` + `prefix` (one
+        request at the position where the outputs part; probabilities on every token would slow
+        the server down many times)."""
+        reply = self.complete(self.plain(1), [prompt, *prefix] if prefix else prompt, 1, 0.0, probs=True)
+        if reply.probs and len(reply.probs[0]) == 2:
+            return reply.probs[0][0] - reply.probs[0][1]
+        return None
 
     def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, float]:
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the

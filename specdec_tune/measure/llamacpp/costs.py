@@ -1,0 +1,114 @@
+"""The costs that decide gamma, measured inside llama-server: T_target (ms per plain decode token,
+from the server's timings), C_ver(gamma) (one forward over gamma + 1 new tokens on a warm context:
+prompt processing of gamma + 1 tokens after a cached prefix), T_draft of each draft GGUF (its own
+plain decode ms per token) and, from measured trials, each draft's acceptance. The cost model of
+`search.costmodel` takes them as it takes our own engine's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...domain import Costs, DraftCosts
+from ..timing import median, spread
+from .backend import LlamaCppBackend, TextCase
+from .server import LlamaServer
+
+NGRAM_DRAFT_MS = 0.0  # an n-gram lookup runs on the host between forwards: no forward of its own
+
+
+def verify_curve_ms(
+    server: LlamaServer, context_ids: list[int], max_gamma: int, repeats: int = 3
+) -> tuple[list[float], float]:
+    """C_ver(gamma) for gamma = 1..max_gamma: ms to process gamma + 1 tokens after `context_ids`
+    (cached), median of `repeats`; and the worst relative spread over the curve."""
+    curve, worst = [], 0.0
+    extra = context_ids[-(max_gamma + 1) :]
+    for gamma in range(1, max_gamma + 1):
+        samples = []
+        for _ in range(repeats + 1):  # the first only warms the cache at the prefix
+            server.post("/completion", {"prompt": context_ids, "n_predict": 1, "cache_prompt": True})
+            data = server.post(
+                "/completion",
+                {"prompt": context_ids + extra[: gamma + 1], "n_predict": 1, "cache_prompt": True},
+            )
+            t = data.get("timings") or {}
+            if int(t.get("prompt_n", 0)) >= 1:
+                samples.append(float(t["prompt_ms"]) * (gamma + 1) / int(t["prompt_n"]))
+        samples = samples[1:] or samples
+        curve.append(median(samples))
+        worst = max(worst, spread(samples))
+    return curve, worst
+
+
+def decode_ms(server: LlamaServer, case: TextCase, passes: int = 2) -> tuple[float, float]:
+    """ms per plain decode token of `server` over `case` (every budget generated: EOS ignored),
+    median of `passes` after one untimed warm-up, and its spread."""
+    per = []
+    for i in range(passes + 1):
+        ms = n = 0.0
+        for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
+            body = {"prompt": prompt, "n_predict": budget, "temperature": 0.0, "ignore_eos": True}
+            t = server.post("/completion", {**body, "cache_prompt": False}).get("timings") or {}
+            ms += float(t.get("predicted_ms", 0.0))
+            n += int(t.get("predicted_n", 0))
+        if i > 0 and n > 0:
+            per.append(ms / n)
+    return median(per), spread(per)
+
+
+def measure_engine_costs(
+    backend: LlamaCppBackend,
+    case: TextCase,
+    drafts: dict[str, str | None],
+    max_gamma: int,
+    repeats: int = 3,
+    context_len: int = 256,
+) -> Costs:
+    """The engine's costs: `drafts` maps each draft name to its GGUF (None for n-gram drafts).
+    Acceptance is filled in later from measured trials (`with_acceptance`)."""
+    plain = backend.plain(1)
+    t_target, t_spread = decode_ms(plain, case)
+    text = " ".join(case.prompts) * 4
+    ids = plain.post("/tokenize", {"content": text})["tokens"][:context_len]
+    verify, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
+    costs = Costs(t_target, t_spread, verify, v_spread, len(ids), engine_mode="llamacpp")
+    for name, path in drafts.items():
+        if path is None:
+            t_draft = NGRAM_DRAFT_MS
+        else:
+            server = LlamaServer(
+                backend.binary, ["-m", path, "-c", str(backend.context), "--no-webui"], backend.threads
+            )
+            try:
+                server.start()
+                t_draft, _ = decode_ms(server, case, passes=1)
+            finally:
+                server.stop()
+        costs.drafts.append(
+            DraftCosts(name, t_draft, t_draft / t_target, 0.0, [], acceptance_source="unknown")
+        )
+    return costs
+
+
+def with_acceptance(costs: Costs, measured: dict[str, tuple[float, float]], max_gamma: int) -> Costs:
+    """Each draft's acceptance from trials measured in the engine: {name: (alpha, tau)}. llama.cpp
+    reports totals only, so the vector is i.i.d. at the measured alpha (labelled as such)."""
+    for d in costs.drafts:
+        if d.name in measured:
+            alpha = min(max(measured[d.name][0], 0.0), 0.999)
+            d.acceptance_rate = alpha
+            d.acceptance_vector = [alpha] * max_gamma
+            d.acceptance_source = "measured"
+    return costs
+
+
+def draft_paths(backend: LlamaCppBackend, specs: list[Any]) -> dict[str, str | None]:
+    """Each draft's GGUF for T_draft (a hybrid's model part; None: an n-gram lookup)."""
+    out: dict[str, str | None] = {}
+    for s in specs:
+        if s.kind in ("model", "layer_skip", "hybrid"):
+            out[s.name] = backend.draft_paths.get(s.name) or s.path
+        else:
+            out[s.name] = None
+    return out
