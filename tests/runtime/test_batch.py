@@ -52,7 +52,7 @@ def reference(tiny_target, workload):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
-def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference, batch_size):
+def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference, batch_size, ctx):
     run = batch_generate(tiny_target, None, workload, batch_size, 0)
     assert check_rows(tiny_target, workload, run.outputs, reference) == 0
     assert run.stats.proposed == 0 and run.stats.emitted == sum(map(len, reference))
@@ -62,7 +62,7 @@ def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(DRAFTS))
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
-def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, reference, kind, batch_size):
+def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, reference, kind, batch_size, ctx):
     spec = DRAFTS[kind]
     thresholds = (0.0,) if kind.startswith("prompt_lookup") else (0.0, 0.5)
     ties = 0

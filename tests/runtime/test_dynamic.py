@@ -100,7 +100,7 @@ def hf_reference(tiny_target, prompts):
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
-def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold):
+def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
     for d in hybrids(tiny_target, tiny_draft):
         for p, want in zip(prompts, hf_reference, strict=True):
             got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW)
@@ -110,7 +110,7 @@ def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, 
 
 
 @pytest.mark.parametrize("gamma", [2, 5])
-def test_adaptive_gamma_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma):
+def test_adaptive_gamma_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, ctx):
     inner = [ModelDrafter(tiny_draft), PromptLookupDrafter(1, 3), *hybrids(tiny_target, tiny_draft)[:1]]
     for make in policies(gamma):
         for d in inner:
@@ -165,7 +165,7 @@ def reference(tiny_target, workload):
 @pytest.mark.parametrize("spec", [HYBRID, HYBRID_SKIP], ids=["model", "layer-skip"])
 @pytest.mark.parametrize("batch_size", [2, 5])
 def test_batched_hybrid_and_policies_equal_generate(
-    tiny_target, tiny_draft, workload, reference, spec, batch_size
+    tiny_target, tiny_draft, workload, reference, spec, batch_size, ctx
 ):
     for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
         for make in policies(gamma):

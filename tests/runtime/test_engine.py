@@ -45,14 +45,14 @@ def hf_reference(tiny_target, prompts):
     return [hf_greedy(tiny_target, p, MAX_NEW) for p in prompts]
 
 
-def test_baseline_equals_transformers_generate(tiny_target, prompts, hf_reference):
+def test_baseline_equals_transformers_generate(tiny_target, prompts, hf_reference, ctx):
     for p, want in zip(prompts, hf_reference, strict=False):
         assert autoregressive_generate(tiny_target, p, MAX_NEW).tokens == want
 
 
 @pytest.mark.parametrize("gamma", range(1, 9))
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
-def test_greedy_speculation_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold):
+def test_greedy_speculation_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
     for p, want in zip(prompts, hf_reference, strict=False):
         for d in drafters(tiny_target, tiny_draft):
             got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW)
