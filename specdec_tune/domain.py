@@ -212,6 +212,8 @@ class Costs:
     # and fell back to the static engine (one line each).
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    # How `--engine auto` chose the mode (what was compared, the choice); None when it was named.
+    engine_choice: str | None = None
     # "random" when the target was built from a shape's config (`profile --shape`): the timings are
     # those of that architecture at its real size, no acceptance was measured against it.
     weights: str = "trained"

@@ -75,7 +75,6 @@ def ctx(request):
     """The execution context an exactness test runs under: every engine mode whose cache differs
     (compiled adds torch.compile over the static cache; test_modes covers it), so a mode-specific
     crash cannot hide behind whatever mode the machine's `auto` picks."""
-    from specdec_tune.runtime import modes
+    from specdec_tune.runtime.modes import ExecutionContext
 
-    with modes.engine_mode(request.param, 256) as mode:
-        yield mode
+    return ExecutionContext(request.param, 256)

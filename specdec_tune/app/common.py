@@ -71,7 +71,7 @@ class Progress:
 def drafter_pool(s: Any, specs: list[DraftSpec]) -> Any:
     from ..search.tuner import DrafterPool
 
-    return DrafterPool(specs, s.target.model, s.draft_model)
+    return DrafterPool(specs, s.target.model, s.draft_model, s.ctx)
 
 
 def measure_costs(
@@ -111,6 +111,7 @@ def measure_costs(
         context_len=context_len,
         progress=progress.stage,
         measure_acceptance=[n for n in drafters if acceptance_measured(s, pool.specs[n])],
+        ctx=s.ctx,
     )
     costs.engine_mode = s.engine_mode
     costs.weights, costs.shape = s.target.weights, s.target.shape
@@ -130,10 +131,10 @@ def measure_costs(
             repeats=max(2, repeats // 2),
             progress=lambda label: progress.stage(label, 0.99),
             case=case,
+            ctx=s.ctx,
         )
-    from ..runtime.modes import current
-
-    costs.compile_fallbacks = list(current().fallbacks)
+    costs.compile_fallbacks = list(s.ctx.fallbacks)
+    costs.engine_choice = s.ctx.auto.summary() if s.ctx.auto else None
     return costs
 
 

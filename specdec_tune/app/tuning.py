@@ -130,7 +130,7 @@ def tune(
         )
         neighbour = [_params(results[b].results[0].config)]
     first = results[batch_sizes[0]]
-    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode)
+    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)
@@ -188,9 +188,9 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     b = settings.batch_size
     t0 = time.monotonic()
     if b == 1:
-        run_pass(s.target.model, None, 0, 0.0, s.case)
+        run_pass(s.target.model, None, 0, 0.0, s.case, ctx=s.ctx)
     else:
-        batch_generate(s.target.model, None, s.case, b, 0)
+        batch_generate(s.target.model, None, s.case, b, 0, ctx=s.ctx)
     pass_s = time.monotonic() - t0
     # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
     # bookkeeping (sampler, storage writes).
@@ -221,10 +221,11 @@ def make_profile(
     case: Any,
     costs: Any,
     engine_mode: str = "eager",
+    ctx: Any = None,
 ) -> Profile:
-    """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload)."""
+    """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload;
+    ctx: the session's runtime.modes.ExecutionContext, for compile fallbacks and the auto choice)."""
     from ..runtime.models import content_hash
-    from ..runtime.modes import current as current_mode
     from ..store.refs import storage_for_record
     from ..store.schema import SearchInfo, TargetInfo, WorkloadInfo
 
@@ -271,7 +272,8 @@ def make_profile(
         alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
         baseline=result.baseline,
         engine_mode=engine_mode,
-        compile_fallbacks=list(current_mode().fallbacks),
+        compile_fallbacks=list(ctx.fallbacks) if ctx is not None else [],
+        engine_choice=ctx.auto.summary() if ctx is not None and ctx.auto else None,
         versions=versions,
         created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
     )

@@ -108,6 +108,7 @@ class Profile:
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    engine_choice: str | None = None  # how `--engine auto` chose (what was compared); None when named
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION
