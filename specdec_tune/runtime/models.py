@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
+
+__all__ = ["DEMO_DIR", "DEMO_DRAFTS", "DEMO_TARGET", "LoadedModel", "demo_path", "is_demo_name", "load_model"]
 from ..errors import SpecDecError
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
-DEMO_TARGET = "demo"
-DEMO_DRAFTS = ("draft-1l", "draft-2l")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _HF_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
@@ -50,21 +50,6 @@ def slugify(text: str) -> str:
     slug = re.sub(r"-{2,}", "-", slug).strip("-.")
     # "." / ".." alone would be path traversal, and an empty name is no file name at all.
     return slug or "unknown"
-
-
-def demo_path(name: str) -> Path:
-    """Folder of a shipped demo model: "demo" (the target), "draft-1l" or "draft-2l"."""
-    folder = DEMO_DIR / ("target" if name in (DEMO_TARGET, "target") else name)
-    if not (folder / "config.json").is_file():
-        raise SpecDecError(
-            f"the demo model '{name}' is not installed at {folder}; reinstall specdec-tune "
-            "or rebuild it with scripts/train_demo_models.py"
-        )
-    return folder
-
-
-def is_demo_name(name: str) -> bool:
-    return name in (DEMO_TARGET, *DEMO_DRAFTS)
 
 
 def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
