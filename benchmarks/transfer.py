@@ -24,7 +24,7 @@ from specdec_tune.app.engine import open_engine
 from specdec_tune.domain import Config
 from specdec_tune.measure.bench import Entry, measure_many
 from specdec_tune.measure.llamacpp.server import servers_die_with_us
-from specdec_tune.runtime.drafters import build_drafter
+from specdec_tune.runtime.build import build_drafter
 from specdec_tune.runtime.session import open_session
 
 PAIRS = {
@@ -78,8 +78,10 @@ def main() -> None:
             engine="eager",
         )
         native_cfgs = [(spec, g) for spec in s.specs for g in gammas]
-        entries = [Entry(build_drafter(spec, s.target.model, s.draft_modules), g, 0.0) for spec, g in native_cfgs]
-        ms = measure_many(s.target.model, entries, s.case, args.repeats)
+        entries = [
+            Entry(build_drafter(spec, s.target.model, s.draft_modules), g, 0.0) for spec, g in native_cfgs
+        ]
+        ms = measure_many(s.target.model, entries, s.case, args.repeats, ctx=s.ctx)
         native = [round(m.metrics.speedup, 4) for m in ms]
         native_mismatch = [m.mismatches for m in ms]
         native_s = time.monotonic() - t0
@@ -115,7 +117,7 @@ def main() -> None:
         best_native = max(range(len(native)), key=lambda i: native[i])
         best_engine = max(range(len(engine)), key=lambda i: engine[i])
         gamma_star = {}
-        for j, (n, e) in enumerate(drafts):
+        for j, (n, _) in enumerate(drafts):
             idx = range(j * len(gammas), (j + 1) * len(gammas))
             gamma_star[n] = {
                 "native": gammas[max(idx, key=lambda i: native[i]) - j * len(gammas)],

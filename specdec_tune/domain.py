@@ -6,6 +6,7 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -214,6 +215,8 @@ class Costs:
     # and fell back to the static engine (one line each).
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    # How `--engine auto` chose the mode (what was compared, the choice); None when it was named.
+    engine_choice: str | None = None
     # "random" when the target was built from a shape's config (`profile --shape`): the timings are
     # those of that architecture at its real size, no acceptance was measured against it.
     weights: str = "trained"
@@ -224,3 +227,15 @@ class Costs:
 
     def draft(self, name: str) -> DraftCosts | None:
         return next((d for d in self.drafts if d.name == name), None)
+
+
+def slugify(text: str) -> str:
+    """Lowercase, filesystem-safe slug of the last path component; keeps dots and dashes.
+
+    "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b-instruct"; "NVIDIA H200" -> "nvidia-h200".
+    """
+    last = re.split(r"[/\\]", text.strip().rstrip("/\\"))[-1]
+    slug = re.sub(r"[^a-z0-9.\-]+", "-", last.lower())
+    slug = re.sub(r"-{2,}", "-", slug).strip("-.")
+    # "." / ".." alone would be path traversal, and an empty name is no file name at all.
+    return slug or "unknown"

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# No test reads or writes the real home: everything that reaches it (the remembered `auto` engine
+# mode, the inductor cache, the HF cache) points into one temp folder for the whole session, set
+# before anything imports the package.
+_HOME = tempfile.mkdtemp(prefix="specdec-tune-home-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
+os.environ["HOME"] = _HOME
+os.environ["XDG_CACHE_HOME"] = os.path.join(_HOME, ".cache")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_HOME, ".cache", "inductor")
+os.environ["HF_HOME"] = os.path.join(_HOME, ".cache", "huggingface")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 torch = pytest.importorskip("torch")
 from helpers import VOCAB, noisy_copy, save_pair, tiny_llama, tiny_tokenizer  # noqa: E402
@@ -56,3 +68,13 @@ def tiny_dirs(tmp_path_factory, tiny_target, tiny_draft):
     wl.write_text("\n".join(lines) + "\n")
     paths["workload"] = str(wl)
     return paths
+
+
+@pytest.fixture(params=["eager", "static"])
+def ctx(request):
+    """The execution context an exactness test runs under: every engine mode whose cache differs
+    (compiled adds torch.compile over the static cache; test_modes covers it), so a mode-specific
+    crash cannot hide behind whatever mode the machine's `auto` picks."""
+    from specdec_tune.runtime.modes import ExecutionContext
+
+    return ExecutionContext(request.param, 256)

@@ -10,15 +10,8 @@ import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
 
-from specdec_tune.runtime import modes
+from specdec_tune.runtime import session as session_mod
 from specdec_tune.store.yamlio import load_profile
-
-
-@pytest.fixture(autouse=True)
-def _restore_mode():
-    before = modes.current()
-    yield
-    modes._current = before
 
 
 @pytest.mark.parametrize("command", ["bench", "profile", "run"])
@@ -39,12 +32,16 @@ def test_a_static_run_records_its_mode_and_check_re_measures_under_it(tiny_dirs,
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     p = load_profile(out)
-    assert p.engine_mode == "static" and p.compile_fallbacks == []
+    assert p.engine_mode == "static" and p.compile_fallbacks == [] and p.engine_choice is None
     seen = []
-    real_use = modes.use
-    monkeypatch.setattr(
-        modes, "use", lambda name, capacity=1024: seen.append(name) or real_use(name, capacity)
-    )
+    real_open = session_mod.open_session
+
+    def spy(*args, **kwargs):
+        s = real_open(*args, **kwargs)
+        seen.append(s.engine_mode)
+        return s
+
+    monkeypatch.setattr(session_mod, "open_session", spy)
     c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1")
     assert c.exit_code in (0, 1), c.output
     assert seen == ["static"]

@@ -96,7 +96,7 @@ def per_category(
                 d, path=resolve_ref(d.path, folder) if d.path else None
             )
             specs.append(spec)
-    pool = DrafterPool(specs, s.target.model, s.draft_model)
+    pool = DrafterPool(specs, s.target.model, s.draft_model, s.ctx)
     pool.costs = profile.costs
     progress = progress or Progress()
     rows = []
@@ -108,7 +108,7 @@ def per_category(
             )
             for r in chosen
         ]
-        measured = measure_many(s.target.model, entries, case, repeats, seed=seed)
+        measured = measure_many(s.target.model, entries, case, repeats, seed=seed, ctx=s.ctx)
         scored = [(m.metrics.speedup, j) for j, m in enumerate(measured)]
         speedup, j = max(scored)
         if speedup > 1.0:
@@ -139,7 +139,7 @@ def bench_categories(
         return []
     out = []
     for name, case in cases.items():
-        m = measure(s.target.model, drafter, gamma, threshold, case, repeats=repeats, seed=seed)
+        m = measure(s.target.model, drafter, gamma, threshold, case, repeats=repeats, seed=seed, ctx=s.ctx)
         out.append(
             {
                 "category": name,

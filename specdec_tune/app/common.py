@@ -4,12 +4,13 @@ pool over a session, the costs profile, and the check that an output path is wri
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
+from ..store.schema import Profile
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Progress:
 def drafter_pool(s: Any, specs: list[DraftSpec]) -> Any:
     from ..search.tuner import DrafterPool
 
-    return DrafterPool(specs, s.target.model, s.draft_model)
+    return DrafterPool(specs, s.target.model, s.draft_model, s.ctx)
 
 
 def measure_costs(
@@ -114,6 +115,7 @@ def measure_costs(
         context_len=context_len,
         progress=progress.stage,
         measure_acceptance=[n for n in drafters if acceptance_measured(s, pool.specs[n])],
+        ctx=s.ctx,
     )
     costs.engine_mode = s.engine_mode
     costs.weights, costs.shape = s.target.weights, s.target.shape
@@ -133,10 +135,10 @@ def measure_costs(
             repeats=max(2, repeats // 2),
             progress=lambda label: progress.stage(label, 0.99),
             case=case,
+            ctx=s.ctx,
         )
-    from ..runtime.modes import current
-
-    costs.compile_fallbacks = list(current().fallbacks)
+    costs.compile_fallbacks = list(s.ctx.fallbacks)
+    costs.engine_choice = s.ctx.auto.summary() if s.ctx.auto else None
     return costs
 
 
@@ -155,3 +157,54 @@ def check_writable(path: Path) -> None:
         probe = probe.parent
     if path.is_dir() or not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise SpecDecError(f"cannot write {path}: choose a writable file path")
+
+
+@dataclass
+class BenchResult:
+    target: str
+    draft: str
+    gamma: int
+    threshold: float
+    temperature: float
+    workload: str
+    prompts: int
+    device: str
+    measurement: Any  # measure.bench.Measurement
+    hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
+    # per category of the workload (batch 1, two categories or more): acceptance and speedup
+    categories: list[dict[str, Any]] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("target", "draft", "gamma", "threshold", "temperature")}
+        d |= {"workload": self.workload, "prompts": self.prompts, "device": self.device}
+        d |= self.measurement.as_dict()
+        if self.hf is not None:
+            d["hf"] = self.hf
+        if self.categories:
+            d["categories"] = self.categories
+        return d
+
+
+# The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
+MIN_BUDGET_TRIALS = 6
+
+
+@dataclass
+class TuneOutcome:
+    profile: Profile
+    path: Path  # the profile YAML written
+    trials_csv: Path  # one row per trial, beside it
+    result: Any  # search.results.TuneResult of the first (smallest) batch size
+    by_batch: dict[int, Any] = field(default_factory=dict)  # every batch size's TuneResult
+
+
+def trial_params(config: Any) -> dict[str, Any]:
+    """A config as trial params (what the study enqueues)."""
+    if config.gamma == 0:
+        return {"draft": "none"}
+    params: dict[str, Any] = {"draft": config.draft.name, "gamma": config.gamma}
+    if config.draft.has_threshold:
+        params["threshold"] = config.threshold
+    if config.gamma_policy != "fixed":
+        params["gamma_policy"] = config.gamma_policy
+    return params

@@ -184,7 +184,7 @@ def tune_engine(
     from ..store.refs import storage_for_record
     from ..store.schema import BatchRow, Profile, SearchInfo, TargetInfo, WorkloadInfo
     from ..store.yamlio import save_profile
-    from .tuning import TuneOutcome, _params
+    from .common import TuneOutcome, trial_params
 
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
@@ -255,7 +255,7 @@ def tune_engine(
             )
             for r in results[b].results:
                 r.backend_args = s.backend.flags(r.config, b)
-            neighbour = [_params(results[b].results[0].config)] + [
+            neighbour = [trial_params(results[b].results[0].config)] + [
                 _start(d, settings.max_gamma) for d in s.specs
             ]
         first = results[batch_sizes[0]]
@@ -380,7 +380,7 @@ def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tu
     """Trials that fit the budget: one plain pass is timed; a trial costs a server start, a
     warm-up pass and 2 x repeats passes; the final round (finalists + 1) x final_repeats."""
     from ..search.space import DEFAULT_TRIALS
-    from .tuning import MIN_BUDGET_TRIALS
+    from .common import MIN_BUDGET_TRIALS
 
     t0 = time.monotonic()
     s.backend._pass(s.backend.plain(settings.batch_size), s.case, settings.batch_size)
@@ -405,7 +405,7 @@ def bench_engine(
     """One config inside the engine against its plain server, interleaved."""
     from ..limits import check_decoding
     from ..measure.llamacpp.args import parse_llamacpp_draft
-    from .measuring import BenchResult
+    from .common import BenchResult
 
     models = replace(models, drafts=[draft])
     check_count(repeats, "repeats")
@@ -443,12 +443,12 @@ def check_engine(
 ) -> Any:
     """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
     unless allowed), the same hardware, then every stored config re-measured in the engine."""
+    from ..errors import OtherHardwareError
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
     from ..measure.llamacpp.server import build_info, find_server
     from ..output.check import CheckItem, CheckReport, judge_config
     from ..store.refs import resolve_ref
     from ..store.yamlio import load_profile
-    from .measuring import OtherHardwareError
 
     started = time.monotonic()
     p = load_profile(path)

@@ -14,35 +14,17 @@ from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_gamma
 from ..output.check import CheckReport
 from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
-from .common import Models, Progress, acceptance_measured, check_writable, drafter_pool, measure_costs
+from .common import (
+    BenchResult,
+    Models,
+    Progress,
+    acceptance_measured,
+    check_writable,
+    drafter_pool,
+    measure_costs,
+)
 
 # ---------------------------------------------------------------------------------------- bench
-
-
-@dataclass
-class BenchResult:
-    target: str
-    draft: str
-    gamma: int
-    threshold: float
-    temperature: float
-    workload: str
-    prompts: int
-    device: str
-    measurement: Any  # measure.bench.Measurement
-    hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
-    # per category of the workload (batch 1, two categories or more): acceptance and speedup
-    categories: list[dict[str, Any]] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("target", "draft", "gamma", "threshold", "temperature")}
-        d |= {"workload": self.workload, "prompts": self.prompts, "device": self.device}
-        d |= self.measurement.as_dict()
-        if self.hf is not None:
-            d["hf"] = self.hf
-        if self.categories:
-            d["categories"] = self.categories
-        return d
 
 
 def bench(
@@ -89,29 +71,31 @@ def bench(
     categories = None
     if batch_size is None:
         from ..measure.bench import measure
-        from ..runtime.drafters import build_drafter
+        from ..runtime.build import build_drafter
 
-        drafter = build_drafter(spec, s.target.model, s.draft_modules)
-        m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed)
+        drafter = build_drafter(spec, s.target.model, s.draft_modules, s.ctx)
+        m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx)
         if per_category:
             from .categories import bench_categories
 
             categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
-        from ..runtime.batch import build_batch_drafter
+        from ..runtime.build import build_batch_drafter
 
         def make() -> Any:
-            return build_batch_drafter(spec, s.target.model, s.draft_modules, batch_size)
+            return build_batch_drafter(spec, s.target.model, s.draft_modules, batch_size, s.ctx)
 
-        m = measure_batched(s.target.model, make, gamma, threshold, s.case, batch_size, repeats, seed=seed)
+        m = measure_batched(
+            s.target.model, make, gamma, threshold, s.case, batch_size, repeats, seed=seed, ctx=s.ctx
+        )
     hf = None
     if compare_hf:
         from ..measure.hfcompare import HFConfig, measure_hf
 
         dm = s.drafts[spec.name].model if spec.kind == "model" else None
         cfg = HFConfig(spec.kind, gamma, threshold, dm, spec.ngram_max or 3, spec.layers)
-        hf = measure_hf(s.target.model, s.case, cfg, repeats=repeats)
+        hf = measure_hf(s.target.model, s.case, cfg, repeats=repeats, ctx=s.ctx)
     if save_outputs is not None:
         from ..store.atomic import atomic_write_text
 
@@ -228,7 +212,7 @@ def check(
     from ..measure.bench import measure
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
     from ..output.check import judge, junit_xml, speedup_floor
-    from ..runtime.drafters import build_drafter
+    from ..runtime.build import build_drafter
     from ..runtime.models import content_hash_like
     from ..search.policymodel import policy_drafter
     from ..store.atomic import atomic_write_text
@@ -311,12 +295,12 @@ def check(
     weights = content_hash_like(p.target.content_hash, s.target.path)
     if batch_size is None:
         cfg = p.best.config
-        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
-        m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
+        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+        m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx)
         again = None
         if m.metrics.speedup < floor:
             again = measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1, ctx=s.ctx
             )
         report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
         # The best config is the batch size 1 answer; the table's other rows follow.
@@ -365,8 +349,7 @@ def judge_batch_rows(
     from ..measure.bench import measure
     from ..measure.serving import measure_batched
     from ..output.check import CheckItem, judge_config
-    from ..runtime.batch import build_batch_drafter
-    from ..runtime.drafters import build_drafter
+    from ..runtime.build import build_batch_drafter, build_drafter
     from ..search.policymodel import policy_drafter
 
     report = CheckReport(profile=path, config="")
@@ -380,13 +363,17 @@ def judge_batch_rows(
 
         def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b) -> Any:
             if b == 1:
-                drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
-                return measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed)
+                drafter = policy_drafter(
+                    build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs
+                )
+                return measure(
+                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed, ctx=s.ctx
+                )
             make = lambda: policy_drafter(  # noqa: E731
-                build_batch_drafter(spec, s.target.model, s.draft_modules, b), cfg, p.costs, b
+                build_batch_drafter(spec, s.target.model, s.draft_modules, b, s.ctx), cfg, p.costs, b
             )
             return measure_batched(
-                s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed
+                s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx
             )
 
         m = once(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -15,18 +15,18 @@ from ..errors import SpecDecError
 from ..limits import check_count
 from ..search.space import TuneSettings
 from ..store.schema import Profile
-from .common import Models, Progress, check_writable, drafter_pool, measure_costs
+from .common import (
+    MIN_BUDGET_TRIALS,
+    Models,
+    Progress,
+    TuneOutcome,
+    check_writable,
+    drafter_pool,
+    measure_costs,
+    trial_params,
+)
 
 # ----------------------------------------------------------------------------------------- tune
-
-
-@dataclass
-class TuneOutcome:
-    profile: Profile
-    path: Path  # the profile YAML written
-    trials_csv: Path  # one row per trial, beside it
-    result: Any  # search.results.TuneResult of the first (smallest) batch size
-    by_batch: dict[int, Any] = field(default_factory=dict)  # every batch size's TuneResult
 
 
 def tune(
@@ -145,9 +145,9 @@ def tune(
             progress.final,
             neighbour,
         )
-        neighbour = [_params(results[b].results[0].config)]
+        neighbour = [trial_params(results[b].results[0].config)]
     first = results[batch_sizes[0]]
-    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode)
+    profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)
@@ -164,18 +164,6 @@ def tune(
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
     return TuneOutcome(profile, out, csv_path, first, results)
-
-
-def _params(config: Any) -> dict[str, Any]:
-    """A config as trial params (what the study enqueues)."""
-    if config.gamma == 0:
-        return {"draft": "none"}
-    params: dict[str, Any] = {"draft": config.draft.name, "gamma": config.gamma}
-    if config.draft.has_threshold:
-        params["threshold"] = config.threshold
-    if config.gamma_policy != "fixed":
-        params["gamma_policy"] = config.gamma_policy
-    return params
 
 
 def _batch_row(batch_size: int, result: Any, model: Any, max_gamma: int) -> Any:
@@ -205,9 +193,9 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     b = settings.batch_size
     t0 = time.monotonic()
     if b == 1:
-        run_pass(s.target.model, None, 0, 0.0, s.case)
+        run_pass(s.target.model, None, 0, 0.0, s.case, ctx=s.ctx)
     else:
-        batch_generate(s.target.model, None, s.case, b, 0)
+        batch_generate(s.target.model, None, s.case, b, 0, ctx=s.ctx)
     pass_s = time.monotonic() - t0
     # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
     # bookkeeping (sampler, storage writes).
@@ -224,8 +212,6 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     return replace(settings, trials=trials, timeout_s=timeout), note
 
 
-# The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
-MIN_BUDGET_TRIALS = 6
 TRIAL_OVERHEAD_S = 0.15
 
 
@@ -238,10 +224,11 @@ def make_profile(
     case: Any,
     costs: Any,
     engine_mode: str = "eager",
+    ctx: Any = None,
 ) -> Profile:
-    """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload)."""
+    """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload;
+    ctx: the session's runtime.modes.ExecutionContext, for compile fallbacks and the auto choice)."""
     from ..runtime.models import content_hash
-    from ..runtime.modes import current as current_mode
     from ..store.refs import storage_for_record
     from ..store.schema import SearchInfo, TargetInfo, WorkloadInfo
 
@@ -288,7 +275,8 @@ def make_profile(
         alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
         baseline=result.baseline,
         engine_mode=engine_mode,
-        compile_fallbacks=list(current_mode().fallbacks),
+        compile_fallbacks=list(ctx.fallbacks) if ctx is not None else [],
+        engine_choice=ctx.auto.summary() if ctx is not None and ctx.auto else None,
         versions=versions,
         created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
     )

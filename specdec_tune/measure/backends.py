@@ -79,10 +79,12 @@ class NativeBackend:
                 entries = [
                     Entry(None if c.gamma == 0 else pool.for_config(c), c.gamma, c.threshold) for c in configs
                 ]
-                return measure_many(pool.target, entries, case, repeats, seed=seed, on_repeat=hook)
+                return measure_many(
+                    pool.target, entries, case, repeats, seed=seed, on_repeat=hook, ctx=pool.ctx
+                )
             batched = [BatchEntry(_maker(pool, c, batch_size), c.gamma, c.threshold) for c in configs]
             return measure_batched_many(
-                pool.target, batched, case, batch_size, repeats, seed=seed, on_repeat=hook
+                pool.target, batched, case, batch_size, repeats, seed=seed, on_repeat=hook, ctx=pool.ctx
             )
         except Exception:
             pool.free_device_memory()

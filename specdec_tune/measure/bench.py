@@ -18,6 +18,7 @@ from ..limits import check_count, check_decoding
 from ..runtime.drafters import Drafter
 from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.hybrid import reset_sources, source_stats
+from ..runtime.modes import ExecutionContext
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 
@@ -62,17 +63,19 @@ def run_pass(
     threshold: float,
     case: Case,
     seed: int = 0,
+    ctx: ExecutionContext | None = None,
 ) -> tuple[list[list[int]], SpecStats]:
-    """Generate every prompt of `case` once; gamma 0 or no drafter is the plain target."""
+    """Generate every prompt of `case` once; gamma 0 or no drafter is the plain target (its cache
+    under `ctx`, default eager)."""
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed) if case.temperature > 0 else None
     outputs, stats = [], SpecStats()
     for prompt, max_new in zip(case.prompts, case.max_new_tokens, strict=True):
         if drafter is None or gamma == 0:
-            gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator)
+            gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator, ctx)
         else:
             gen = speculative_generate(
-                target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator
+                target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
             )
         outputs.append(gen.tokens)
         stats.add(gen.stats)
@@ -89,13 +92,14 @@ def measure(
     warmup: int = 1,
     seed: int = 0,
     on_repeat: Callable[[int, float], None] | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> Measurement:
     """Time `case` with the config and with the plain target, interleaved, `repeats` times each.
 
     `on_repeat(i, speedup_so_far)` is called after each repeat (a tuner may stop early there).
     """
     hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
-    return measure_many(target, [Entry(drafter, gamma, threshold)], case, repeats, warmup, seed, hook)[0]
+    return measure_many(target, [Entry(drafter, gamma, threshold)], case, repeats, warmup, seed, hook, ctx)[0]
 
 
 def measure_many(
@@ -106,6 +110,7 @@ def measure_many(
     warmup: int = 1,
     seed: int = 0,
     on_repeat: Callable[[int, list[float]], None] | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> list[Measurement]:
     """Time several configs and the plain target in one interleaved run: one Measurement each.
 
@@ -123,16 +128,18 @@ def measure_many(
         reset_sources(e.drafter)
     warm = case.head(1)
     for _ in range(warmup):
-        run_pass(target, None, 0, 0.0, warm, seed)
+        run_pass(target, None, 0, 0.0, warm, seed, ctx)
         for e in entries:
             if e.speculative:
-                run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed)
+                run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed, ctx)
 
     # Key -1 is the baseline; the entries follow by index.
-    runs: dict[int, Callable[[int], Any]] = {-1: lambda r: run_pass(target, None, 0, 0.0, case, seed + r)}
+    runs: dict[int, Callable[[int], Any]] = {
+        -1: lambda r: run_pass(target, None, 0, 0.0, case, seed + r, ctx)
+    }
     for i, e in enumerate(entries):
         if e.speculative:
-            runs[i] = lambda r, e=e: run_pass(target, e.drafter, e.gamma, e.threshold, case, seed + r)
+            runs[i] = lambda r, e=e: run_pass(target, e.drafter, e.gamma, e.threshold, case, seed + r, ctx)
 
     def rate(sec_result: tuple[float, Any]) -> float:
         sec, (out, _) = sec_result

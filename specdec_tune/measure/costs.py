@@ -20,6 +20,7 @@ from ..runtime.devices import synchronize
 from ..runtime.drafters import Drafter
 from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.hybrid import reset_sources, source_stats
+from ..runtime.modes import ExecutionContext
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .forward import (
@@ -174,7 +175,12 @@ class LoopClock:
 
 @torch.inference_mode()
 def measure_loop_overheads_ms(
-    target: Any, context_len: int, gamma: int, repeats: int, new_tokens: int = 40
+    target: Any,
+    context_len: int,
+    gamma: int,
+    repeats: int,
+    new_tokens: int = 40,
+    ctx: ExecutionContext | None = None,
 ) -> tuple[float, float]:
     """What the decoding loops spend besides the target's forwards: (o_loop, o_step) in ms.
 
@@ -192,7 +198,7 @@ def measure_loop_overheads_ms(
     check_context_fits(target, prompt_len, new_tokens + gamma + 1)
     prompt = context_ids(vocab_size(target), prompt_len)
     device = model_device(target)
-    full = prompt + autoregressive_generate(target, prompt, new_tokens).tokens
+    full = prompt + autoregressive_generate(target, prompt, new_tokens, ctx=ctx).tokens
     oracle = OracleDrafter(full, device)
 
     def clocked(generate: Callable[[], Any]) -> Callable[[int], tuple[int, float]]:
@@ -204,8 +210,10 @@ def measure_loop_overheads_ms(
         return run
 
     runs = {
-        "plain": clocked(lambda: autoregressive_generate(target, prompt, new_tokens)),
-        "spec": clocked(lambda: speculative_generate(target, oracle, prompt, gamma, 0.0, 0.0, new_tokens)),
+        "plain": clocked(lambda: autoregressive_generate(target, prompt, new_tokens, ctx=ctx)),
+        "spec": clocked(
+            lambda: speculative_generate(target, oracle, prompt, gamma, 0.0, 0.0, new_tokens, ctx=ctx)
+        ),
     }
     with no_gc():
         for fn in runs.values():
@@ -225,7 +233,12 @@ def _pad(values: list[float], length: int) -> list[float]:
 
 @torch.inference_mode()
 def acceptance_vector(
-    target: Any, drafter: Drafter, case: Case, max_gamma: int, max_steps: int | None = None
+    target: Any,
+    drafter: Drafter,
+    case: Case,
+    max_gamma: int,
+    max_steps: int | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> tuple[list[float], float, SpecStats]:
     """Per-position conditional acceptance from one greedy pass at gamma = max_gamma, threshold 0.
 
@@ -242,7 +255,8 @@ def acceptance_vector(
         check_count(max_steps, "max_steps")
     stats = SpecStats()
     for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
-        _, s = run_pass(target, drafter, max_gamma, 0.0, Case([prompt], [budget], case.eos, temperature=0.0))
+        one = Case([prompt], [budget], case.eos, temperature=0.0)
+        _, s = run_pass(target, drafter, max_gamma, 0.0, one, ctx=ctx)
         stats.add(s)
         if max_steps is not None and stats.target_forwards >= max_steps:
             break
@@ -273,6 +287,7 @@ def measure_costs(
     acceptance_tokens: int = 64,
     acceptance_steps: int | None = 256,
     measure_acceptance: Collection[str] | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> Costs:
     """Measure every field of `Costs` for `target` and each drafter on `device`.
 
@@ -330,13 +345,13 @@ def measure_costs(
 
     next_stage()
     # T_target (1 token) and C_ver (gamma + 1 tokens) in one interleaved loop: same drift for all.
-    samples = forward_curve_ms(target, context_len, list(range(1, max_gamma + 2)), repeats)
+    samples = forward_curve_ms(target, context_len, list(range(1, max_gamma + 2)), repeats, ctx)
     t_target_ms, t_target_spread = median(samples[0]), spread(samples[0])
     verify_ms = [median(s) for s in samples[1:]]
     verify_spread = max(spread(s) for s in samples[1:])
     next_stage()
     loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
-        target, context_len, min(4, max_gamma), repeats
+        target, context_len, min(4, max_gamma), repeats, ctx=ctx
     )
 
     vocab = min(
@@ -367,7 +382,7 @@ def measure_costs(
         next_stage()
         reset_sources(drafter)
         with LoopClock(target, drafter, device) as clock:
-            vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps)
+            vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps, ctx)
         if hybrid:
             share = source_stats(drafter)[drafter.drafter.name]["share"]
             t_draft_ms = share * t_model + (1.0 - share) * t_lookup

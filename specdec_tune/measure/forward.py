@@ -17,7 +17,7 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_count
-from ..runtime.modes import SeqCache
+from ..runtime.modes import ExecutionContext, SeqCache
 from .timing import interleaved, median, spread, time_repeated
 
 MIN_BLOCK_MS = 25.0
@@ -72,13 +72,15 @@ def check_context_fits(model: Any, context_len: int, new_tokens: int) -> None:
         )
 
 
-def warm_cache(model: Any, context_len: int, extra: int) -> tuple[SeqCache, list[int]]:
-    """A KV cache (of the engine mode in force) prefilled with `context_len` seeded random tokens,
+def warm_cache(
+    model: Any, context_len: int, extra: int, ctx: ExecutionContext | None = None
+) -> tuple[SeqCache, list[int]]:
+    """A KV cache (under `ctx`'s engine mode, default eager) prefilled with `context_len` seeded random tokens,
     and `extra` further ids to feed."""
     check_count(context_len, "context_len")
     check_context_fits(model, context_len, extra)
     ids = context_ids(vocab_size(model), context_len + extra)
-    cache = SeqCache(model, context_len + extra + 1)
+    cache = (ctx or ExecutionContext()).seq_cache(model, context_len + extra + 1)
     cache.prefill(ids[:context_len])
     return cache, ids[context_len:]
 
@@ -111,12 +113,14 @@ def forward_samples_ms(
 
 
 @torch.inference_mode()
-def forward_curve_ms(model: Any, context_len: int, sizes: list[int], repeats: int) -> list[list[float]]:
+def forward_curve_ms(
+    model: Any, context_len: int, sizes: list[int], repeats: int, ctx: ExecutionContext | None = None
+) -> list[list[float]]:
     """Per-forward ms of one forward over n new tokens after `context_len` cached tokens, for each
     n in `sizes` (interleaved), `repeats` samples each: T_target is n = 1, C_ver(gamma) is n = gamma + 1."""
     check_count(repeats, "repeats")
     with no_gc():
-        cache, new_ids = warm_cache(model, context_len, max(sizes))
+        cache, new_ids = warm_cache(model, context_len, max(sizes), ctx)
         return forward_samples_ms(model, cache, new_ids, sizes, repeats)
 
 

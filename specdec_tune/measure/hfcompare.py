@@ -18,7 +18,9 @@ import torch
 from ..domain import DRAFT_KINDS, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding, check_gamma, check_threshold
-from ..runtime.drafters import Drafter, build_drafter
+from ..runtime.build import build_drafter
+from ..runtime.drafters import Drafter
+from ..runtime.modes import ExecutionContext
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .timing import interleaved, median, spread
@@ -85,10 +87,10 @@ class HFConfig:
             return {"prompt_lookup_num_tokens": self.gamma, "max_matching_ngram_size": self.ngram_max}
         return {"assistant_early_exit": int(self.layers or 1), **drafting}
 
-    def drafter(self, target: Any) -> Drafter | None:
-        """Our drafter for the same config (None for plain decoding)."""
+    def drafter(self, target: Any, ctx: ExecutionContext | None = None) -> Drafter | None:
+        """Our drafter for the same config (None for plain decoding), its cache under `ctx`."""
         spec = DraftSpec("draft", self.kind, ngram_min=1, ngram_max=self.ngram_max, layers=self.layers)
-        return build_drafter(spec, target, {"draft": self.draft_model})
+        return build_drafter(spec, target, {"draft": self.draft_model}, ctx)
 
 
 def check_hf_layer_skip(target: Any, layers: int) -> None:
@@ -187,7 +189,13 @@ def run_hf_pass(target: Any, case: Case, cfg: HFConfig, seed: int = 0) -> list[l
 
 
 def measure_hf(
-    target: Any, case: Case, cfg: HFConfig, repeats: int = 3, warmup: int = 1, seed: int = 0
+    target: Any,
+    case: Case,
+    cfg: HFConfig,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    ctx: ExecutionContext | None = None,
 ) -> dict[str, Any]:
     """Our speculative pass against HF's on `case`, interleaved after a warm-up.
 
@@ -196,10 +204,10 @@ def measure_hf(
     """
     check_count(repeats, "repeats")
     check_decoding(cfg.gamma, cfg.threshold, case.temperature, min(case.max_new_tokens))
-    drafter = cfg.drafter(target)
+    drafter = cfg.drafter(target, ctx)
     device = str(next(target.parameters()).device)
     runs = {
-        "ours": lambda r, c=case: run_pass(target, drafter, cfg.gamma, cfg.threshold, c, seed + r)[0],
+        "ours": lambda r, c=case: run_pass(target, drafter, cfg.gamma, cfg.threshold, c, seed + r, ctx)[0],
         "hf": lambda r, c=case: run_hf_pass(target, c, cfg, seed + r),
     }
     warm = case.head(1)

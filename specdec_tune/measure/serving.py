@@ -25,6 +25,7 @@ from ..limits import check_count, check_decoding
 from ..runtime.batch import BatchDrafter, BatchRun, batch_generate
 from ..runtime.engine import SpecStats
 from ..runtime.hybrid import reset_sources, source_stats
+from ..runtime.modes import ExecutionContext
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 
@@ -119,11 +120,12 @@ def measure_batched(
     warmup: int = 1,
     seed: int = 0,
     on_repeat: Callable[[int, float], None] | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> BatchMeasurement:
     """Time `case` at concurrency `batch_size` with the config and with plain batched decoding."""
     hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
     entry = BatchEntry(make_drafter, gamma, threshold)
-    return measure_batched_many(target, [entry], case, batch_size, repeats, warmup, seed, hook)[0]
+    return measure_batched_many(target, [entry], case, batch_size, repeats, warmup, seed, hook, ctx)[0]
 
 
 def measure_batched_many(
@@ -135,6 +137,7 @@ def measure_batched_many(
     warmup: int = 1,
     seed: int = 0,
     on_repeat: Callable[[int, list[float]], None] | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> list[BatchMeasurement]:
     """Several configs and plain batched decoding at concurrency `batch_size`, in one interleaved
     run: one BatchMeasurement each (the batched counterpart of `bench.measure_many`)."""
@@ -154,7 +157,7 @@ def measure_batched_many(
     def side(key: int, d: BatchDrafter | None, g: int, t: float) -> Callable[[int], BatchRun]:
         def run(r: int) -> BatchRun:
             with peak_memory(device, memory[key]):
-                return batch_generate(target, d, case, batch_size, g, t, seed + r)
+                return batch_generate(target, d, case, batch_size, g, t, seed + r, ctx)
 
         return run
 
@@ -164,10 +167,10 @@ def measure_batched_many(
             runs[i] = side(i, d, e.gamma, e.threshold)
     warm = case.head(min(len(case.prompts), batch_size))
     for _ in range(warmup):
-        batch_generate(target, None, warm, batch_size, 0, 0.0, seed)
+        batch_generate(target, None, warm, batch_size, 0, 0.0, seed, ctx)
         for e, d in zip(entries, drafters, strict=True):
             if d is not None:
-                batch_generate(target, d, warm, batch_size, e.gamma, e.threshold, seed)
+                batch_generate(target, d, warm, batch_size, e.gamma, e.threshold, seed, ctx)
 
     def rate(sec_run: tuple[float, BatchRun]) -> float:
         # Steady state: B requests in flight (the drain at the end of the queue is left out).

@@ -19,7 +19,8 @@ import torch
 from ..domain import BatchCosts
 from ..limits import check_count, check_gamma
 from ..runtime.batch import BatchDrafter, batch_generate
-from ..runtime.modes import row_kv
+from ..runtime.modes import ExecutionContext
+from ..runtime.slots import SlotCache
 from ..runtime.workloads import Case
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated
@@ -34,12 +35,17 @@ def _prefill_rows(kv: Any, vocab: int, context_len: int) -> None:
 
 @torch.inference_mode()
 def verify_surface_ms(
-    target: Any, batch_size: int, context_len: int, max_gamma: int, repeats: int
+    target: Any,
+    batch_size: int,
+    context_len: int,
+    max_gamma: int,
+    repeats: int,
+    ctx: ExecutionContext | None = None,
 ) -> list[float]:
     """[C_ver(B, 0) = T_target(B), C_ver(B, 1), .., C_ver(B, max_gamma)] in ms (medians)."""
     check_count(batch_size, "batch size")
     check_gamma(max_gamma, allow_zero=False, what="max_gamma")
-    kv = row_kv(target, batch_size, context_len + max_gamma + 2)
+    kv = (ctx or ExecutionContext()).row_kv(target, batch_size, context_len + max_gamma + 2)
     vocab = vocab_size(target)
     _prefill_rows(kv, vocab, context_len)
     held = kv.lengths.clone()
@@ -94,16 +100,13 @@ class _BatchLoopClock:
     """Wall time of a real batched loop, and inside it the target's decode forwards and the
     drafter's proposals (one-row prefills, called with `logits_to_keep`, are left out)."""
 
-    def __init__(self, target: Any, drafter: BatchDrafter | None) -> None:
-        self.target, self.drafter = target, drafter
+    def __init__(self, target: Any, drafter: BatchDrafter | None, static: bool) -> None:
+        self.target, self.drafter, self.static = target, drafter, static
         self.forward_ms = self.draft_ms = 0.0
         self.forwards = self.tokens = self.positions = 0
 
     def __enter__(self) -> _BatchLoopClock:
-        from ..runtime.modes import current
-        from ..runtime.slots import SlotCache
-
-        if current().static:
+        if self.static:
             # The slot cache's forward is clocked, not the model's: patching the model inside a
             # compiled graph would recompile it and break the graph at the clock.
             self._slot_forward = slot_forward = SlotCache.forward
@@ -150,8 +153,6 @@ class _BatchLoopClock:
 
     def __exit__(self, *exc: object) -> None:
         if self._slot_forward is not None:
-            from ..runtime.slots import SlotCache
-
             SlotCache.forward = self._slot_forward
         else:
             del self.target.forward
@@ -166,16 +167,18 @@ def loop_costs(
     batch_size: int,
     gamma: int,
     repeats: int = 3,
+    ctx: ExecutionContext | None = None,
 ) -> dict[str, Any]:
     """Costs clocked inside real closed-loop batched runs over `case` (plain, then each draft at
     `gamma`), after a warm-up, medians over `repeats` interleaved runs: what the micro-benchmarks
     miss (the loop's own work, refills included, and the draft and the target evicting each
     other's weights from the caches)."""
+    ctx = ctx or ExecutionContext()
     drafters = {name: make(batch_size) for name, make in make_drafters.items()}
     warm = case.head(min(len(case.prompts), batch_size))
-    batch_generate(target, None, warm, batch_size, 0)
+    batch_generate(target, None, warm, batch_size, 0, ctx=ctx)
     for d in drafters.values():
-        batch_generate(target, d, warm, batch_size, gamma)
+        batch_generate(target, d, warm, batch_size, gamma, ctx=ctx)
     samples: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -185,9 +188,10 @@ def loop_costs(
         order = [None, *drafters]
         for name in order if r % 2 == 0 else order[::-1]:
             drafter = drafters[name] if name is not None else None
-            with _BatchLoopClock(target, drafter) as clock:
+            with _BatchLoopClock(target, drafter, ctx.static) as clock:
                 t0 = time.perf_counter()
-                batch_generate(target, drafter, case, batch_size, gamma if drafter is not None else 0)
+                g = gamma if drafter is not None else 0
+                batch_generate(target, drafter, case, batch_size, g, ctx=ctx)
                 wall = (time.perf_counter() - t0) * 1e3
             if not clock.forwards:
                 continue
@@ -226,6 +230,7 @@ def measure_surface(
     repeats: int = 3,
     progress: Callable[[str], None] | None = None,
     case: Case | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> tuple[list[BatchCosts], int | None]:
     """The surface at each batch size, and the largest B that is still memory-bound. With `case`
     (the workload), each batch size also gets costs clocked inside real batched loops over it."""
@@ -234,7 +239,7 @@ def measure_surface(
     for b in sorted(set(batch_sizes)):
         if progress is not None:
             progress(f"cost surface at batch size {b}")
-        curve = verify_surface_ms(target, b, context_len, max_gamma, repeats)
+        curve = verify_surface_ms(target, b, context_len, max_gamma, repeats, ctx)
         drafts = {}
         for name, make in make_drafters.items():
             drafts[name] = draft_cost_ms(make(b), vocab, context_len, repeats, gamma=min(4, max_gamma))
@@ -243,7 +248,9 @@ def measure_surface(
             # Enough requests that every slot is refilled at least once.
             prompts = (case.prompts * (2 * b // len(case.prompts) + 2))[: max(2 * b, len(case.prompts))]
             loop_case = Case(prompts, [min(32, max(case.max_new_tokens))] * len(prompts), case.eos, 0.0)
-            for key, value in loop_costs(target, make_drafters, loop_case, b, min(4, max_gamma)).items():
+            for key, value in loop_costs(
+                target, make_drafters, loop_case, b, min(4, max_gamma), ctx=ctx
+            ).items():
                 setattr(costs, key, value)
         surface.append(costs)
     bound = [s.batch_size for s in surface if s.verify_ms[0] <= MEMORY_BOUND_RATIO * s.t_target_ms]

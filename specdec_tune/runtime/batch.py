@@ -20,12 +20,11 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
-from .drafters import PromptLookupDrafter, truncated_view
+from .drafters import PromptLookupDrafter
 from .engine import SpecStats, verify_sampling
 from .leandraft import LeanLlamaRows
 from .leandraft import supports as lean_supports
-from .modes import current as current_mode
-from .modes import row_kv
+from .modes import ExecutionContext
 from .workloads import Case
 
 
@@ -57,10 +56,17 @@ class BatchModelDrafter(BatchDrafter):
     """A causal LM drafting for all rows at once: one batched forward per draft position."""
 
     def __init__(
-        self, model: Any, rows: int, name: str = "draft", lean: bool = True, threshold_mode: str | None = None
+        self,
+        model: Any,
+        rows: int,
+        name: str = "draft",
+        lean: bool = True,
+        threshold_mode: str | None = None,
+        ctx: ExecutionContext | None = None,
     ) -> None:
+        ctx = ctx or ExecutionContext()
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
-        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else row_kv(model, rows)
+        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else ctx.row_kv(model, rows)
         self.name = name
         # "hf": the unsure token is proposed, drafting stops after it; "topk10": llama.cpp's p-min,
         # the unsure token is not proposed (see drafters.ModelDrafter).
@@ -165,31 +171,6 @@ class BatchLookupDrafter(BatchDrafter):
         }
 
 
-def build_batch_drafter(
-    spec: Any, target: Any, draft_models: dict[str, Any], rows: int
-) -> BatchDrafter | None:
-    """The batched drafter a `DraftSpec` describes (None for kind "none")."""
-    if spec.kind == "none":
-        return None
-    if spec.kind == "model":
-        if spec.name not in draft_models:
-            raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
-        return BatchModelDrafter(draft_models[spec.name], rows, spec.name, threshold_mode=spec.threshold_mode)
-    if spec.kind == "prompt_lookup":
-        device = next(target.parameters()).device
-        return BatchLookupDrafter(
-            rows, spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
-        )
-    if spec.kind == "layer_skip":
-        view = truncated_view(target, int(spec.layers or 1))
-        return BatchModelDrafter(view, rows, spec.name, threshold_mode=spec.threshold_mode)
-    if spec.kind == "hybrid":
-        from .hybrid import build_batch_hybrid
-
-        return build_batch_hybrid(spec, target, draft_models, rows)
-    raise SpecDecError(f"unknown draft kind '{spec.kind}'")
-
-
 @dataclass
 class BatchRun:
     """One closed-loop pass over a workload at batch size B."""
@@ -228,8 +209,11 @@ def batch_generate(
     gamma: int,
     threshold: float = 0.0,
     seed: int = 0,
+    ctx: ExecutionContext | None = None,
 ) -> BatchRun:
-    """Decode every prompt of `case` with `batch_size` requests in flight (refilled from the queue)."""
+    """Decode every prompt of `case` with `batch_size` requests in flight (refilled from the queue),
+    the target's cache built under `ctx` (default: eager)."""
+    ctx = ctx or ExecutionContext()
     check_count(batch_size, "batch size")
     check_decoding(gamma, threshold, case.temperature, min(case.max_new_tokens))
     if any(not p for p in case.prompts):
@@ -240,9 +224,9 @@ def batch_generate(
     eos = set(case.eos)
     speculate = drafter is not None and gamma > 0
     longest = max(len(p) + b for p, b in zip(case.prompts, case.max_new_tokens, strict=True))
-    kv = row_kv(target, batch_size, longest + gamma + 2)
+    kv = ctx.row_kv(target, batch_size, longest + gamma + 2)
     # A compiled engine verifies gamma + 1 slots in every step: one graph per (B, gamma).
-    fixed_width = gamma + 1 if speculate and current_mode().compiled else 0
+    fixed_width = gamma + 1 if speculate and ctx.compiled else 0
     queue = deque(range(len(case.prompts)))
     rows: list[_Row | None] = [None] * batch_size
     outputs: list[list[int]] = [[] for _ in case.prompts]

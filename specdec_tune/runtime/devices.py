@@ -1,11 +1,14 @@
-"""Which device to run on (`resolve_device`) and the one place the device is synchronised.
+"""Which device to run on (`resolve_device`), the one place the device is synchronised, and the
+machine-local cache folder (`cache_dir`).
 
 torch is imported inside functions so this module stays cheap to import.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from ..errors import SpecDecError
 
@@ -46,3 +49,9 @@ def synchronize(device: str) -> None:
         import torch
 
         torch.cuda.synchronize(device)
+
+
+def cache_dir() -> Path:
+    """specdec-tune's cache folder: `$XDG_CACHE_HOME/specdec-tune` when set, else `~/.cache/specdec-tune`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specdec-tune"

@@ -17,6 +17,7 @@ from ..domain import LOOKUP_MATCHES, THRESHOLD_MODES
 from ..errors import SpecDecError
 from .leandraft import LeanLlama
 from .leandraft import supports as lean_supports
+from .modes import ExecutionContext
 
 
 class Drafter:
@@ -53,7 +54,12 @@ class ModelDrafter(Drafter):
     kind = "model"
 
     def __init__(
-        self, model: Any, name: str = "draft", lean: bool = True, threshold_mode: str | None = None
+        self,
+        model: Any,
+        name: str = "draft",
+        lean: bool = True,
+        threshold_mode: str | None = None,
+        ctx: ExecutionContext | None = None,
     ) -> None:
         if threshold_mode not in (None, *THRESHOLD_MODES):
             raise SpecDecError(
@@ -65,7 +71,8 @@ class ModelDrafter(Drafter):
         # assistant_confidence_threshold); "topk10": llama.cpp's p-min, see `propose`.
         self.threshold_mode = threshold_mode or "hf"
         self.device = next(model.parameters()).device
-        self.cache: Any = None  # a modes.SeqCache: the engine mode's cache
+        self.ctx = ctx or ExecutionContext()  # the engine mode its cache runs under
+        self.cache: Any = None  # a modes.SeqCache under `ctx`
         self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
         self.lean = LeanLlama(model) if lean and lean_supports(model) else None
@@ -74,9 +81,7 @@ class ModelDrafter(Drafter):
         if self.lean is not None:
             self.lean.reset()
         else:
-            from .modes import SeqCache
-
-            self.cache = SeqCache(self.model)
+            self.cache = self.ctx.seq_cache(self.model)
         self.cached = 0
 
     def _logits(self, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
@@ -237,33 +242,13 @@ class LayerSkipDrafter(ModelDrafter):
     kind = "layer_skip"
 
     def __init__(
-        self, target: Any, layers: int, name: str | None = None, threshold_mode: str | None = None
+        self,
+        target: Any,
+        layers: int,
+        name: str | None = None,
+        threshold_mode: str | None = None,
+        ctx: ExecutionContext | None = None,
     ) -> None:
         view = truncated_view(target, layers)
-        super().__init__(view, name or f"layer-skip-{layers}", threshold_mode=threshold_mode)
+        super().__init__(view, name or f"layer-skip-{layers}", threshold_mode=threshold_mode, ctx=ctx)
         self.layers = layers
-
-
-def build_drafter(spec: Any, target: Any, draft_models: dict[str, Any]) -> Drafter | None:
-    """The drafter a `profile.DraftSpec` describes (None for kind "none", the plain target).
-
-    `draft_models` maps a draft's name to its loaded model (transformers module).
-    """
-    if spec.kind == "none":
-        return None
-    if spec.kind == "model":
-        if spec.name not in draft_models:
-            raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
-        return ModelDrafter(draft_models[spec.name], spec.name, threshold_mode=spec.threshold_mode)
-    if spec.kind == "prompt_lookup":
-        device = next(target.parameters()).device
-        return PromptLookupDrafter(
-            spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
-        )
-    if spec.kind == "layer_skip":
-        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name, spec.threshold_mode)
-    if spec.kind == "hybrid":
-        from .hybrid import build_hybrid
-
-        return build_hybrid(spec, target, draft_models)
-    raise SpecDecError(f"unknown draft kind '{spec.kind}'")

@@ -17,7 +17,7 @@ import torch
 from ..errors import SpecDecError
 from ..limits import check_decoding
 from .drafters import Drafter
-from .modes import SeqCache
+from .modes import ExecutionContext, SeqCache
 
 
 @dataclass
@@ -107,12 +107,12 @@ def _eos_set(eos: int | list[int] | None) -> set[int]:
     return {eos} if isinstance(eos, int) else set(eos)
 
 
-def _start(target: Any, prompt_ids: list[int], capacity: int) -> SeqCache:
+def _start(target: Any, prompt_ids: list[int], capacity: int, ctx: ExecutionContext | None) -> SeqCache:
     # Everything but the last prompt token goes into the cache; the last one is fed by the first
     # decode step, so baseline and speculation start from the same state.
     if not prompt_ids:
         raise SpecDecError("the prompt is empty: nothing to condition on")
-    seq = SeqCache(target, capacity)
+    seq = (ctx or ExecutionContext()).seq_cache(target, capacity)
     seq.prefill(prompt_ids[:-1])
     return seq
 
@@ -134,10 +134,12 @@ def autoregressive_generate(
     temperature: float = 0.0,
     eos: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> Generation:
-    """The baseline: one target forward per token, same cache handling as the speculative loop."""
+    """The baseline: one target forward per token, same cache handling as the speculative loop;
+    the target's cache is built under `ctx` (default: eager)."""
     check_decoding(0, 0.0, temperature, max_new_tokens)
-    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + 1)
+    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + 1, ctx)
     device = tgt.device
     eos_set = _eos_set(eos)
     x = torch.tensor([prompt_ids[-1:]], dtype=torch.long, device=device)
@@ -169,12 +171,14 @@ def speculative_generate(
     max_new_tokens: int = 128,
     eos: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    ctx: ExecutionContext | None = None,
 ) -> Generation:
-    """Speculative decoding of `prompt_ids` with `drafter` proposing up to `gamma` tokens per step."""
+    """Speculative decoding of `prompt_ids` with `drafter` proposing up to `gamma` tokens per step;
+    the target's cache is built under `ctx` (default: eager; the drafter holds its own)."""
     check_decoding(gamma, threshold, temperature, max_new_tokens)
     if gamma == 0:
-        return autoregressive_generate(target, prompt_ids, max_new_tokens, temperature, eos, generator)
-    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + gamma + 2)
+        return autoregressive_generate(target, prompt_ids, max_new_tokens, temperature, eos, generator, ctx)
+    tgt = _start(target, prompt_ids, len(prompt_ids) + max_new_tokens + gamma + 2, ctx)
     device = tgt.device
     drafter.start(prompt_ids)
     eos_set = _eos_set(eos)

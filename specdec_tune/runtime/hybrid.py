@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from ..domain import DraftSpec
-from ..errors import SpecDecError
-from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
+from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 
 LOOKUP = "prompt-lookup"
 
@@ -134,25 +133,6 @@ class HybridDrafter(Drafter):
         self.counts = SourceCounts()
 
 
-def build_hybrid(spec: DraftSpec, target: Any, draft_models: dict[str, Any]) -> HybridDrafter:
-    lookup_spec, model_spec = hybrid_parts(spec)
-    device = next(target.parameters()).device
-    lookup = PromptLookupDrafter(
-        lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
-    )
-    if model_spec.kind == "layer_skip":
-        model: ModelDrafter = LayerSkipDrafter(
-            target, int(model_spec.layers or 1), model_spec.name, spec.threshold_mode
-        )
-    else:
-        if model_spec.name not in draft_models:
-            raise SpecDecError(f"draft '{model_spec.name}' of '{spec.name}' is not loaded")
-        model = ModelDrafter(
-            draft_models[model_spec.name], model_spec.name, threshold_mode=spec.threshold_mode
-        )
-    return HybridDrafter(lookup, model, spec.name)
-
-
 # ------------------------------------------------------------------------------------- batched
 
 
@@ -200,24 +180,6 @@ class BatchHybridDrafter:
 
     def reset_sources(self) -> None:
         self.counts = SourceCounts()
-
-
-def build_batch_hybrid(spec: DraftSpec, target: Any, draft_models: dict[str, Any], rows: int) -> Any:
-    from .batch import BatchLookupDrafter, BatchModelDrafter
-
-    lookup_spec, model_spec = hybrid_parts(spec)
-    device = next(target.parameters()).device
-    lookup = BatchLookupDrafter(
-        rows, lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
-    )
-    if model_spec.kind == "layer_skip":
-        module = truncated_view(target, int(model_spec.layers or 1))
-    else:
-        if model_spec.name not in draft_models:
-            raise SpecDecError(f"draft '{model_spec.name}' of '{spec.name}' is not loaded")
-        module = draft_models[model_spec.name]
-    model = BatchModelDrafter(module, rows, model_spec.name, threshold_mode=spec.threshold_mode)
-    return BatchHybridDrafter(lookup, model, rows, spec.name, model_spec.name)
 
 
 def source_stats(drafter: Any) -> dict[str, dict[str, float]]:

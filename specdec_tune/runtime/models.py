@@ -15,11 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
+from ..domain import slugify
+
+__all__ = [
+    "DEMO_DIR",
+    "DEMO_DRAFTS",
+    "DEMO_TARGET",
+    "LoadedModel",
+    "demo_path",
+    "is_demo_name",
+    "load_model",
+    "slugify",
+]
 from ..errors import SpecDecError
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
-DEMO_TARGET = "demo"
-DEMO_DRAFTS = ("draft-1l", "draft-2l")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Built-in targets shipped as a GGUF inside a pip package: name -> (module, file, pip name).
 BUILTIN_GGUFS = {
@@ -45,33 +55,6 @@ class LoadedModel:
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
-
-
-def slugify(text: str) -> str:
-    """Lowercase, filesystem-safe slug of the last path component; keeps dots and dashes.
-
-    "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b-instruct"; "NVIDIA H200" -> "nvidia-h200".
-    """
-    last = re.split(r"[/\\]", text.strip().rstrip("/\\"))[-1]
-    slug = re.sub(r"[^a-z0-9.\-]+", "-", last.lower())
-    slug = re.sub(r"-{2,}", "-", slug).strip("-.")
-    # "." / ".." alone would be path traversal, and an empty name is no file name at all.
-    return slug or "unknown"
-
-
-def demo_path(name: str) -> Path:
-    """Folder of a shipped demo model: "demo" (the target), "draft-1l" or "draft-2l"."""
-    folder = DEMO_DIR / ("target" if name in (DEMO_TARGET, "target") else name)
-    if not (folder / "config.json").is_file():
-        raise SpecDecError(
-            f"the demo model '{name}' is not installed at {folder}; reinstall specdec-tune "
-            "or rebuild it with scripts/train_demo_models.py"
-        )
-    return folder
-
-
-def is_demo_name(name: str) -> bool:
-    return name in (DEMO_TARGET, *DEMO_DRAFTS)
 
 
 def builtin_gguf(name: str) -> Path | None:

@@ -1,4 +1,4 @@
-"""Engine modes: how target and draft forwards run while anything is decoded or measured.
+"""Engine modes and the execution context: how target and draft forwards run, passed explicitly.
 
 - `eager`: transformers' forward over a growing `DynamicCache` (rollback crops it), the batched
   engine over `rowcache.RowCache`; Llama-family drafts use the lean forward (`leandraft`).
@@ -6,50 +6,30 @@
   length, nothing is copied or re-allocated inside the loop; forwards stay eager.
 - `compiled`: static, and decode/verify forwards go through `torch.compile` at fixed shapes (CUDA:
   CUDA graphs; CPU: inductor with frozen, prepacked weights). A compile that fails falls back to
-  static with a warning, which the profile records.
-- `auto`: compiled on CUDA; on CPU the faster of eager and static by a quick decode-step timing
-  (compiled is left out there: it costs seconds per graph shape; ask for it by name).
+  static with a warning, which the context records (and the profile with it).
+- `auto`: resolved before a context is made (`auto.resolve_auto`).
 
-The mode is set for a block of work with `engine_mode(...)` (the app layer does, per command) and
-read by the runtime where it builds caches, so every measuring path (bench, costs, surface,
-search, check) runs the same forward the profile records.
+A session makes one `ExecutionContext` (device, dtype, mode, capacity, compile fallbacks, its
+cache registry) and hands it to whatever builds a cache or a drafter, the way a transformers
+candidate generator keeps its config: nothing in `runtime` reads a mode from anywhere else.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..errors import SpecDecError
+from .cache import cache_kwarg, new_cache
+from .rowcache import RowCache
+from .slots import SlotCache, round_up
 
 ENGINE_MODES = ("auto", "eager", "static", "compiled")
 DEFAULT_CAPACITY = 1024  # positions per row when nothing tells the cache how long sequences get
-
-
-@dataclass
-class EngineMode:
-    name: str = "eager"  # eager, static or compiled (auto is resolved before it gets here)
-    capacity: int = DEFAULT_CAPACITY  # longest sequence (prompt + budget + gamma + 1) expected
-    fallbacks: list[str] = field(default_factory=list)  # compile failures, each a one-line reason
-
-    @property
-    def static(self) -> bool:
-        return self.name in ("static", "compiled")
-
-    @property
-    def compiled(self) -> bool:
-        return self.name == "compiled"
-
-
-_current = EngineMode()
-
-
-def current() -> EngineMode:
-    """The engine mode in force (eager unless a caller set another)."""
-    return _current
 
 
 def check_engine_mode(name: str) -> str:
@@ -58,76 +38,120 @@ def check_engine_mode(name: str) -> str:
     return name
 
 
-@contextlib.contextmanager
-def engine_mode(name: str, capacity: int = DEFAULT_CAPACITY) -> Iterator[EngineMode]:
-    """Run the block under engine mode `name` (eager, static or compiled)."""
-    global _current
-    before = _current
-    try:
-        yield use(name, capacity)
-    finally:
-        _current = before
+@dataclass
+class AutoChoice:
+    """How `auto` was resolved: what was compared (decode-step ms per mode), the choice, and
+    whether it was measured now or remembered (and where)."""
+
+    choice: str
+    compared_ms: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # "cuda", "no probe", "measured", "remembered"
+    remembered_at: str | None = None
+
+    def summary(self) -> str:
+        """One line for the costs and the profile, e.g. "auto: static (measured decode step: eager
+        1.21 ms, static 1.02 ms; remembered in ~/.cache/specdec-tune/engine-auto.json)"."""
+        compared = ", ".join(f"{m} {ms:.3g} ms" for m, ms in self.compared_ms.items())
+        detail = {"cuda": "CUDA", "no probe": "no model to time"}.get(self.reason, self.reason)
+        if compared:
+            detail = f"{detail} decode step: {compared}"
+        if self.remembered_at:
+            detail += f"; remembered in {self.remembered_at}"
+        return f"auto: {self.choice} ({detail})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "choice": self.choice,
+            "compared_ms": dict(self.compared_ms),
+            "reason": self.reason,
+            "remembered_at": self.remembered_at,
+        }
 
 
-def use(name: str, capacity: int = DEFAULT_CAPACITY) -> EngineMode:
-    """Put engine mode `name` in force for what follows (a command's whole run; the app layer
-    calls this once per use case after loading the models)."""
-    global _current
-    check_engine_mode(name)
-    if name == "auto":
-        raise SpecDecError("engine mode 'auto' must be resolved first (modes.resolve_auto)")
-    _current = EngineMode(name, max(1, int(capacity)))
-    return _current
+@dataclass
+class ExecutionContext:
+    """Everything that decides how a forward runs, made once per session and passed explicitly.
 
+    `row_kv` and `seq_cache` build caches under this mode; static caches are kept in this
+    context's registry (per model and row count), so their buffers and compiled graphs are made
+    once per session, not once per process.
+    """
 
-def compile_failed(reason: str) -> None:
-    """A compile failed: the forward falls back (the caller does), the mode remembers why."""
-    line = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
-    if line not in _current.fallbacks:
-        _current.fallbacks.append(line)
-        warnings.warn(f"torch.compile failed, falling back to the static engine: {line}", stacklevel=2)
+    mode: str = "eager"  # eager, static or compiled (auto is resolved before it gets here)
+    capacity: int = DEFAULT_CAPACITY  # longest sequence (prompt + budget + gamma + 1) expected
+    device: str = "cpu"
+    dtype: str = "auto"
+    fallbacks: list[str] = field(default_factory=list)  # compile failures, each a one-line reason
+    auto: AutoChoice | None = None  # set when the mode came from `auto`
+    caches: weakref.WeakKeyDictionary = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
+    )
 
+    def __post_init__(self) -> None:
+        check_engine_mode(self.mode)
+        if self.mode == "auto":
+            raise SpecDecError("engine mode 'auto' must be resolved first (auto.resolve_auto)")
+        self.capacity = max(1, int(self.capacity))
 
-def row_kv(model: Any, rows: int, capacity: int | None = None) -> Any:
-    """The batch cache of `model` for `rows` rows under the current mode."""
-    mode = _current
-    if not mode.static:
-        from .rowcache import RowCache
+    @property
+    def name(self) -> str:
+        return self.mode
 
-        return RowCache(model, rows)
-    from .slots import slot_cache
+    @property
+    def static(self) -> bool:
+        return self.mode in ("static", "compiled")
 
-    # One capacity for everything in the block (the larger of the block's and the caller's), so
-    # compiled graphs are built once and reused.
-    return slot_cache(model, rows, max(capacity or 0, mode.capacity), compiled=mode.compiled)
+    @property
+    def compiled(self) -> bool:
+        return self.mode == "compiled"
+
+    def compile_failed(self, reason: str) -> None:
+        """A compile failed: the forward falls back (the cache does), the context remembers why."""
+        line = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
+        if line not in self.fallbacks:
+            self.fallbacks.append(line)
+            warnings.warn(f"torch.compile failed, falling back to the static engine: {line}", stacklevel=2)
+
+    def row_kv(self, model: Any, rows: int, capacity: int | None = None) -> Any:
+        """The batch cache of `model` for `rows` rows under this mode, every row emptied."""
+        if not self.static:
+            return RowCache(model, rows)
+        # One capacity for everything in the session (the larger of the context's and the
+        # caller's), so compiled graphs are built once and reused.
+        need = max(capacity or 0, self.capacity)
+        per_model = self.caches.setdefault(model, {})
+        kv = per_model.get(rows)
+        if kv is None or kv.capacity < need:
+            kv = SlotCache(model, rows, round_up(need, 64), self.compiled, self.compile_failed)
+            per_model[rows] = kv
+        kv.reset()
+        return kv
+
+    def seq_cache(self, model: Any, capacity: int | None = None) -> SeqCache:
+        """One sequence's cache of `model` under this mode."""
+        return SeqCache(model, self, capacity)
 
 
 class SeqCache:
-    """One sequence's cache of a model under the current mode: `prefill`, `forward`, `crop`.
+    """One sequence's cache of a model under `ctx`'s mode: `prefill`, `forward`, `crop`.
 
     Eager: transformers' forward over a `DynamicCache`. Static/compiled: row 0 of a `SlotCache`;
     `width` pads a compiled forward to a fixed number of input slots (verification: gamma + 1).
     """
 
-    def __init__(self, model: Any, capacity: int | None = None) -> None:
-
+    def __init__(self, model: Any, ctx: ExecutionContext, capacity: int | None = None) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        mode = _current
         self.slots = None
-        if mode.static:
-            self.slots = row_kv(model, 1, capacity)
+        if ctx.static:
+            self.slots = ctx.row_kv(model, 1, capacity)
             self._counts: dict[int, Any] = {}  # width -> tensor([width]): none made per token
         else:
-            from .cache import cache_kwarg, new_cache
-
             self.cache = new_cache(model)
             self.kw = {cache_kwarg(model): self.cache, "use_cache": True}
 
     def prefill(self, ids: list[int]) -> None:
         """The cache holds exactly `ids` (a fresh sequence)."""
-        import torch
-
         if self.slots is not None:
             self.slots.prefill(0, ids)
         elif ids:
@@ -140,8 +164,6 @@ class SeqCache:
             return self.model(input_ids=x, **self.kw).logits[0]
         t = x.shape[1]
         if width is not None and width > t and self.slots.compiled:
-            import torch
-
             x = torch.nn.functional.pad(x, (0, width - t))
             logits = self.slots.forward(x, self._count(width))[0]
             self.crop(width - t)
@@ -151,8 +173,6 @@ class SeqCache:
     def _count(self, n: int) -> Any:
         count = self._counts.get(n)
         if count is None:
-            import torch
-
             count = self._counts[n] = torch.tensor([n], dtype=torch.long, device=self.device)
         return count
 
@@ -164,63 +184,3 @@ class SeqCache:
             self.cache.crop(-n)
         else:
             self.slots.truncate(self.slots.lengths - n)
-
-
-def resolve_auto(device: str, probe: Any | None = None) -> str:
-    """`auto` -> compiled on CUDA; on CPU the faster of eager and static per decode step of `probe`
-    (a model) when given, else eager. The CPU decision is kept (in this process and in
-    ~/.cache/specdec-tune/engine-auto.json) per model shape, so a resumed study and `check` see the
-    mode the search used."""
-    if str(device).startswith("cuda"):
-        return "compiled"
-    if probe is None:
-        return "eager"
-    import json
-    import os
-    from pathlib import Path
-
-    import torch
-
-    params = sum(p.numel() for p in probe.parameters())
-    key = (
-        f"{device}:{type(probe).__name__}:{params}:{next(probe.parameters()).dtype}:{torch.get_num_threads()}"
-    )
-    path = Path(os.path.expanduser("~")) / ".cache" / "specdec-tune" / "engine-auto.json"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if known.get(key) in ("eager", "static"):
-        return known[key]
-    eager, static = _decode_step_ms("eager", probe), _decode_step_ms("static", probe)
-    # Static must win clearly: a tie on a noisy machine should not flip the mode between runs.
-    choice = "static" if static < 0.97 * eager else "eager"
-    known[key] = choice
-    try:  # written whole and renamed into place: a reader never sees half a file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return choice
-
-
-def _decode_step_ms(name: str, model: Any) -> float:
-    import time
-
-    import torch
-
-    with engine_mode(name, 256):
-        seq = SeqCache(model)
-        seq.prefill([1] * 128)
-        x = torch.ones(1, 1, dtype=torch.long, device=seq.device)
-        times = []
-        with torch.inference_mode():
-            for _ in range(25):
-                t0 = time.perf_counter()
-                seq.forward(x)
-                seq.crop(1)
-                times.append(time.perf_counter() - t0)
-    rest = sorted(times[5:])
-    return rest[len(rest) // 2]

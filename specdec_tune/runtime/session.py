@@ -7,13 +7,15 @@ Also the `--draft` syntax: a model (folder, HF id, demo name or `shape:NAME`),
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..domain import DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_temperature
+from .auto import resolve_auto
 from .devices import resolve_device
+from .hybrid import hybrid_parts
 from .models import (
     DEMO_DRAFTS,
     DEMO_TARGET,
@@ -23,6 +25,7 @@ from .models import (
     load_model,
     slugify,
 )
+from .modes import DEFAULT_CAPACITY, ExecutionContext, check_engine_mode
 from .shapes import SHAPE_PREFIX, is_shape_ref, shape_name
 from .workloads import Case, Prompt, Workload, encode_prompts, load_workload, stratified
 
@@ -107,8 +110,6 @@ def model_part(spec: DraftSpec) -> DraftSpec | None:
     if spec.kind == "model":
         return spec
     if spec.kind == "hybrid" and not spec.layers:
-        from .hybrid import hybrid_parts
-
         return hybrid_parts(spec)[1]
     return None
 
@@ -121,7 +122,14 @@ class Session:
     workload: Workload
     case: Case | None  # None for a shape target: no tokenizer, so no prompts (profile only)
     device: str
-    engine_mode: str = "eager"  # the engine mode in force for this session (runtime.modes)
+    # How every forward of this session runs (engine mode, capacity, compile fallbacks, caches):
+    # passed to whatever builds a cache or a drafter.
+    ctx: ExecutionContext = field(default_factory=ExecutionContext)
+
+    @property
+    def engine_mode(self) -> str:
+        """The engine mode this session runs under (eager, static or compiled; auto resolved)."""
+        return self.ctx.mode
 
     @property
     def draft_modules(self) -> dict[str, object]:
@@ -150,6 +158,7 @@ def open_session(
     lazy_drafts: bool = False,
     engine: str = "auto",
     allow_random: bool = False,
+    auto_path: str | Path | None = None,
 ) -> Session:
     """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
 
@@ -157,13 +166,12 @@ def open_session(
     the draft models are loaded on first use (`Session.draft_model`), so one that fails to load
     fails its trials instead of the whole run. Shapes (`shape:NAME`, random weights) are refused
     unless `allow_random`; a shape target has no tokenizer, so no workload is read and `case`
-    is None.
+    is None. `engine` "auto" is resolved here (remembered in `auto_path`, default
+    `auto.default_auto_path()`) and recorded in the session's context (`ctx.auto`).
     """
-    from . import modes
-
     check_count(max_new_tokens, "max_new_tokens")
     check_temperature(temperature)
-    modes.check_engine_mode(engine)
+    check_engine_mode(engine)
     dev = resolve_device(device)
     if drafts is None:
         drafts = [*DEMO_DRAFTS, "prompt-lookup"] if (target is None and default_drafts) else ["prompt-lookup"]
@@ -191,14 +199,14 @@ def open_session(
         ids = encode_prompts(wl, tgt.tokenizer)
         budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
         case = Case(ids, budgets, eos_ids(tgt), temperature)
-    name = modes.resolve_auto(dev, tgt.model) if engine == "auto" else engine
+    auto = resolve_auto(dev, tgt.model, auto_path) if engine == "auto" else None
     # Room for the longest request and a gamma up to 16; a cache asked for more grows. A shape
     # target has no requests: the default capacity holds its default context.
-    longest = modes.DEFAULT_CAPACITY
+    longest = DEFAULT_CAPACITY
     if case is not None:
         longest = max(len(p) + b for p, b in zip(case.prompts, case.max_new_tokens, strict=True)) + 18
-    modes.use(name, longest)
-    session = Session(tgt, {}, specs, wl, case, dev, name)
+    ctx = ExecutionContext(auto.choice if auto else engine, longest, dev, dtype, auto=auto)
+    session = Session(tgt, {}, specs, wl, case, dev, ctx)
     if not lazy_drafts:
         for spec in specs:
             part = model_part(spec)

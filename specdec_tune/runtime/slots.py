@@ -27,13 +27,16 @@ recompile inside a timed loop shows as a change of that count (`compile_events`)
 
 from __future__ import annotations
 
+import functools
 import os
-import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..errors import SpecDecError
+from .cache import cache_kwarg
+from .devices import cache_dir
 
 
 def _text_config(model: Any) -> Any:
@@ -66,6 +69,7 @@ def check_static(model: Any, capacity: int) -> None:
         )
 
 
+@functools.cache  # one class per process: a class, not state
 def _layer_class() -> type:
     from transformers.cache_utils import CacheLayerMixin
 
@@ -114,25 +118,7 @@ def _layer_class() -> type:
     return SlotLayer
 
 
-_LAYER: type | None = None
-_CACHES: weakref.WeakKeyDictionary[Any, dict[tuple, SlotCache]] = weakref.WeakKeyDictionary()
-
-
-def slot_cache(model: Any, rows: int, capacity: int, compiled: bool = False) -> SlotCache:
-    """The `SlotCache` of `model` for `rows` rows holding at least `capacity` positions, reused
-    between calls (its buffers and compiled graphs are made once per process), with every row
-    emptied."""
-    per_model = _CACHES.setdefault(model, {})
-    key = (rows, compiled)
-    kv = per_model.get(key)
-    if kv is None or kv.capacity < capacity:
-        kv = SlotCache(model, rows, _round_up(capacity, 64), compiled)
-        per_model[key] = kv
-    kv.reset()
-    return kv
-
-
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
@@ -142,28 +128,32 @@ class SlotCache:
     The interface of `rowcache.RowCache`, so the batched engine and its drafters take either.
     """
 
-    def __init__(self, model: Any, rows: int, capacity: int, compiled: bool = False) -> None:
-        global _LAYER
+    def __init__(
+        self,
+        model: Any,
+        rows: int,
+        capacity: int,
+        compiled: bool = False,
+        on_compile_failure: Callable[[str], None] | None = None,
+    ) -> None:
         if rows < 1:
             raise SpecDecError(f"batch size must be >= 1, got {rows}")
         check_static(model, capacity)
         from transformers.cache_utils import Cache
 
-        from .cache import cache_kwarg
-
-        _LAYER = _LAYER or _layer_class()
         self.model, self.rows, self.capacity = model, rows, capacity
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kw = cache_kwarg(model)
         n_layers = int(_text_config(model).num_hidden_layers)
-        self.cache = Cache(layers=[_LAYER(self) for _ in range(n_layers)])
+        self.cache = Cache(layers=[_layer_class()(self) for _ in range(n_layers)])
         self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.cols = torch.arange(capacity, device=self.device)
         self.write_at = self.cols[None, :1].expand(rows, 1)
         self.row: int | None = None  # set while one row is prefilled
         self.visible = capacity  # key columns attended to by this forward
         self.compiled = compiled
+        self.on_compile_failure = on_compile_failure  # the execution context records the reason
         self.compiles = 0  # compiled graphs built (one per input width), for recompile accounting
         self._graphs: set[int] = set()
         self._fn = self._step
@@ -232,16 +222,15 @@ class SlotCache:
         # Padding slots past the capacity write into the last column, which no row reaches.
         pos = (self.lengths[:, None] + self.cols[None, :width]).clamp_max(self.capacity - 1)
         self.write_at = pos
-        self.visible = self.capacity if self.compiled else min(self.capacity, _round_up(end, 32))
+        self.visible = self.capacity if self.compiled else min(self.capacity, round_up(end, 32))
         if self.compiled and width not in self._graphs:
             self._graphs.add(width)
             self.compiles += 1
             try:
                 logits = self._fn(tokens, pos)
             except Exception as exc:  # a compiler bug or a missing toolchain: stay exact, go static
-                from .modes import compile_failed
-
-                compile_failed(f"{type(self.model).__name__}: {type(exc).__name__}: {exc}")
+                if self.on_compile_failure is not None:
+                    self.on_compile_failure(f"{type(self.model).__name__}: {type(exc).__name__}: {exc}")
                 self.compiled, self._fn = False, self._step
                 logits = self._step(tokens, pos)
         else:
@@ -270,9 +259,7 @@ def _compile(fn: Any, device: torch.device) -> Any:
     """torch.compile at fixed shapes; the inductor cache is kept between runs (on disk)."""
     import torch._dynamo.config as dynamo_config
 
-    os.environ.setdefault(
-        "TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "specdec-tune", "inductor")
-    )
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     # One graph per (model, B, width): the tuner visits many, so the default limit of 8 per code
     # object would silently fall back to eager.
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 1024)

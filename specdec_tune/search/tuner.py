@@ -20,8 +20,8 @@ from typing import Any
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
-from ..runtime.batch import build_batch_drafter
-from ..runtime.drafters import build_drafter
+from ..runtime.build import build_batch_drafter, build_drafter
+from ..runtime.modes import ExecutionContext
 from ..runtime.session import model_part
 from ..runtime.workloads import Case
 from .costmodel import CostModel
@@ -50,10 +50,17 @@ POLL_S = 1.0  # how often a worker looks again while others hold the study's las
 class DrafterPool:
     """Builds drafters on first use; a drafter that fails to build fails its trials, not the run."""
 
-    def __init__(self, specs: list[DraftSpec], target: Any, load: Callable[[DraftSpec], Any] | None = None):
+    def __init__(
+        self,
+        specs: list[DraftSpec],
+        target: Any,
+        load: Callable[[DraftSpec], Any] | None = None,
+        ctx: ExecutionContext | None = None,
+    ):
         self.specs = {s.name: s for s in specs}
         self.target = target
         self.load = load  # DraftSpec -> draft model module, for kind "model"
+        self.ctx = ctx or ExecutionContext()  # every drafter and the target's caches run under it
         self._built: dict[tuple[str, int | None], Any] = {}
         self.costs: Costs | None = None  # the measured costs, for the costmodel gamma policy
 
@@ -66,9 +73,9 @@ class DrafterPool:
                 part = model_part(spec)
                 models = {part.name: self.load(part)} if part is not None and self.load else {}
                 if batch_size is None:
-                    self._built[key] = build_drafter(spec, self.target, models)
+                    self._built[key] = build_drafter(spec, self.target, models, self.ctx)
                 else:
-                    self._built[key] = build_batch_drafter(spec, self.target, models, batch_size)
+                    self._built[key] = build_batch_drafter(spec, self.target, models, batch_size, self.ctx)
             except Exception as exc:  # recorded, and re-raised for every trial of this draft
                 self._built[key] = exc
         built = self._built[key]

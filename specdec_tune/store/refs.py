@@ -10,19 +10,14 @@ import os
 import re
 from pathlib import Path
 
-from ..domain import Result
+from ..demo import demo_path, is_demo_name
+from ..domain import Result, slugify
 from .schema import Profile
-
-
-def _is_demo(name: str) -> bool:
-    from ..runtime.models import is_demo_name
-
-    return is_demo_name(name)
 
 
 def portable_ref(name_or_path: str, profile_dir: Path) -> str:
     """How a profile in `profile_dir` names the model the user passed as `name_or_path`."""
-    if _is_demo(name_or_path):
+    if is_demo_name(name_or_path):
         return name_or_path
     p = Path(name_or_path).expanduser()
     if not p.is_dir():
@@ -40,10 +35,8 @@ def profile_file_slug(name: str) -> str:
     its absolute path, so org-a/X and org-b/X, or /models/a/hf and /models/b/hf, never collide."""
     import hashlib
 
-    from ..runtime.models import slugify
-
     text = name.strip()
-    if _is_demo(text):
+    if is_demo_name(text):
         return slugify(text)
     p = Path(text).expanduser()
     if _HF_ID.match(text) and ".." not in text and not p.exists():
@@ -69,9 +62,7 @@ def resolve_ref(ref: str, profile_dir: Path) -> str:
 def engine_path(ref: str, profile_dir: Path) -> str:
     """What a serving engine should load for a stored draft reference: the installed folder of a
     demo model, the absolute folder of a relative one, an HF id as it is."""
-    if _is_demo(ref):
-        from ..runtime.models import demo_path
-
+    if is_demo_name(ref):
         return str(demo_path(ref))
     return resolve_ref(ref, profile_dir)
 

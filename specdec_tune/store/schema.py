@@ -122,6 +122,7 @@ class Profile:
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    engine_choice: str | None = None  # how `--engine auto` chose (what was compared); None when named
     # The measuring backend ({} = our own engine): name, engine build, threads, and how exact the
     # engine's speculation was at T = 0 here. `check --backend` re-measures in the same engine.
     backend: dict[str, Any] = field(default_factory=dict)

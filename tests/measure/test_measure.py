@@ -19,7 +19,7 @@ def case(prompts, n=3, max_new=10):
 def test_passes_are_interleaved_and_reversed_on_odd_repeats(monkeypatch, tiny_target, prompts):
     order = []
 
-    def fake_pass(target, drafter, gamma, threshold, c, seed=0):
+    def fake_pass(target, drafter, gamma, threshold, c, seed=0, ctx=None):
         order.append((gamma, len(c.prompts)))
         return [[1, 2, 3]] * len(c.prompts), SpecStats()
 

@@ -13,7 +13,8 @@ from test_sampling import P_FAIL, P_PASS, _resample_from_p, chi2_p_value
 
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime.batch import batch_generate, build_batch_drafter
+from specdec_tune.runtime.batch import batch_generate
+from specdec_tune.runtime.build import build_batch_drafter
 from specdec_tune.runtime.rowcache import RowCache
 from specdec_tune.runtime.workloads import Case
 
@@ -52,8 +53,8 @@ def reference(tiny_target, workload):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
-def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference, batch_size):
-    run = batch_generate(tiny_target, None, workload, batch_size, 0)
+def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference, batch_size, ctx):
+    run = batch_generate(tiny_target, None, workload, batch_size, 0, ctx=ctx)
     assert check_rows(tiny_target, workload, run.outputs, reference) == 0
     assert run.stats.proposed == 0 and run.stats.emitted == sum(map(len, reference))
     assert len(run.latencies_s) == len(workload.prompts) and all(t > 0 for t in run.latencies_s)
@@ -62,14 +63,14 @@ def test_plain_batched_decoding_equals_generate(tiny_target, workload, reference
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(DRAFTS))
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
-def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, reference, kind, batch_size):
+def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, reference, kind, batch_size, ctx):
     spec = DRAFTS[kind]
     thresholds = (0.0,) if kind.startswith("prompt_lookup") else (0.0, 0.5)
     ties = 0
     for gamma in (1, 2, 3, 5, 8):
         for threshold in thresholds:
-            drafter = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size)
-            run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold)
+            drafter = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size, ctx)
+            run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold, ctx=ctx)
             ties += check_rows(tiny_target, workload, run.outputs, reference)
             assert run.stats.proposed > 0 or kind.startswith("prompt_lookup")
             assert run.stats.emitted == sum(map(len, run.outputs))
@@ -115,7 +116,7 @@ def test_bad_batch_input_is_a_user_error(tiny_target):
         batch_generate(tiny_target, None, Case([[]], [4], [], 0.0), 2, 0)
 
 
-def _first_two_tokens(n: int = 3000):
+def _first_two_tokens(n: int = 3000, ctx=None):
     """Temperature 1, a noisy draft, γ 2, four rows: the counts of each request's first two tokens
     and the target's exact joint distribution of them."""
     vocab = 8
@@ -129,8 +130,8 @@ def _first_two_tokens(n: int = 3000):
         )
     probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(vocab) for b in range(vocab)}
     case = Case([prompt] * n, [3] * n, [], 1.0)  # a budget of 3 lets the first step draft 2
-    drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 4)
-    run = batch_generate(target, drafter, case, 4, 2, seed=11)
+    drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 4, ctx)
+    run = batch_generate(target, drafter, case, 4, 2, seed=11, ctx=ctx)
     assert 0.1 < run.stats.acceptance_rate < 0.95  # both branches of the verifier are taken
     return Counter(tuple(o[:2]) for o in run.outputs), probs
 

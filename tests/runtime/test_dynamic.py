@@ -23,7 +23,8 @@ from test_sampling import (
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime import engine
-from specdec_tune.runtime.batch import batch_generate, build_batch_drafter
+from specdec_tune.runtime.batch import batch_generate
+from specdec_tune.runtime.build import build_batch_drafter
 from specdec_tune.runtime.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.engine import speculative_generate
 from specdec_tune.runtime.hybrid import HybridDrafter, hybrid_parts, mixed_q, source_stats
@@ -50,11 +51,15 @@ def policies(gamma: int):
     ]
 
 
-def hybrids(target, draft):
+def hybrids(target, draft, ctx=None):
     return [
-        HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(draft, "draft"), "hybrid"),
-        HybridDrafter(PromptLookupDrafter(2, 2), ModelDrafter(draft, "d", threshold_mode="topk10"), "h2"),
-        HybridDrafter(PromptLookupDrafter(1, 3), LayerSkipDrafter(target, 1), "hybrid-skip"),
+        HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(draft, "draft", ctx=ctx), "hybrid"),
+        HybridDrafter(
+            PromptLookupDrafter(2, 2),
+            ModelDrafter(draft, "d", lean=False, threshold_mode="topk10", ctx=ctx),
+            "h2",
+        ),
+        HybridDrafter(PromptLookupDrafter(1, 3), LayerSkipDrafter(target, 1, ctx=ctx), "hybrid-skip"),
     ]
 
 
@@ -100,23 +105,27 @@ def hf_reference(tiny_target, prompts):
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
-def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold):
-    for d in hybrids(tiny_target, tiny_draft):
+def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
+    for d in hybrids(tiny_target, tiny_draft, ctx):
         for p, want in zip(prompts, hf_reference, strict=True):
-            got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW)
+            got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW, ctx=ctx)
             assert got.tokens == want, (d.name, gamma, threshold, p)
     stats = source_stats(d)
     assert stats["prompt-lookup"]["proposed"] > 0 and stats["layer-skip-1"]["proposed"] > 0
 
 
 @pytest.mark.parametrize("gamma", [2, 5])
-def test_adaptive_gamma_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma):
-    inner = [ModelDrafter(tiny_draft), PromptLookupDrafter(1, 3), *hybrids(tiny_target, tiny_draft)[:1]]
+def test_adaptive_gamma_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, ctx):
+    inner = [
+        ModelDrafter(tiny_draft, ctx=ctx),
+        PromptLookupDrafter(1, 3),
+        *hybrids(tiny_target, tiny_draft, ctx)[:1],
+    ]
     for make in policies(gamma):
         for d in inner:
             wrapped = PolicyDrafter(d, make)
             for p, want in zip(prompts, hf_reference, strict=True):
-                got = speculative_generate(tiny_target, wrapped, p, gamma, 0.0, 0.0, MAX_NEW)
+                got = speculative_generate(tiny_target, wrapped, p, gamma, 0.0, 0.0, MAX_NEW, ctx=ctx)
                 assert got.tokens == want, (d.name, gamma, p)
 
 
@@ -165,13 +174,13 @@ def reference(tiny_target, workload):
 @pytest.mark.parametrize("spec", [HYBRID, HYBRID_SKIP], ids=["model", "layer-skip"])
 @pytest.mark.parametrize("batch_size", [2, 5])
 def test_batched_hybrid_and_policies_equal_generate(
-    tiny_target, tiny_draft, workload, reference, spec, batch_size
+    tiny_target, tiny_draft, workload, reference, spec, batch_size, ctx
 ):
     for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
         for make in policies(gamma):
-            inner = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size)
+            inner = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size, ctx)
             drafter = BatchPolicyDrafter(inner, make, batch_size)
-            run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold)
+            run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold, ctx=ctx)
             assert check_rows(tiny_target, workload, run.outputs, reference) == 0
             assert run.stats.proposed > 0
     counts = source_stats(drafter)

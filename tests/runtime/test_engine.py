@@ -16,15 +16,17 @@ from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, spec
 MAX_NEW = 24
 
 
-def drafters(target, draft):
-    """Every drafter with every engine policy (HF/vLLM earliest match, llama.cpp's top-k p-min)."""
+def drafters(target, draft, ctx=None):
+    """Every drafter with every engine policy (HF/vLLM earliest match, llama.cpp's top-k p-min);
+    the model drafters (the lean forward off, so their caches are `ctx`'s) under `ctx`."""
     return [
-        ModelDrafter(draft),
-        ModelDrafter(draft, name="draft-topk10", threshold_mode="topk10"),
+        ModelDrafter(draft, ctx=ctx),
+        ModelDrafter(draft, lean=False, ctx=ctx),
+        ModelDrafter(draft, name="draft-topk10", threshold_mode="topk10", ctx=ctx),
         PromptLookupDrafter(1, 3),
         PromptLookupDrafter(1, 3, name="lookup-earliest", match="earliest"),
-        LayerSkipDrafter(target, 1),
-        LayerSkipDrafter(target, 1, "skip-topk10", threshold_mode="topk10"),
+        LayerSkipDrafter(target, 1, ctx=ctx),
+        LayerSkipDrafter(target, 1, "skip-topk10", threshold_mode="topk10", ctx=ctx),
     ]
 
 
@@ -45,18 +47,18 @@ def hf_reference(tiny_target, prompts):
     return [hf_greedy(tiny_target, p, MAX_NEW) for p in prompts]
 
 
-def test_baseline_equals_transformers_generate(tiny_target, prompts, hf_reference):
+def test_baseline_equals_transformers_generate(tiny_target, prompts, hf_reference, ctx):
     for p, want in zip(prompts, hf_reference, strict=False):
-        assert autoregressive_generate(tiny_target, p, MAX_NEW).tokens == want
+        assert autoregressive_generate(tiny_target, p, MAX_NEW, ctx=ctx).tokens == want
 
 
 @pytest.mark.parametrize("gamma", range(1, 9))
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
-def test_greedy_speculation_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold):
+def test_greedy_speculation_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
     for p, want in zip(prompts, hf_reference, strict=False):
-        for d in drafters(tiny_target, tiny_draft):
-            got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW)
-            assert got.tokens == want, (d.name, gamma, threshold, p)
+        for d in drafters(tiny_target, tiny_draft, ctx):
+            got = speculative_generate(tiny_target, d, p, gamma, threshold, 0.0, MAX_NEW, ctx=ctx)
+            assert got.tokens == want, (d.name, gamma, threshold, p, ctx.mode)
             assert len(got.tokens) == MAX_NEW
 
 

@@ -12,9 +12,12 @@ from helpers import check_rows, hf_greedy, noisy_copy, tiny_llama
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime import modes, slots
-from specdec_tune.runtime.batch import batch_generate, build_batch_drafter
+from specdec_tune.runtime.auto import resolve_auto
+from specdec_tune.runtime.batch import batch_generate
+from specdec_tune.runtime.build import build_batch_drafter
 from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.engine import autoregressive_generate, speculative_generate
+from specdec_tune.runtime.modes import ExecutionContext
 from specdec_tune.runtime.workloads import Case
 
 VOCAB = 96
@@ -92,25 +95,25 @@ def test_static_mode_is_exact_for_every_architecture_and_drafter(pair, mode):
     case = _case(target)
     reference = _reference(target, case)
     ties = 0
-    with modes.engine_mode(mode, 64):
-        for b in (1, 3):
-            plain = batch_generate(target, None, case, b, 0)
-            ties += check_rows(target, case, plain.outputs, reference)
-            for kind, spec in SPECS.items():
-                if kind == "layer_skip" and arch == "gpt2":
-                    continue  # GPT-2 keeps its layers at transformer.h: layer-skip refuses it
-                for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
-                    drafter = build_batch_drafter(spec, target, {"draft": draft}, b)
-                    run = batch_generate(target, drafter, case, b, gamma, threshold)
-                    ties += check_rows(target, case, run.outputs, reference)
-                    assert run.stats.emitted == sum(map(len, run.outputs))
-        # batch 1 through the one-sequence engine, its draft on the mode's cache too
-        drafter = ModelDrafter(draft, lean=False)
-        for prompt, budget, want in zip(case.prompts, case.max_new_tokens, reference, strict=True):
-            alone = autoregressive_generate(target, prompt, budget, eos=case.eos)
-            spec = speculative_generate(target, drafter, prompt, 4, 0.3, 0.0, budget, case.eos)
-            assert alone.tokens == spec.tokens
-            ties += check_rows(target, Case([prompt], [budget], case.eos, 0.0), [spec.tokens], [want])
+    ctx = ExecutionContext(mode, 64)
+    for b in (1, 3):
+        plain = batch_generate(target, None, case, b, 0, ctx=ctx)
+        ties += check_rows(target, case, plain.outputs, reference)
+        for kind, spec in SPECS.items():
+            if kind == "layer_skip" and arch == "gpt2":
+                continue  # GPT-2 keeps its layers at transformer.h: layer-skip refuses it
+            for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
+                drafter = build_batch_drafter(spec, target, {"draft": draft}, b, ctx)
+                run = batch_generate(target, drafter, case, b, gamma, threshold, ctx=ctx)
+                ties += check_rows(target, case, run.outputs, reference)
+                assert run.stats.emitted == sum(map(len, run.outputs))
+    # batch 1 through the one-sequence engine, its draft on the mode's cache too
+    drafter = ModelDrafter(draft, lean=False, ctx=ctx)
+    for prompt, budget, want in zip(case.prompts, case.max_new_tokens, reference, strict=True):
+        alone = autoregressive_generate(target, prompt, budget, eos=case.eos, ctx=ctx)
+        spec = speculative_generate(target, drafter, prompt, 4, 0.3, 0.0, budget, case.eos, ctx=ctx)
+        assert alone.tokens == spec.tokens
+        ties += check_rows(target, Case([prompt], [budget], case.eos, 0.0), [spec.tokens], [want])
     assert ties == 0
 
 
@@ -120,15 +123,15 @@ def test_compiled_mode_is_exact_and_builds_each_graph_once():
     draft = tiny_gpt2(seed=2)  # a non-Llama draft runs on the compiled slot cache too
     case = _case(target)
     reference = _reference(target, case)
-    with modes.engine_mode("compiled", 64) as mode:
-        drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 2)
-        first = batch_generate(target, drafter, case, 2, 3)
-        plain = batch_generate(target, None, case, 2, 0)
-        built = slots.compile_events()
-        again = batch_generate(target, drafter, case, 2, 3)
-        batch_generate(target, None, case, 2, 0)
-        assert slots.compile_events() == built  # shapes seen before: no recompile
-        assert mode.fallbacks == []
+    mode = ExecutionContext("compiled", 64)
+    drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 2, mode)
+    first = batch_generate(target, drafter, case, 2, 3, ctx=mode)
+    plain = batch_generate(target, None, case, 2, 0, ctx=mode)
+    built = slots.compile_events()
+    again = batch_generate(target, drafter, case, 2, 3, ctx=mode)
+    batch_generate(target, None, case, 2, 0, ctx=mode)
+    assert slots.compile_events() == built  # shapes seen before: no recompile
+    assert mode.fallbacks == []
     # GPT-2 and the Llama target share no vocabulary semantics, only ids: exactness still holds
     assert check_rows(target, case, first.outputs, reference) == 0
     assert again.outputs == first.outputs and plain.outputs == first.outputs
@@ -156,8 +159,7 @@ def test_static_sampling_is_exact_per_row():
     from test_batch import _first_two_tokens
     from test_sampling import P_PASS, chi2_p_value
 
-    with modes.engine_mode("static", 16):
-        assert chi2_p_value(*_first_two_tokens(1500)) > P_PASS
+    assert chi2_p_value(*_first_two_tokens(1500, ExecutionContext("static", 16))) > P_PASS
 
 
 def test_what_the_static_cache_cannot_hold_is_a_clear_error():
@@ -195,25 +197,66 @@ def test_a_compile_failure_falls_back_to_static_and_is_recorded(monkeypatch):
         return run
 
     monkeypatch.setattr(slots, "_compile", broken)
-    monkeypatch.setattr(slots, "_CACHES", type(slots._CACHES)())
     case = _case(target)
-    with modes.engine_mode("compiled", 64) as mode, pytest.warns(UserWarning, match="falling back"):
-        run = batch_generate(target, None, case, 2, 0)
+    mode = ExecutionContext("compiled", 64)
+    with pytest.warns(UserWarning, match="falling back"):
+        run = batch_generate(target, None, case, 2, 0, ctx=mode)
     assert mode.fallbacks == ["LlamaForCausalLM: RuntimeError: inductor: no C++ compiler found"]
     assert check_rows(target, case, run.outputs, _reference(target, case)) == 0
 
 
-def test_auto_is_compiled_on_cuda_and_measured_on_cpu():
-    assert modes.resolve_auto("cuda:0") == "compiled"
-    assert modes.resolve_auto("cpu") == "eager"
-    assert modes.resolve_auto("cpu", tiny_llama(layers=1, hidden=32)) in ("eager", "static")
+def test_auto_is_compiled_on_cuda_and_measured_on_cpu(tmp_path):
+    assert resolve_auto("cuda:0").choice == "compiled"
+    assert resolve_auto("cpu").choice == "eager"
+    remembered = tmp_path / "auto.json"
+    probe = tiny_llama(layers=1, hidden=32)
+    first = resolve_auto("cpu", probe, remembered)
+    assert first.choice in ("eager", "static") and first.reason == "measured"
+    assert set(first.compared_ms) == {"eager", "static"} and all(v > 0 for v in first.compared_ms.values())
+    assert "eager" in first.summary() and str(remembered) in first.summary()
+    again = resolve_auto("cpu", probe, remembered)  # the file keeps the choice: nothing re-timed
+    assert (again.choice, again.reason, again.compared_ms) == (first.choice, "remembered", {})
+
+
+def test_auto_remembers_where_it_is_told_and_only_there(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    probe = tiny_llama(layers=1, hidden=32)
+    choice = resolve_auto("cpu", probe)
+    default = tmp_path / "xdg" / "specdec-tune" / "engine-auto.json"
+    assert json.loads(default.read_text()) == {next(iter(json.loads(default.read_text()))): choice.choice}
+    forced = tmp_path / "static.json"
+    forced.write_text(json.dumps({k: "static" for k in json.loads(default.read_text())}))
+    assert resolve_auto("cpu", probe, forced).choice == "static"
+    assert not list(tmp_path.glob("*.tmp")) and not list(default.parent.glob("*.tmp"))
+
+
+def test_a_static_context_changes_nothing_outside_what_it_is_passed_to(tiny_dirs):
+    """The static crash of issue 19: a session's mode leaked into every later drafter and loop.
+    Now a session's context reaches only what it is handed; the default stays eager."""
+    from specdec_tune.runtime.session import open_session
+
+    s = open_session(
+        tiny_dirs["target"], [tiny_dirs["draft"]], tiny_dirs["workload"], 4, engine="static", lazy_drafts=True
+    )
+    assert s.engine_mode == "static" and s.ctx.static and s.ctx.auto is None
+    target = s.target.model
+    loose = ModelDrafter(target, lean=False)
+    loose.start([1, 2, 3])
+    assert loose.cache.slots is None  # eager: built without a context
+    bound = ModelDrafter(target, lean=False, ctx=s.ctx)
+    bound.start([1, 2, 3])
+    assert bound.cache.slots is not None
+    assert ExecutionContext().mode == "eager"
 
 
 def test_prompt_lookup_needs_no_cache_in_any_mode():
     target = tiny_llama(seed=2)
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
-    with modes.engine_mode("static", 64):
-        a = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
+    a = speculative_generate(
+        target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10, ctx=ExecutionContext("static", 64)
+    )
     b = speculative_generate(target, PromptLookupDrafter(), prompt, 3, max_new_tokens=10)
     assert a.tokens == b.tokens == hf_greedy(target, prompt, 10, None)
 
@@ -223,10 +266,10 @@ def test_loop_clocks_time_the_target_in_static_mode(tiny_target, tiny_draft, pro
 
     case = Case(prompts[:3], [6, 6, 6], [], 0.0)
     spec = DraftSpec("draft", "model")
-    make = {"draft": lambda b: build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, b)}
+    ctx = ExecutionContext("static", 64)
+    make = {"draft": lambda b: build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, b, ctx)}
     original = slots.SlotCache.forward
-    with modes.engine_mode("static", 64):
-        out = loop_costs(tiny_target, make, case, 2, 2, repeats=1)
+    out = loop_costs(tiny_target, make, case, 2, 2, repeats=1, ctx=ctx)
     assert slots.SlotCache.forward is original  # the clock is taken off again
     assert out["loop_verify_ms"]["draft"] > 0 and out["loop_overhead_ms"] >= 0
     assert 1 < out["loop_verify_tokens"]["draft"] <= 3  # gamma 2: [last, d1, d2] per row
