@@ -134,10 +134,9 @@ def models_from(
     """The app's Models from the shared options."""
     from .app import Models
     from .errors import SpecDecError
-    from .measure.backends import BACKENDS
 
-    if backend not in BACKENDS:
-        raise SpecDecError(f"unknown backend '{backend}': use {' or '.join(BACKENDS)}")
+    if backend not in ("native", "llamacpp"):
+        raise SpecDecError(f"unknown backend '{backend}': use native or llamacpp")
     return Models(
         target,
         drafts,

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..domain import Config, Metrics
+from .bench import Entry, measure_many
+from .serving import BatchEntry, measure_batched_many
 
-BACKENDS = ("native", "llamacpp")
+BACKENDS = ("native", "llamacpp")  # also in cli_options, which must not import torch
 
 
 class Measured(Protocol):
@@ -65,9 +67,6 @@ class NativeBackend:
         seed: int = 0,
         on_repeat: Callable[[int, float], None] | None = None,
     ) -> list[Any]:
-        from .bench import Entry, measure_many
-        from .serving import BatchEntry, measure_batched_many
-
         pool = self.pool
         hook = None
         if on_repeat is not None:

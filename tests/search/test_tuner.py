@@ -12,9 +12,10 @@ from helpers import invoke, tiny_args
 
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
 from specdec_tune.errors import SpecDecError
+from specdec_tune.measure import backends
 from specdec_tune.measure.bench import Measurement
 from specdec_tune.runtime.workloads import Case
-from specdec_tune.search import final, tuner
+from specdec_tune.search import tuner
 from specdec_tune.search.final import pick_finalists
 from specdec_tune.search.space import TuneSettings
 from specdec_tune.search.study import counted
@@ -326,11 +327,11 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert len(expect) == 2
     calls = []
 
-    def fake_many(target, entries, case, repeats, seed=0):
+    def fake_many(target, entries, case, repeats, seed=0, on_repeat=None, ctx=None):
         calls.append([(e.gamma, e.threshold) for e in entries])
         return [_fake_measurement(s) for s in (1.1, 1.4)]  # the search's winner is slower head to head
 
-    monkeypatch.setattr(final, "measure_many", fake_many)
+    monkeypatch.setattr(backends, "measure_many", fake_many)
     started = []
     res = tune(
         tiny_target,
@@ -351,7 +352,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     def fail(*a, **k):
         raise AssertionError("the final round ran twice")
 
-    monkeypatch.setattr(final, "measure_many", fail)
+    monkeypatch.setattr(backends, "measure_many", fail)
     again = tune(
         tiny_target,
         specs(),
@@ -368,10 +369,14 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
 def test_a_failing_final_round_keeps_the_search_ranking(
     monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
 ):
-    def boom(*a, **k):
-        raise RuntimeError("CUDA out of memory (simulated)")
+    real = backends.measure_many
 
-    monkeypatch.setattr(final, "measure_many", boom)
+    def boom(target, entries, *a, **k):
+        if len(entries) > 1:  # the final round: the search's trials measure one config each
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(target, entries, *a, **k)
+
+    monkeypatch.setattr(backends, "measure_many", boom)
     settings = TuneSettings(
         trials=5,
         storage=f"sqlite:///{tmp_path / 's.db'}",
@@ -409,10 +414,11 @@ def test_the_baseline_asked_for_again_is_reused_not_measured(
     study = optuna.load_study(study_name="b", storage=storage)
     study.enqueue_trial({"draft": "none"})  # as if the sampler picked "none" again
 
-    def no_timing(*a, **k):
-        raise AssertionError("the baseline was measured again")
+    def no_timing(target, entries, *a, **k):
+        assert all(e.gamma > 0 for e in entries), "the baseline was measured again"
+        raise AssertionError("nothing else should be measured")
 
-    monkeypatch.setattr(tuner, "measure", no_timing)
+    monkeypatch.setattr(backends, "measure_many", no_timing)
     settings.trials = 3
     res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
     first, again = (t for t in study.get_trials() if t.params.get("draft") == "none")
@@ -520,7 +526,7 @@ def test_a_batch_too_large_for_memory_fails_its_trials_alone(
     def oom(*a, **k):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
 
-    monkeypatch.setattr(tuner, "measure_batched", oom)
+    monkeypatch.setattr(backends, "measure_batched_many", oom)
     settings = TuneSettings(
         trials=5, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="oom", repeats=1, max_gamma=2,
         batch_size=64, finalists=0,

@@ -237,7 +237,7 @@ def test_unknown_draft_kind(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"]["draft"].__setitem__("kind", "eagle"))
     msg = _load_error(path)
     assert (
-        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, hybrid, got 'eagle'"
+        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, hybrid, ngram_mod, got 'eagle'"
         in msg
     )
 
