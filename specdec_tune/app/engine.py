@@ -309,12 +309,13 @@ def tune_engine(
     return TuneOutcome(profile, out, csv_path, first, results)
 
 
-def _acceptance(result: Any) -> dict[str, tuple[float, float]]:
-    """Each draft's measured (alpha, tau) in its best trial so far."""
-    out: dict[str, tuple[float, float]] = {}
+def _acceptance(result: Any) -> dict[str, tuple[float, float, float]]:
+    """Each draft's measured (alpha, tau, tokens/s) in its best trial so far."""
+    out: dict[str, tuple[float, float, float]] = {}
     for r in result.results:
-        if r.config.gamma > 0 and r.config.draft.name not in out and r.metrics.acceptance_rate > 0:
-            out[r.config.draft.name] = (r.metrics.acceptance_rate, r.metrics.mean_accepted_len)
+        m = r.metrics
+        if r.config.gamma > 0 and r.config.draft.name not in out and m.acceptance_rate > 0:
+            out[r.config.draft.name] = (m.acceptance_rate, m.mean_accepted_len, m.tokens_per_s)
     return out
 
 

@@ -68,7 +68,7 @@ def measure_engine_costs(
     """The engine's costs: `drafts` maps each draft name to its GGUF (None for n-gram drafts).
     Acceptance is filled in later from measured trials (`with_acceptance`)."""
     plain = backend.plain(1)
-    t_target, t_spread = decode_ms(plain, case)
+    t_target, t_spread = decode_ms(plain, case, passes=3)
     text = " ".join(case.prompts) * 4
     ids = plain.post("/tokenize", {"content": text})["tokens"][:context_len]
     verify, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
@@ -91,15 +91,27 @@ def measure_engine_costs(
     return costs
 
 
-def with_acceptance(costs: Costs, measured: dict[str, tuple[float, float]], max_gamma: int) -> Costs:
-    """Each draft's acceptance from trials measured in the engine: {name: (alpha, tau)}. llama.cpp
-    reports totals only, so the vector is i.i.d. at the measured alpha (labelled as such)."""
+def with_acceptance(costs: Costs, measured: dict[str, tuple[float, float, float]], max_gamma: int) -> Costs:
+    """Each draft's acceptance and in-loop step cost from trials measured in the engine:
+    {name: (alpha, tau, tokens/s)}. llama.cpp reports totals only, so the acceptance vector is
+    i.i.d. at the measured alpha, and the verification curve is scaled to the step time the trial
+    saw (1000 tau / tokens/s per target forward, less the draft's share) at the width it verified
+    (1 + (tau - 1) / alpha tokens): the prompt-processing curve alone misses the server's per-step
+    cost."""
     for d in costs.drafts:
-        if d.name in measured:
-            alpha = min(max(measured[d.name][0], 0.0), 0.999)
-            d.acceptance_rate = alpha
-            d.acceptance_vector = [alpha] * max_gamma
-            d.acceptance_source = "measured"
+        if d.name not in measured:
+            continue
+        alpha, tau, tok_s = measured[d.name]
+        alpha = min(max(alpha, 1e-3), 0.999)
+        d.acceptance_rate = alpha
+        d.acceptance_vector = [alpha] * max_gamma
+        d.acceptance_source = "measured"
+        proposed = (tau - 1.0) / alpha  # draft tokens per target forward
+        step_ms = 1000.0 * tau / tok_s if tok_s > 0 else 0.0
+        verify = step_ms - proposed * d.t_draft_ms
+        if verify > 0 and proposed > 0:
+            d.loop_verify_ms, d.loop_verify_tokens = verify, 1.0 + proposed
+            d.loop_t_draft_ms = d.t_draft_ms
     return costs
 
 
