@@ -20,6 +20,7 @@ from .common import Models, Progress, check_writable
 
 SMOLLM2 = "smollm2-135m"
 TRIAL_OVERHEAD_S = 1.5  # a server start-up and its warm-up request
+DEFAULT_PROMPTS = 6  # prompts per pass unless --prompts says otherwise
 
 
 @dataclass
@@ -128,8 +129,9 @@ def open_engine(models: Models, batch_size: int = 1, cache_dir: Path | None = No
         wl = Workload(name="prompt", prompts=[Prompt(text=models.prompt)], source="--prompt")
     else:
         wl = load_workload(models.workload)
-        if models.prompts is not None:
-            wl.prompts = stratified(wl.prompts, models.prompts)
+        # A real model decodes at a few hundred tokens/s at most on a CPU: a trial of every prompt
+        # of a workload would leave a 240 s budget room for two trials.
+        wl.prompts = stratified(wl.prompts, models.prompts or min(len(wl.prompts), DEFAULT_PROMPTS))
     budgets = [p.max_new_tokens or models.max_new_tokens for p in wl.prompts]
     backend = LlamaCppBackend(
         target.path,
