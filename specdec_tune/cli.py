@@ -197,6 +197,9 @@ def profile_cmd(
     device: Device = "auto",
     dtype: Dtype = "auto",
     engine: EngineOpt = "auto",
+    backend: BackendOpt = "native",
+    llama_server: LlamaServer = None,
+    threads: Threads = None,
     json_out: JsonOut = False,
 ) -> None:
     """Measure hardware costs (T_target, C_ver(γ), T_draft, bandwidth) and predict the best configs.
@@ -216,8 +219,21 @@ def profile_cmd(
             target = shape if shape.startswith("shape:") else f"shape:{shape}"
         given = parse_given(acceptance_vector, acceptance_from)
         models = models_from(
-            target, draft, workload, max_new_tokens, 0.0, prompts, device, dtype, engine=engine
+            target,
+            draft,
+            workload,
+            max_new_tokens,
+            0.0,
+            prompts,
+            device,
+            dtype,
+            engine=engine,
+            backend=backend,
+            llama_server=llama_server,
+            threads=threads,
         )
+        if backend != "native" and (shape or not given.empty):
+            raise SpecDecError("--shape and given acceptance profile our own engine: drop --backend")
         with CliProgress(json_out, "profiling", 1.0) as progress:
             r = api.profile_costs(models, max_gamma, repeats, out, progress, context_len, given)
         if json_out:

@@ -433,6 +433,42 @@ def bench_engine(
         s.close()
 
 
+def profile_engine(
+    models: Models, max_gamma: int, repeats: int, progress: Progress
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
+    each draft's acceptance (and in-loop step cost) from one pass at a middle γ."""
+    from ..measure.hardware import hardware_info
+    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
+
+    hw = hardware_info("cpu")
+    s = open_engine(models)
+    try:
+        progress.stage("llama.cpp: T_target, C_ver(γ), T_draft", 0.0)
+        costs = measure_engine_costs(
+            s.backend, s.case.head(2), draft_paths(s.backend, s.specs), max_gamma, repeats
+        )
+        measured = {}
+        for i, spec in enumerate(s.specs):
+            progress.stage(f"acceptance of {spec.name}", (i + 1) / (len(s.specs) + 1))
+            params = _start(spec, max_gamma)
+            (m,) = s.backend.measure(
+                [Config(spec, params["gamma"], params.get("threshold", 0.0))], s.case, 1, 1
+            )
+            if m.metrics.acceptance_rate > 0:
+                measured[spec.name] = (
+                    m.metrics.acceptance_rate,
+                    m.metrics.mean_accepted_len,
+                    m.metrics.tokens_per_s,
+                )
+        costs = with_acceptance(costs, measured, max_gamma)
+        target = {"name": s.target.name, "dtype": "gguf", "num_params": 0, "weights": "trained"}
+        target["backend"] = s.backend.info()
+    finally:
+        s.close()
+    return hw, costs, target
+
+
 def check_engine(
     path: Path,
     tolerance: float = 0.10,

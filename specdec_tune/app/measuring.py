@@ -162,6 +162,17 @@ def profile_costs(
     if out is not None:
         check_writable(out)
     progress = progress or Progress()
+    if models.backend == "llamacpp":
+        from ..measure.llamacpp.server import servers_die_with_us
+        from .engine import profile_engine
+
+        with servers_die_with_us():
+            hw, costs, target = profile_engine(models, max_gamma, repeats, progress)
+        model = CostModel(costs)
+        per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
+        if out is not None:
+            atomic_write_text(out, costs_to_yaml(costs, hw, target))
+        return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out, target)
     s = models.open(allow_random=True)
     measured = {spec.name for spec in s.specs if acceptance_measured(s, spec)}
     plan, notes = acceptance_plan(acceptance or GivenAcceptance(), s.specs, measured)

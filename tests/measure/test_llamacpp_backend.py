@@ -82,6 +82,11 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
     assert p.backend["name"] == "llamacpp"
     assert p.backend["build"]["binary_sha256"] == srv.build_info(REAL)["binary_sha256"]
     assert p.baseline.tokens_per_s > 0
+    # the engine's own costs: T_target, C_ver(γ) anchored at C_ver(1) = T_target, T_draft per draft
+    assert p.costs.engine_mode == "llamacpp" and p.costs.t_target_ms > 0
+    assert len(p.costs.verify_ms) == 4 and p.costs.verify_ms[0] == pytest.approx(p.costs.t_target_ms)
+    assert {d.name for d in p.costs.drafts} == {"ngram-simple:3", "demo-draft"}
+    assert next(d for d in p.costs.drafts if d.name == "ngram-simple:3").t_draft_ms == 0.0
     best = next(x for x in [p.best, *p.alternatives] if x.config.gamma > 0)
     assert best.backend_args[:2] == ["-m", str(demo["target"])]
     assert "--spec-type" in best.backend_args

@@ -71,7 +71,11 @@ def measure_engine_costs(
     t_target, t_spread = decode_ms(plain, case, passes=3)
     text = " ".join(case.prompts) * 4
     ids = plain.post("/tokenize", {"content": text})["tokens"][:context_len]
-    verify, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
+    pp, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
+    # Prompt processing runs another path than a decode step (its own graph and per-request
+    # work), so its absolute times are not a step's: its shape over gamma is kept, anchored at
+    # C_ver(1) = T_target (verifying two tokens costs one memory-bound decode step).
+    verify = [t_target * v / pp[0] for v in pp] if pp and pp[0] > 0 else pp
     costs = Costs(t_target, t_spread, verify, v_spread, len(ids), engine_mode="llamacpp")
     for name, path in drafts.items():
         if path is None:
@@ -92,26 +96,16 @@ def measure_engine_costs(
 
 
 def with_acceptance(costs: Costs, measured: dict[str, tuple[float, float, float]], max_gamma: int) -> Costs:
-    """Each draft's acceptance and in-loop step cost from trials measured in the engine:
-    {name: (alpha, tau, tokens/s)}. llama.cpp reports totals only, so the acceptance vector is
-    i.i.d. at the measured alpha, and the verification curve is scaled to the step time the trial
-    saw (1000 tau / tokens/s per target forward, less the draft's share) at the width it verified
-    (1 + (tau - 1) / alpha tokens): the prompt-processing curve alone misses the server's per-step
-    cost."""
+    """Each draft's acceptance from trials measured in the engine: {name: (alpha, tau, tokens/s)}.
+    llama.cpp reports totals only, so the acceptance vector is i.i.d. at the measured alpha."""
     for d in costs.drafts:
         if d.name not in measured:
             continue
-        alpha, tau, tok_s = measured[d.name]
+        alpha = measured[d.name][0]
         alpha = min(max(alpha, 1e-3), 0.999)
         d.acceptance_rate = alpha
         d.acceptance_vector = [alpha] * max_gamma
         d.acceptance_source = "measured"
-        proposed = (tau - 1.0) / alpha  # draft tokens per target forward
-        step_ms = 1000.0 * tau / tok_s if tok_s > 0 else 0.0
-        verify = step_ms - proposed * d.t_draft_ms
-        if verify > 0 and proposed > 0:
-            d.loop_verify_ms, d.loop_verify_tokens = verify, 1.0 + proposed
-            d.loop_t_draft_ms = d.t_draft_ms
     return costs
 
 
