@@ -105,6 +105,15 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
         argv = data["command"]
         spec = p.best.backend_args[p.best.backend_args.index("--spec-type") :]
         assert " ".join(spec) in " ".join(argv)
+        # the exported command is accepted by the built server, and it speculates
+        assert argv[0] == "llama-server"
+        server = srv.LlamaServer(REAL, argv[1:], threads=1)
+        try:
+            server.start()
+            reply = server.post("/completion", {"prompt": "def f(x):\n    return x", "n_predict": 24})
+            assert reply["timings"].get("draft_n", 0) > 0
+        finally:
+            server.stop()
 
     # check re-measures in the engine; another build is other software (exit 3)
     c = run_cli("check", str(out), "--repeats", "1", "--tolerance", "0.9")
