@@ -110,7 +110,8 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
         server = srv.LlamaServer(REAL, argv[1:], threads=1)
         try:
             server.start()
-            reply = server.post("/completion", {"prompt": "def f(x):\n    return x", "n_predict": 24})
+            prompt = "def f(x):\n    return x + 1\n\n" * 4  # lookups find matches in it
+            reply = server.post("/completion", {"prompt": prompt, "n_predict": 32})
             assert reply["timings"].get("draft_n", 0) > 0
         finally:
             server.stop()
