@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=240.0)
     ap.add_argument("--batch-sizes", default="1")
     ap.add_argument("--profile", type=Path, help="skip the run: compare the best config of this profile")
+    ap.add_argument("--threads", type=int, default=None, help="engine threads (default: every core)")
     args = ap.parse_args()
 
     models = app.Models(
@@ -55,6 +56,7 @@ def main() -> None:
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
         backend="llamacpp",
+        threads=args.threads,
     )
     report: dict = {"args": vars(args) | {"profile": str(args.profile) if args.profile else None}}
     sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -61,8 +61,13 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layer-skip", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=None, help="engine threads (default: every core)")
     args = ap.parse_args()
     report: dict = {"args": vars(args), "pairs": {}}
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     for pair in args.pairs.split(","):
         native_target, engine_target, drafts, gammas = PAIRS[pair]
         drafts = [(n.format(k=args.layer_skip), e.format(k=args.layer_skip)) for n, e in drafts]
@@ -94,6 +99,7 @@ def main() -> None:
                 prompts=args.prompts,
                 max_new_tokens=args.max_new_tokens,
                 backend="llamacpp",
+                threads=args.threads,
             )
             if any(e == "DEMO_DRAFT" for _, e in drafts):
                 from specdec_tune.runtime.ggufs import demo_gguf_paths
