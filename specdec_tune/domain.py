@@ -118,6 +118,10 @@ class Metrics:
     search_speedup: float | None = None
     # A hybrid drafter's counters per source: {source: {proposed, accepted, acceptance_rate, share}}
     per_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The per-repeat speedups (each the config's rate over the same repeat's baseline rate) and
+    # the bootstrap interval of their median (measure.stats); absent in older profiles.
+    speedup_samples: list[float] = field(default_factory=list)
+    speedup_interval: list[float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,7 +136,14 @@ class Metrics:
         kwargs["per_position_acceptance"] = list(kwargs.get("per_position_acceptance") or [])
         if not isinstance(kwargs.get("per_source"), dict):  # absent, or NaN in a trials table
             kwargs["per_source"] = {}
+        kwargs["speedup_samples"] = [float(x) for x in _list(kwargs.get("speedup_samples"))]
+        interval = _list(kwargs.get("speedup_interval"))
+        kwargs["speedup_interval"] = [float(x) for x in interval] if len(interval) == 2 else None
         return cls(**kwargs)
+
+
+def _list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 @dataclass

@@ -195,7 +195,10 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
     # bookkeeping (sampler, storage writes).
     trial_s = (2 * settings.repeats + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
-    final_s = (settings.finalists + 1) * settings.final_repeats * pass_s if settings.finalists else 0.0
+    # The final round: at least two finalists and the baseline head to head, then racing rounds
+    # for the leading two until resolved (search.racing), which get as much time again.
+    first_s = (max(2, settings.finalists) + 1) * settings.final_repeats * pass_s
+    final_s = RACE_FACTOR * first_s if settings.finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
     timeout = max(budget_s - final_s, trials * trial_s * 0.5)
@@ -204,12 +207,14 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
         f"so {trials} trials"
         + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )
-    return replace(settings, trials=trials, timeout_s=timeout), note
+    final_budget = final_s if settings.finalists else None
+    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
 
 
 # The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
 MIN_BUDGET_TRIALS = 6
 TRIAL_OVERHEAD_S = 0.15
+RACE_FACTOR = 2.0
 
 
 def make_profile(
@@ -263,7 +268,10 @@ def make_profile(
             seed=settings.seed,
             space=result.space,
             finalists=result.finalists,
-            final_repeats=settings.final_repeats if result.finalists else 0,
+            final_repeats=result.final_repeats if result.finalists else 0,
+            final_verdict=result.final_verdict,
+            final_margin=list(result.final_margin),
+            outliers=list(result.outliers),
             engine=settings.engine,
         ),
         best=result.results[0],

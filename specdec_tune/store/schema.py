@@ -58,7 +58,12 @@ class SearchInfo:
     seed: int
     space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
     finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
-    final_repeats: int = 0  # interleaved repeats of that final round
+    final_repeats: int = 0  # interleaved repeats of that final round (the most any finalist got)
+    # "resolved" (the best is faster than the runner-up beyond the noise) or "tie within noise"
+    # (the budget ended first; the simplest tied config was picked); "" before racing existed.
+    final_verdict: str = ""
+    final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, interval lo, hi
+    outliers: list[str] = field(default_factory=list)  # search trials not believed (above the ceiling)
     budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
     budget_note: str = ""  # what the budget allowed, in words
     engine: str | None = None  # the serving engine the search was restricted to (`run --for`)
@@ -276,6 +281,11 @@ def _validate_metrics(m: Metrics, path: str) -> None:
     _at_least(m.repeats, 1, f"{path}.repeats")
     if m.search_speedup is not None:
         _at_least(m.search_speedup, 0.0, f"{path}.search_speedup")
+    for i, x in enumerate(m.speedup_samples):
+        _at_least(x, 0.0, f"{path}.speedup_samples[{i}]")
+    iv = m.speedup_interval
+    if iv is not None and (len(iv) != 2 or not 0 <= iv[0] <= iv[1]):
+        raise field_error(f"{path}.speedup_interval", "must be [lo, hi] with 0 <= lo <= hi", iv)
 
 
 def _at_least(value: float, low: float, path: str) -> None:
