@@ -34,3 +34,22 @@ def add_columns(table: Table, columns: list[tuple[str, str]]) -> None:
     """Columns by (name, justify)."""
     for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+
+def interval(iv: list[float] | None, digits: int = 2) -> str:
+    """A speedup's interval as "[1.48, 1.57]×", or "—" when it has none (one repeat, older profile)."""
+    return "—" if not iv else f"[{iv[0]:.{digits}f}, {iv[1]:.{digits}f}]×"
+
+
+def final_verdict(search: object) -> str:
+    """The final round's verdict in words (a profile's `search`), "" when it has none."""
+    verdict = getattr(search, "final_verdict", "")
+    margin = getattr(search, "final_margin", [])
+    if not verdict:
+        return ""
+    against = (
+        f"best / runner-up {margin[0]:.3f}× [{margin[1]:.3f}, {margin[2]:.3f}]" if len(margin) == 3 else ""
+    )
+    if verdict == "resolved":
+        return f"resolved: {against}" if against else "resolved"
+    return f"tie within noise ({against}): the simplest tied config was picked" if against else verdict
