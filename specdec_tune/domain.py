@@ -233,3 +233,28 @@ class Costs:
 
     def draft(self, name: str) -> DraftCosts | None:
         return next((d for d in self.drafts if d.name == name), None)
+
+
+@dataclass
+class Noise:
+    """How noisy the machine was while measuring (measure.noise): the spread of repeated plain
+    passes, and what the OS said over that window (None where it could not tell)."""
+
+    plain_pass_s: float  # median seconds of one plain pass over the workload
+    plain_pass_cv: float  # their coefficient of variation (stdev / mean)
+    plain_passes: int
+    cpus: int
+    load_avg: float | None = None  # 1-minute load average
+    steal_share: float | None = None  # share of CPU time the hypervisor took over the window
+    others_cpu_share: float | None = None  # share of all CPUs other processes used over the window
+    busiest: list[str] = field(default_factory=list)  # the busiest other processes, in words
+    repeats_needed: int = 1  # interleaved repeats to resolve a 5 % difference at this noise
+
+
+@dataclass
+class Anchors:
+    """Measured performance of this machine, so `check` can tell other (slower) hardware from a
+    regression: the hardware slug names a kind of machine, not its speed."""
+
+    plain_tokens_per_s: float  # the target's plain decoding over the workload (batch size 1)
+    copy_bandwidth_gbps: float | None = None  # a large device-to-device copy

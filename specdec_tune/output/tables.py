@@ -204,7 +204,29 @@ def _run_table(p: Profile) -> Table:
         ),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
     ]
+    if p.noise is not None:
+        rows.append(("machine noise", noise_words(p.noise)))
+    if p.anchors is not None:
+        a = p.anchors
+        rows.append(
+            (
+                "anchors",
+                f"plain {a.plain_tokens_per_s:.1f} tokens/s, copy {unit(a.copy_bandwidth_gbps, 'GB/s')}",
+            )
+        )
     return kv_table("Run", rows)
+
+
+def noise_words(n: Any) -> str:
+    """A profile's `noise` in one line."""
+    parts = [f"plain passes vary {n.plain_pass_cv:.1%} over {n.plain_passes}"]
+    if n.load_avg is not None:
+        parts.append(f"load {n.load_avg:.2f} on {n.cpus} CPUs")
+    if n.others_cpu_share is not None:
+        parts.append(f"other processes {n.others_cpu_share:.0%} of all CPUs")
+    if n.steal_share:
+        parts.append(f"steal {n.steal_share:.0%}")
+    return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"
 
 
 def _costs_tables(c: Costs) -> list[Table]:

@@ -16,8 +16,10 @@ from ..domain import (
     LOOKUP_MATCHES,
     THRESHOLD_MODES,
     WEIGHTS,
+    Anchors,
     Costs,
     Metrics,
+    Noise,
     Result,
 )
 from ..engines import ENGINES
@@ -113,6 +115,10 @@ class Profile:
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
+    # How noisy the machine was when the search ran, and its measured speed (for `check`); absent
+    # in older profiles.
+    noise: Noise | None = None
+    anchors: Anchors | None = None
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION
@@ -191,6 +197,12 @@ def _validate(p: Profile) -> None:
         _one_of(p.search.engine, ENGINES, "search.engine")
     if p.costs is not None:
         validate_costs(p.costs)
+    if p.noise is not None:
+        _at_least(p.noise.plain_pass_s, 0.0, "noise.plain_pass_s")
+        _at_least(p.noise.plain_pass_cv, 0.0, "noise.plain_pass_cv")
+        _at_least(p.noise.repeats_needed, 1, "noise.repeats_needed")
+    if p.anchors is not None:
+        _positive(p.anchors.plain_tokens_per_s, "anchors.plain_tokens_per_s")
 
 
 def validate_costs(c: Costs, path: str = "costs") -> None:
