@@ -252,7 +252,8 @@ def check(
     device: Device = "auto",
     json_out: JsonOut = False,
 ) -> None:
-    """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware."""
+    """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware,
+    6 inconclusive (too noisy to tell)."""
     with user_errors():
         quiet_libraries()
         from . import app as api
@@ -289,6 +290,10 @@ def check(
             )
             err_console().print(f"[red]regression:[/red] {bad}", soft_wrap=True)
             raise typer.Exit(1)
+        if report.inconclusive:
+            vague = ", ".join(i.metric for i in report.items if i.inconclusive)
+            err_console().print(f"[yellow]inconclusive: too noisy to tell:[/yellow] {vague}", soft_wrap=True)
+            raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 
 @app.command()

@@ -205,14 +205,26 @@ def check(
     """Re-measure a stored profile's best config here and judge it against what it stored; with a
     batch table, every row at its batch size (only `batch_size`'s row when given).
 
-    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed. A speedup below the
-    floor is measured again and judged on all repeats together.
+    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or
+    plain decoding far slower or faster than the profile's anchors on a quiet machine. A speedup
+    not clearly passing is measured again (with the repeats its noise needs) and judged on all
+    repeats together; too noisy to tell is `report.inconclusive` (CLI exit 6).
     """
     import time
 
     from ..measure.bench import measure
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
-    from ..output.check import judge, junit_xml, speedup_floor
+    from ..measure.noise import busy_window
+    from ..measure.stats import PASS
+    from ..output.check import (
+        anchor_slowdown,
+        confirm_repeats,
+        judge,
+        judge_measured,
+        junit_xml,
+        other_hardware,
+        speedup_floor,
+    )
     from ..runtime.drafters import build_drafter
     from ..runtime.models import content_hash_like
     from ..search.policymodel import policy_drafter
@@ -222,7 +234,7 @@ def check(
 
     started = time.monotonic()
     p = load_profile(path)
-    floor = speedup_floor(p, tolerance)
+    speedup_floor(p, tolerance)  # a bad --tolerance fails before any model loads
     check_count(repeats, "--repeats")
     rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
     if batch_size is not None:
@@ -268,13 +280,31 @@ def check(
     if batch_size is None:
         cfg = p.best.config
         drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
-        m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
-        again = None
-        if m.metrics.speedup < floor:
-            again = measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1
+        m, os_noise, machine_busy = busy_window(
+            lambda: measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats)
+        )
+        slowdown = anchor_slowdown(p, m.metrics.baseline_tokens_per_s)
+        if other_hardware(slowdown, machine_busy) and not allow_other_hardware:
+            raise OtherHardwareError(
+                f"{path} was measured on other hardware: plain decoding here is {slowdown:.2f}× slower "
+                f"({m.metrics.baseline_tokens_per_s:.1f} tokens/s against the profile's "
+                f"{p.anchors.plain_tokens_per_s:.1f}) on a quiet machine, though the slug is the same; "
+                "re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
             )
-        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
+        again = None
+        if judge_measured(p.best.metrics, m, None, tolerance).verdict != PASS:
+            n = confirm_repeats(m, repeats)
+            again = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1)
+        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy)
+        report.noise = {**os_noise, "busy": machine_busy}
+        if slowdown is not None:
+            report.anchors = {
+                "plain_tokens_per_s": [
+                    p.anchors.plain_tokens_per_s,
+                    round(m.metrics.baseline_tokens_per_s, 3),
+                ],
+                "slowdown": round(slowdown, 3),
+            }
         # The best config is the batch size 1 answer; the table's other rows follow.
         others = [r for r in rows if r.batch_size != 1]
         report.items += judge_batch_rows(
@@ -306,7 +336,8 @@ def judge_batch_rows(
     named with the batch size (e.g. "speedup @ B=4"). A speedup below the floor is measured again."""
     from ..measure.bench import measure
     from ..measure.serving import measure_batched
-    from ..output.check import CheckItem, judge_config
+    from ..measure.stats import PASS
+    from ..output.check import CheckItem, confirm_repeats, judge_config, judge_measured
     from ..runtime.batch import build_batch_drafter
     from ..runtime.drafters import build_drafter
     from ..search.policymodel import policy_drafter
@@ -320,7 +351,7 @@ def judge_batch_rows(
         cfg, b = row.best.config, row.batch_size
         spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
 
-        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b) -> Any:
+        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b, repeats: int = repeats) -> Any:
             if b == 1:
                 drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules), cfg, p.costs)
                 return measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed)
@@ -332,7 +363,9 @@ def judge_batch_rows(
             )
 
         m = once(0)
-        again = once(1) if m.metrics.speedup < row.best.metrics.speedup * (1 - tolerance) else None
+        again = None
+        if judge_measured(row.best.metrics, m, None, tolerance).verdict != PASS:
+            again = once(1, repeats=confirm_repeats(m, repeats))
         report.items += judge_config(
             row.best, p.workload.temperature, m, again, tolerance, acceptance_tolerance, f" @ B={b}"
         )

@@ -128,3 +128,12 @@ def noise_line(noise: Noise, repeats: int) -> str:
         f"resolving {RESOLVE_SHARE:.0%} needs about {noise.repeats_needed} interleaved repeats, "
         f"{repeats} planned"
     )
+
+
+def busy_window(work: Callable[[], Any], proc: Path = PROC) -> tuple[Any, dict[str, Any], bool]:
+    """Run `work()`: its result, what the OS said meanwhile, and whether that says busy."""
+    result, info = os_window(work, proc)
+    machine_busy = (info["others_cpu_share"] or 0.0) > BUSY_OTHERS or (
+        info["steal_share"] or 0.0
+    ) > BUSY_STEAL
+    return result, info, machine_busy

@@ -137,6 +137,10 @@ def judge_speedup(
     floor = 1 - tolerance
     rng = random.Random(seed)
     base = list(stored) or [stored_median]
+    # The stored repeats carry the spread; the stored median is the number (they agree unless the
+    # profile was edited by hand, and then the edited number wins).
+    scale = stored_median / statistics.median(base) if statistics.median(base) > 0 else 1.0
+    base = [x * scale for x in base]
     now = list(now)
     ratio = statistics.median(now) / statistics.median(base)
     if len(now) < 2:
