@@ -181,26 +181,32 @@ def _batch_row(batch_size: int, result: Any, model: Any, max_gamma: int) -> Any:
 
 
 def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
-    """Plain passes over the workload (batch size 1) timed while watching the OS: the machine's
-    noise, and its anchors (plain tokens/s, copy bandwidth)."""
+    """Plain passes (batch size 1) timed while watching the OS: the machine's noise, and its
+    anchors (plain tokens/s, copy bandwidth). Each pass covers 1/NOISE_PASSES of the prompts, so
+    all of them cost about one full pass; `plain_pass_s` is scaled up to the whole workload."""
+    import dataclasses
     import time
 
     from ..domain import Anchors
     from ..measure.bench import run_pass
     from ..measure.noise import measure_noise
 
+    share = s.case.head(max(1, -(-len(s.case.prompts) // NOISE_PASSES)))
     tokens = []
 
     def plain_pass() -> float:
         t0 = time.perf_counter()
-        out, _ = run_pass(s.target.model, None, 0, 0.0, s.case)
+        out, _ = run_pass(s.target.model, None, 0, 0.0, share)
         tokens.append(sum(map(len, out)))
         return time.perf_counter() - t0
 
     run_pass(s.target.model, None, 0, 0.0, s.case.head(1))  # warm-up, untimed
     noise = measure_noise(plain_pass, NOISE_PASSES)
+    rate = tokens[0] / noise.plain_pass_s
+    full_s = noise.plain_pass_s * sum(s.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
+    noise = dataclasses.replace(noise, plain_pass_s=round(full_s, 5))
     bandwidth = costs.copy_bandwidth_gbps if costs is not None else None
-    return noise, Anchors(round(tokens[0] / noise.plain_pass_s, 3), bandwidth)
+    return noise, Anchors(round(rate, 3), bandwidth)
 
 
 def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
