@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..domain import Costs
 from ..store.schema import Profile
-from .fmt import final_verdict, interval, kv_table, num, times, unit, vec
+from .fmt import final_verdict, kv_table, num, times, unit, vec
 
 
 def bench_table(r: dict[str, Any]) -> Table:
@@ -161,7 +161,7 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     )
     # Nine columns fit an 80-column terminal without borders and with short headers.
     t.box, t.padding, t.pad_edge = box.SIMPLE_HEAD, (0, 0), False
-    for col in ("", "config", "speedup", "95% interval", "search trial", "tok/s", "α", "τ", "pred."):
+    for col in ("", "config", "speedup", "95% CI", "trial", "tok/s", "α", "τ", "pred."):
         t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
     for label, r in rows:
@@ -172,7 +172,7 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
             label,
             r.config.label,
             "—" if searched_only else f"{m.speedup:.3f}×",
-            "" if searched_only else interval(m.speedup_interval),
+            "" if searched_only or not m.speedup_interval else "{:.2f}–{:.2f}".format(*m.speedup_interval),
             times(m.speedup if searched_only else m.search_speedup),
             f"{m.tokens_per_s:.1f}",
             f"{m.acceptance_rate:.2f}",
@@ -183,8 +183,8 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
         "baseline", "plain target", "1.000×", "", "", f"{p.baseline.tokens_per_s:.1f}", "—", "1.00", "1.00×"
     )
     final = (
-        f"; speedup: the top {p.search.finalists} re-measured head to head ({p.search.final_repeats} "
-        "repeats), search: their search trial"
+        f"; speedup: the top {p.search.finalists} re-measured head to head (up to {p.search.final_repeats} "
+        "repeats), trial: a search trial's number, not comparable with them"
         if p.search.finalists
         else ""
     )
