@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 
 
@@ -53,3 +55,15 @@ def final_verdict(search: object) -> str:
     if verdict == "resolved":
         return f"resolved: {against}" if against else "resolved"
     return f"tie within noise ({against}): the simplest tied config was picked" if against else verdict
+
+
+def noise_words(n: Any) -> str:
+    """A profile's `noise` (domain.Noise) in one line."""
+    parts = [f"plain passes vary {n.plain_pass_cv:.1%} over {n.plain_passes}"]
+    if n.load_avg is not None:
+        parts.append(f"load {n.load_avg:.2f} on {n.cpus} CPUs")
+    if n.others_cpu_share is not None:
+        parts.append(f"other processes {n.others_cpu_share:.0%} of all CPUs")
+    if n.steal_share:
+        parts.append(f"steal {n.steal_share:.0%}")
+    return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"

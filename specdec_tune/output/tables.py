@@ -15,7 +15,7 @@ from rich.text import Text
 from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
-from .fmt import add_columns, final_verdict, interval, kv_table, num, times, unit, vec
+from .fmt import add_columns, final_verdict, interval, kv_table, noise_words, num, times, unit, vec
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -110,10 +110,14 @@ def _best_table(p: Profile) -> Table:
     where = "final round" if m.search_speedup is not None else "search trial"
     t.add_row(
         "speedup",
-        f"[bold]{times(m.speedup)}[/] ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
+        # the interval, where there is one: one wild repeat blows up max − min, not a median's interval
+        f"[bold]{times(m.speedup)}[/] ({where}: {m.repeats} repeats, median; "
+        + (
+            f"95% interval {interval(m.speedup_interval, 3)})"
+            if m.speedup_interval
+            else f"spread {m.speedup_spread * 100:.1f}% max−min)"
+        ),
     )
-    if m.speedup_interval:
-        t.add_row("speedup interval", f"{interval(m.speedup_interval, 3)} (95%, bootstrap of paired repeats)")
     if m.search_speedup is not None:
         t.add_row(
             "search trial", f"{times(m.search_speedup)} (one trial, not comparable; the final round decides)"
@@ -215,18 +219,6 @@ def _run_table(p: Profile) -> Table:
             )
         )
     return kv_table("Run", rows)
-
-
-def noise_words(n: Any) -> str:
-    """A profile's `noise` in one line."""
-    parts = [f"plain passes vary {n.plain_pass_cv:.1%} over {n.plain_passes}"]
-    if n.load_avg is not None:
-        parts.append(f"load {n.load_avg:.2f} on {n.cpus} CPUs")
-    if n.others_cpu_share is not None:
-        parts.append(f"other processes {n.others_cpu_share:.0%} of all CPUs")
-    if n.steal_share:
-        parts.append(f"steal {n.steal_share:.0%}")
-    return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"
 
 
 def _costs_tables(c: Costs) -> list[Table]:
