@@ -255,11 +255,13 @@ def _fit_budget(
     trial_s = (2 * settings.repeats + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
     # The final round: at least two finalists and the baseline head to head, then racing rounds
     # for the leading two until resolved (search.racing), which get as much time again.
+    # Racing gets what the search's minimum leaves, up to as much again as the first round.
     first_s = (max(2, settings.finalists) + 1) * settings.final_repeats * pass_s
-    final_s = RACE_FACTOR * first_s if settings.finalists else 0.0
+    search_min_s = MIN_BUDGET_TRIALS * trial_s
+    final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if settings.finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
-    timeout = max(budget_s - final_s, trials * trial_s * 0.5)
+    timeout = max(budget_s - final_s, search_min_s)
     note = (
         f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, "
         f"so {trials} trials"

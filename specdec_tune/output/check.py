@@ -111,13 +111,13 @@ def judge_config(
 
     On a `busy` machine other work takes the target's cores in bursts and speculation gains less,
     so a regression there is only called when even a tolerance's worth of that would not explain
-    it (the interval ends below the floor minus the tolerance); otherwise it is inconclusive.
+    it (the interval ends below floor × (1 - tolerance)); otherwise it is inconclusive.
     """
     stored = stored_result.metrics
     m = measured.metrics
     items = []
     judged = judge_measured(stored, measured, again, tolerance)
-    if busy and judged.verdict == REGRESSION and judged.interval[1] >= judged.floor - tolerance:
+    if busy and judged.verdict == REGRESSION and judged.interval[1] >= judged.floor * (1 - tolerance):
         judged.verdict = INCONCLUSIVE
     confirm = ""
     if again is not None:
@@ -202,11 +202,15 @@ def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None
     return a.plain_tokens_per_s / plain_tokens_per_s
 
 
-def other_hardware(slowdown: float | None, machine_busy: bool) -> bool:
-    """The anchors differ beyond the noise: a different machine, unless other work explains it."""
+def other_hardware(slowdown: float | None, machine_busy: bool, profile: Profile | None = None) -> bool:
+    """The anchors differ beyond the noise: a different machine, unless other work explains it.
+    Beyond the noise: more than ANCHOR_TOLERANCE, or four times the plain passes' variation the
+    profile recorded when that was larger (short passes of a small model vary a lot)."""
     if slowdown is None or machine_busy:
         return False
-    return slowdown > 1 + ANCHOR_TOLERANCE or slowdown < 1 / (1 + ANCHOR_TOLERANCE)
+    cv = profile.noise.plain_pass_cv if profile is not None and profile.noise is not None else 0.0
+    tolerance = max(ANCHOR_TOLERANCE, 4 * cv)
+    return slowdown > 1 + tolerance or slowdown < 1 / (1 + tolerance)
 
 
 def confirm_repeats(measured: Any, repeats: int) -> int:

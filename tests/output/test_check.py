@@ -192,6 +192,7 @@ def _edited(stored_profile, tmp_path, speedup=None, samples=None, anchors="drop"
         doc["anchors"] = None
     elif anchors is not None:
         doc["anchors"] = anchors
+        doc["noise"] = None  # the anchors' tolerance stays ANCHOR_TOLERANCE
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(doc, sort_keys=False))
     return edited

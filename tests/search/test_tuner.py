@@ -524,12 +524,13 @@ def test_check_re_measures_every_batch_row(tiny_dirs, tmp_path):
         ),
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1")
-    assert c.exit_code in (0, 1), c.output
+    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--allow-other-hardware")
+    assert c.exit_code in (0, 1, 6), c.output  # 6: one repeat of a tiny model on a busy machine
     metrics = [i["metric"] for i in json.loads(c.stdout)["items"]]
     assert "speedup" in metrics and "speedup @ B=2" in metrics and "speedup @ B=1" not in metrics
     assert metrics.count("target weights") == 1
-    one = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--batch-size", "2")
+    one = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--batch-size", "2",
+                 "--allow-other-hardware")  # fmt: skip
     metrics = [i["metric"] for i in json.loads(one.stdout)["items"]]
     assert metrics[0] == "target weights" and all(m.endswith("@ B=2") for m in metrics[1:])
     missing = invoke("check", out, "--batch-size", "8")
