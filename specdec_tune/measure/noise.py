@@ -123,8 +123,13 @@ def noise_line(noise: Noise, repeats: int) -> str:
         os_part.append(f"other processes {noise.others_cpu_share:.0%} of all CPUs")
     if noise.steal_share:
         os_part.append(f"steal {noise.steal_share:.0%}")
+    head = (
+        "noisy machine"
+        if noise.repeats_needed > repeats
+        else "busy machine (numbers may move as the load does)"
+    )
     return (
-        f"noisy machine: plain passes vary {noise.plain_pass_cv:.1%} ({', '.join(os_part) or 'OS: unknown'}); "
+        f"{head}: plain passes vary {noise.plain_pass_cv:.1%} ({', '.join(os_part) or 'OS: unknown'}); "
         f"resolving {RESOLVE_SHARE:.0%} needs about {noise.repeats_needed} interleaved repeats, "
         f"{repeats} planned"
     )

@@ -58,4 +58,9 @@ def test_measure_noise_and_the_line_to_the_user(tmp_path):
     calm = Noise(plain_pass_s=1.0, plain_pass_cv=0.005, plain_passes=3, cpus=2, others_cpu_share=0.02)
     assert noise.noise_line(calm, 4) == "" and not noise.busy(calm)
     loaded = Noise(plain_pass_s=1.0, plain_pass_cv=0.005, plain_passes=3, cpus=2, others_cpu_share=0.5)
-    assert noise.busy(loaded) and "other processes 50% of all CPUs" in noise.noise_line(loaded, 4)
+    busy_line = noise.noise_line(loaded, 4)
+    assert (
+        noise.busy(loaded)
+        and busy_line.startswith("busy machine")
+        and "other processes 50% of all CPUs" in busy_line
+    )
