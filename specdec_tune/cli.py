@@ -310,7 +310,7 @@ def check(
     json_out: JsonOut = False,
 ) -> None:
     """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware
-    or engine build."""
+    or engine build, 6 inconclusive (too noisy to tell)."""
     with user_errors():
         quiet_libraries()
         from . import app as api
@@ -351,6 +351,10 @@ def check(
             )
             error_line("regression", bad)
             raise typer.Exit(1)
+        if report.inconclusive:
+            vague = ", ".join(i.metric for i in report.items if i.inconclusive)
+            error_line("inconclusive: too noisy to tell", vague, style="yellow")
+            raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 
 @app.command()

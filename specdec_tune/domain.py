@@ -119,6 +119,10 @@ class Metrics:
     search_speedup: float | None = None
     # A hybrid drafter's counters per source: {source: {proposed, accepted, acceptance_rate, share}}
     per_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The per-repeat speedups (each the config's rate over the same repeat's baseline rate) and
+    # the bootstrap interval of their median (measure.stats); absent in older profiles.
+    speedup_samples: list[float] = field(default_factory=list)
+    speedup_interval: list[float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +137,14 @@ class Metrics:
         kwargs["per_position_acceptance"] = list(kwargs.get("per_position_acceptance") or [])
         if not isinstance(kwargs.get("per_source"), dict):  # absent, or NaN in a trials table
             kwargs["per_source"] = {}
+        kwargs["speedup_samples"] = [float(x) for x in _list(kwargs.get("speedup_samples"))]
+        interval = _list(kwargs.get("speedup_interval"))
+        kwargs["speedup_interval"] = [float(x) for x in interval] if len(interval) == 2 else None
         return cls(**kwargs)
+
+
+def _list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 @dataclass
@@ -227,6 +238,31 @@ class Costs:
 
     def draft(self, name: str) -> DraftCosts | None:
         return next((d for d in self.drafts if d.name == name), None)
+
+
+@dataclass
+class Noise:
+    """How noisy the machine was while measuring (measure.noise): the spread of repeated plain
+    passes, and what the OS said over that window (None where it could not tell)."""
+
+    plain_pass_s: float  # median seconds of one plain pass over the workload
+    plain_pass_cv: float  # their coefficient of variation (stdev / mean)
+    plain_passes: int
+    cpus: int
+    load_avg: float | None = None  # 1-minute load average
+    steal_share: float | None = None  # share of CPU time the hypervisor took over the window
+    others_cpu_share: float | None = None  # share of all CPUs other processes used over the window
+    busiest: list[str] = field(default_factory=list)  # the busiest other processes, in words
+    repeats_needed: int = 1  # interleaved repeats to resolve a 5 % difference at this noise
+
+
+@dataclass
+class Anchors:
+    """Measured performance of this machine, so `check` can tell other (slower) hardware from a
+    regression: the hardware slug names a kind of machine, not its speed."""
+
+    plain_tokens_per_s: float  # the target's plain decoding over the workload (batch size 1)
+    copy_bandwidth_gbps: float | None = None  # a large device-to-device copy
 
 
 def slugify(text: str) -> str:

@@ -215,14 +215,26 @@ def check(
     batch table, every row at its batch size (only `batch_size`'s row when given). With
     `models_root` (or SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows.
 
-    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed. A speedup below the
-    floor is measured again and judged on all repeats together.
+    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or
+    plain decoding far slower or faster than the profile's anchors on a quiet machine. A speedup
+    not clearly passing is measured again (with the repeats its noise needs) and judged on all
+    repeats together; too noisy to tell is `report.inconclusive` (CLI exit 6).
     """
     import time
 
     from ..measure.bench import measure
     from ..measure.hardware import hardware_info, hardware_slug, same_hardware
-    from ..output.check import judge, junit_xml, speedup_floor
+    from ..measure.noise import busy_window
+    from ..measure.stats import PASS
+    from ..output.check import (
+        anchor_slowdown,
+        confirm_repeats,
+        judge,
+        judge_measured,
+        junit_xml,
+        other_hardware,
+        speedup_floor,
+    )
     from ..runtime.build import build_drafter
     from ..runtime.models import content_hash_like
     from ..search.policymodel import policy_drafter
@@ -253,7 +265,7 @@ def check(
         if junit is not None:
             atomic_write_text(junit, junit_xml(report))
         return report
-    floor = speedup_floor(p, tolerance)
+    speedup_floor(p, tolerance)  # a bad --tolerance fails before any model loads
     check_count(repeats, "--repeats", high=MAX_REPEATS)
     rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
     if batch_size is not None:
@@ -307,13 +319,35 @@ def check(
     if batch_size is None:
         cfg = p.best.config
         drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-        m = measure(s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx)
-        again = None
-        if m.metrics.speedup < floor:
-            again = measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=1, ctx=s.ctx
+        m, os_noise, machine_busy = busy_window(
+            lambda: measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
             )
-        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance)
+        )
+        slowdown = anchor_slowdown(p, m.metrics.baseline_tokens_per_s)
+        if other_hardware(slowdown, machine_busy, p) and not allow_other_hardware:
+            raise OtherHardwareError(
+                f"{path} was measured on other hardware: plain decoding here is {slowdown:.2f}× slower "
+                f"({m.metrics.baseline_tokens_per_s:.1f} tokens/s against the profile's "
+                f"{p.anchors.plain_tokens_per_s:.1f}) on a quiet machine, though the slug is the same; "
+                "re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
+            )
+        again = None
+        if judge_measured(p.best.metrics, m, None, tolerance).verdict != PASS:
+            n = confirm_repeats(m, repeats)
+            again = measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
+            )
+        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy)
+        report.noise = {**os_noise, "busy": machine_busy}
+        if slowdown is not None:
+            report.anchors = {
+                "plain_tokens_per_s": [
+                    p.anchors.plain_tokens_per_s,
+                    round(m.metrics.baseline_tokens_per_s, 3),
+                ],
+                "slowdown": round(slowdown, 3),
+            }
         # The best config is the batch size 1 answer; the table's other rows follow.
         others = [r for r in rows if r.batch_size != 1]
         report.items += judge_batch_rows(
@@ -356,10 +390,12 @@ def judge_batch_rows(
     with_weights: bool = True,
 ) -> CheckReport:
     """Each batch table row re-measured at its batch size (closed loop) and judged; items are
-    named with the batch size (e.g. "speedup @ B=4"). A speedup below the floor is measured again."""
+    named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
     from ..measure.bench import measure
+    from ..measure.noise import busy_window
     from ..measure.serving import measure_batched
-    from ..output.check import CheckItem, judge_config
+    from ..measure.stats import PASS
+    from ..output.check import CheckItem, confirm_repeats, judge_config, judge_measured
     from ..runtime.build import build_batch_drafter, build_drafter
     from ..search.policymodel import policy_drafter
 
@@ -372,7 +408,7 @@ def judge_batch_rows(
         cfg, b = row.best.config, row.batch_size
         spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
 
-        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b) -> Any:
+        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b, repeats: int = repeats) -> Any:
             if b == 1:
                 drafter = policy_drafter(
                     build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs
@@ -387,9 +423,18 @@ def judge_batch_rows(
                 s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx
             )
 
-        m = once(0)
-        again = once(1) if m.metrics.speedup < row.best.metrics.speedup * (1 - tolerance) else None
+        m, _, machine_busy = busy_window(lambda once=once: once(0))
+        again = None
+        if judge_measured(row.best.metrics, m, None, tolerance).verdict != PASS:
+            again = once(1, repeats=confirm_repeats(m, repeats))
         report.items += judge_config(
-            row.best, p.workload.temperature, m, again, tolerance, acceptance_tolerance, f" @ B={b}"
+            row.best,
+            p.workload.temperature,
+            m,
+            again,
+            tolerance,
+            acceptance_tolerance,
+            f" @ B={b}",
+            machine_busy,
         )
     return report

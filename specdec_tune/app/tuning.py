@@ -121,6 +121,11 @@ def tune(
         "repeats": settings.repeats,
         "engine_mode": s.engine_mode,
     }
+    # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
+    noise, anchors = _noise_and_anchors(s, costs)
+    settings, line = adapt_to_noise(settings, noise)
+    if line:
+        progress.note(line)
     results: dict[int, Any] = {}
     notes = []
     neighbour: list[dict[str, Any]] = []
@@ -130,7 +135,8 @@ def tune(
             settings_b.study_name = f"{settings.study_name}-b{b}"
         if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
             left = budget_s - (time.monotonic() - started)
-            settings_b, note = _fit_budget(s, pool, settings_b, left / (len(batch_sizes) - i))
+            pass_s = noise.plain_pass_s if b == 1 else None
+            settings_b, note = _fit_budget(s, pool, settings_b, left / (len(batch_sizes) - i), pass_s)
             notes.append(note)
         key_b = key if b == 1 else {**key, "batch_size": b}
         results[b] = run_search(
@@ -148,6 +154,7 @@ def tune(
         neighbour = [trial_params(results[b].results[0].config)]
     first = results[batch_sizes[0]]
     profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
+    profile.noise, profile.anchors = noise, anchors
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)
@@ -178,11 +185,63 @@ def _batch_row(batch_size: int, result: Any, model: Any, max_gamma: int) -> Any:
     return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)
 
 
-def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
+def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
+    """Plain passes (batch size 1) timed while watching the OS: the machine's noise, and its
+    anchors (plain tokens/s, copy bandwidth). Each pass (and an untimed warm-up) covers
+    1/NOISE_PASSES of the prompts, so all cost about 1.3 full passes; `plain_pass_s` is scaled up
+    to the whole workload."""
+    import dataclasses
+    import time
+
+    from ..domain import Anchors
+    from ..measure.bench import run_pass
+    from ..measure.noise import measure_noise
+
+    share = s.case.head(max(1, -(-len(s.case.prompts) // NOISE_PASSES)))
+    tokens = []
+
+    def plain_pass() -> float:
+        t0 = time.perf_counter()
+        out, _ = run_pass(s.target.model, None, 0, 0.0, share, ctx=s.ctx)
+        tokens.append(sum(map(len, out)))
+        return time.perf_counter() - t0
+
+    # Warm-up on the same prompts, untimed: a static engine captures a graph per new shape there.
+    run_pass(s.target.model, None, 0, 0.0, share, ctx=s.ctx)
+    noise = measure_noise(plain_pass, NOISE_PASSES)
+    rate = tokens[0] / noise.plain_pass_s
+    full_s = noise.plain_pass_s * sum(s.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
+    noise = dataclasses.replace(noise, plain_pass_s=round(full_s, 5))
+    bandwidth = costs.copy_bandwidth_gbps if costs is not None else None
+    return noise, Anchors(round(rate, 3), bandwidth)
+
+
+def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
+    """More final-round repeats where the noise needs them (the budget still caps the racing),
+    and one line for the user when the noise is above what the planned repeats resolve."""
+    from ..measure.noise import noise_line
+    from ..measure.stats import MIN_PAIRS
+
+    line = noise_line(noise, settings.final_max_repeats)
+    if noise.repeats_needed > settings.final_repeats and settings.finalists:
+        settings = replace(
+            settings,
+            final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
+            final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
+        )
+        if line:
+            line += f"; the final round races up to {settings.final_max_repeats} within the budget"
+    return settings, line
+
+
+def _fit_budget(
+    s: Any, pool: Any, settings: TuneSettings, budget_s: float, pass_s: float | None = None
+) -> tuple[TuneSettings, str]:
     """Trials and a timeout that fit `budget_s` seconds on this machine at `settings.batch_size`.
 
-    One plain pass over the workload is timed; a trial costs about 2 x repeats passes (the
-    config and the interleaved baseline), the final round (finalists + 1) x final_repeats.
+    One plain pass over the workload is timed (unless `pass_s` says how long it takes); a trial
+    costs about 2 x repeats passes (the config and the interleaved baseline), the final round
+    (finalists + 1) x final_repeats and as much again for racing.
     """
     import time
 
@@ -191,28 +250,38 @@ def _fit_budget(s: Any, pool: Any, settings: TuneSettings, budget_s: float) -> t
     from ..search.space import DEFAULT_TRIALS
 
     b = settings.batch_size
-    t0 = time.monotonic()
-    if b == 1:
-        run_pass(s.target.model, None, 0, 0.0, s.case, ctx=s.ctx)
-    else:
-        batch_generate(s.target.model, None, s.case, b, 0, ctx=s.ctx)
-    pass_s = time.monotonic() - t0
+    if pass_s is None:
+        t0 = time.monotonic()
+        if b == 1:
+            run_pass(s.target.model, None, 0, 0.0, s.case, ctx=s.ctx)
+        else:
+            batch_generate(s.target.model, None, s.case, b, 0, ctx=s.ctx)
+        pass_s = time.monotonic() - t0
     # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
     # bookkeeping (sampler, storage writes).
     trial_s = (2 * settings.repeats + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
-    final_s = (settings.finalists + 1) * settings.final_repeats * pass_s if settings.finalists else 0.0
+    # The final round: at least two finalists and the baseline head to head, then racing rounds
+    # for the leading two until resolved (search.racing), which get as much time again.
+    # Racing gets what the search's minimum leaves, up to as much again as the first round.
+    first_s = (max(2, settings.finalists) + 1) * settings.final_repeats * pass_s
+    search_min_s = MIN_BUDGET_TRIALS * trial_s
+    final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if settings.finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
-    timeout = max(budget_s - final_s, trials * trial_s * 0.5)
+    timeout = max(budget_s - final_s, search_min_s)
     note = (
         f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, "
         f"so {trials} trials"
         + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )
-    return replace(settings, trials=trials, timeout_s=timeout), note
+    final_budget = final_s if settings.finalists else None
+    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
 
 
 TRIAL_OVERHEAD_S = 0.15
+RACE_FACTOR = 2.0
+NOISE_PASSES = 3
+MAX_FINAL_REPEATS = 32
 
 
 def make_profile(
@@ -267,7 +336,10 @@ def make_profile(
             seed=settings.seed,
             space=result.space,
             finalists=result.finalists,
-            final_repeats=settings.final_repeats if result.finalists else 0,
+            final_repeats=result.final_repeats if result.finalists else 0,
+            final_verdict=result.final_verdict,
+            final_margin=list(result.final_margin),
+            outliers=list(result.outliers),
             engine=settings.engine,
         ),
         best=result.results[0],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -54,3 +55,34 @@ def add_columns(table: Table, columns: list[tuple[str, str]]) -> None:
     """Columns by (name, justify)."""
     for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+
+def interval(iv: list[float] | None, digits: int = 2) -> str:
+    """A speedup's interval as "[1.48, 1.57]×", or "—" when it has none (one repeat, older profile)."""
+    return "—" if not iv else f"[{iv[0]:.{digits}f}, {iv[1]:.{digits}f}]×"
+
+
+def final_verdict(search: object) -> str:
+    """The final round's verdict in words (a profile's `search`), "" when it has none."""
+    verdict = getattr(search, "final_verdict", "")
+    margin = getattr(search, "final_margin", [])
+    if not verdict:
+        return ""
+    against = (
+        f"best / runner-up {margin[0]:.3f}× [{margin[1]:.3f}, {margin[2]:.3f}]" if len(margin) == 3 else ""
+    )
+    if verdict == "resolved":
+        return f"resolved: {against}" if against else "resolved"
+    return f"tie within noise ({against}): the simplest tied config was picked" if against else verdict
+
+
+def noise_words(n: Any) -> str:
+    """A profile's `noise` (domain.Noise) in one line."""
+    parts = [f"plain passes vary {n.plain_pass_cv:.1%} over {n.plain_passes}"]
+    if n.load_avg is not None:
+        parts.append(f"load {n.load_avg:.2f} on {n.cpus} CPUs")
+    if n.others_cpu_share is not None:
+        parts.append(f"other processes {n.others_cpu_share:.0%} of all CPUs")
+    if n.steal_share:
+        parts.append(f"steal {n.steal_share:.0%}")
+    return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"

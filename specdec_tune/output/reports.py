@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..domain import Costs
 from ..store.schema import Profile
-from .fmt import kv_table, num, styled, times, unit, vec
+from .fmt import final_verdict, kv_table, num, styled, times, unit, vec
 
 
 def bench_table(r: dict[str, Any]) -> Table:
@@ -167,17 +167,19 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     )
     # Nine columns fit an 80-column terminal without borders and with short headers.
     t.box, t.padding, t.pad_edge = box.SIMPLE_HEAD, (0, 0), False
-    for col in ("", "config", "speedup", "spread", "search", "tok/s", "α", "τ", "pred."):
+    for col in ("", "config", "speedup", "95% CI", "trial", "tok/s", "α", "τ", "pred."):
         t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
     for label, r in rows:
         m = r.metrics
+        # Only final-round numbers share a column: a search trial's goes to its own column alone.
+        searched_only = m.search_speedup is None and p.search.finalists > 0
         t.add_row(
             label,
             r.config.label,
-            f"{m.speedup:.3f}×",
-            f"{m.speedup_spread * 100:.0f}%",
-            times(m.search_speedup),
+            "—" if searched_only else f"{m.speedup:.3f}×",
+            "" if searched_only or not m.speedup_interval else "{:.2f}–{:.2f}".format(*m.speedup_interval),
+            times(m.speedup if searched_only else m.search_speedup),
             f"{m.tokens_per_s:.1f}",
             f"{m.acceptance_rate:.2f}",
             f"{m.mean_accepted_len:.2f}",
@@ -187,8 +189,8 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
         "baseline", "plain target", "1.000×", "", "", f"{p.baseline.tokens_per_s:.1f}", "—", "1.00", "1.00×"
     )
     final = (
-        f"; speedup: the top {p.search.finalists} re-measured head to head ({p.search.final_repeats} "
-        "repeats), search: their search trial"
+        f"; speedup: the top {p.search.finalists} re-measured head to head (up to {p.search.final_repeats} "
+        "repeats), trial: a search trial's number, not comparable with them"
         if p.search.finalists
         else ""
     )
@@ -197,6 +199,11 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
         f"pred.: the cost model; study {p.search.study_name}"
     )
     console.print(t)
+    if p.search.final_verdict:
+        style = "green" if p.search.final_verdict == "resolved" else "yellow"
+        console.print(styled((f"final round {final_verdict(p.search)}", style)))
+    if p.search.outliers:
+        console.print(styled((f"outlier search trials, not believed: {', '.join(p.search.outliers)}", "dim")))
     if p.search.budget_note:
         console.print(styled((f"time budget {p.search.budget_s:g} s: {p.search.budget_note}", "dim")))
     if p.batch_table:

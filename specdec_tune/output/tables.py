@@ -15,7 +15,19 @@ from rich.text import Text
 from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
-from .fmt import add_columns, kv_table, num, plain, styled, times, unit, vec
+from .fmt import (
+    add_columns,
+    final_verdict,
+    interval,
+    kv_table,
+    noise_words,
+    num,
+    plain,
+    styled,
+    times,
+    unit,
+    vec,
+)
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -38,12 +50,13 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(_best_table(p))
     if p.alternatives:
         console.print(_results_table("Alternatives (next best)", p.alternatives))
-        if any(a.metrics.search_speedup is not None for a in p.alternatives):
+        if any(a.metrics.search_speedup is None for a in p.alternatives) and p.search.finalists:
             console.print(
                 styled(
                     (
-                        "final: re-measured head to head with the best in the final round; search: one "
-                        "search trial, whose number runs high when it was the largest of many noisy trials.",
+                        "final: re-measured head to head with the best in the final round; (in brackets): a "
+                        "search trial's number, not comparable with the final round's (it runs high when it was "
+                        "the largest of many noisy trials).",
                         "dim",
                     )
                 )
@@ -114,13 +127,21 @@ def _best_table(p: Profile) -> Table:
     where = "final round" if m.search_speedup is not None else "search trial"
     t.add_row(
         "speedup",
+        # the interval, where there is one: one wild repeat blows up max − min, not a median's interval
         styled(
             (times(m.speedup), "bold"),
-            f" ({where}: spread {m.speedup_spread * 100:.1f}% max−min, {m.repeats} repeats)",
+            f" ({where}: {m.repeats} repeats, median; "
+            + (
+                f"95% interval {interval(m.speedup_interval, 3)})"
+                if m.speedup_interval
+                else f"spread {m.speedup_spread * 100:.1f}% max−min)"
+            ),
         ),
     )
     if m.search_speedup is not None:
-        t.add_row("speedup in the search", f"{times(m.search_speedup)} (one trial; the final round decides)")
+        t.add_row(
+            "search trial", f"{times(m.search_speedup)} (one trial, not comparable; the final round decides)"
+        )
     t.add_row("tokens/s", f"{m.tokens_per_s:.1f} (baseline {m.baseline_tokens_per_s:.1f} in the same run)")
     t.add_row("acceptance α", num(m.acceptance_rate, 3))
     t.add_row("mean accepted length τ", num(m.mean_accepted_len))
@@ -137,6 +158,7 @@ def _results_table(title: str, results: list[Result]) -> Table:
             ("#", "right"),
             ("config", "left"),
             ("speedup", "right"),
+            ("interval", "right"),
             ("tokens/s", "right"),
             ("α", "right"),
             ("τ", "right"),
@@ -146,10 +168,12 @@ def _results_table(title: str, results: list[Result]) -> Table:
     )
     for i, r in enumerate(results, 1):
         m = r.metrics
+        # a search trial's number is bracketed: it is not comparable with the final round's
         t.add_row(
             str(i),
             r.config.label,
-            times(m.speedup),
+            times(m.speedup) if m.search_speedup is not None else f"({times(m.speedup)})",
+            interval(m.speedup_interval),
             f"{m.tokens_per_s:.1f}",
             num(m.acceptance_rate, 3),
             num(m.mean_accepted_len),
@@ -161,8 +185,8 @@ def _results_table(title: str, results: list[Result]) -> Table:
 
 def _measured_in(m: Metrics) -> str:
     if m.search_speedup is None:
-        return "search"
-    return f"final (search {times(m.search_speedup)})"
+        return "search trial only"
+    return f"final (search trial {times(m.search_speedup)})"
 
 
 def _baseline_table(m: Metrics) -> Table:
@@ -186,9 +210,15 @@ def _run_table(p: Profile) -> Table:
         ("search", f"{s.sampler}, {s.trials} trials ({s.failed} failed, {s.pruned} pruned), seed {s.seed}"),
         (
             "final round",
-            f"top {s.finalists} re-measured head to head, {s.final_repeats} interleaved repeats"
+            f"top {s.finalists} re-measured head to head, up to {s.final_repeats} interleaved repeats"
+            + (f"; {final_verdict(s)}" if s.final_verdict else "")
             if s.finalists
             else "none (ranked by the search trials)",
+        ),
+        *(
+            [("outlier trials", ", ".join(s.outliers) + " (not believed; re-measured or left out)")]
+            if s.outliers
+            else []
         ),
         ("study", f"{s.study_name} in {s.storage}"),
         (
@@ -198,6 +228,16 @@ def _run_table(p: Profile) -> Table:
         ),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
     ]
+    if p.noise is not None:
+        rows.append(("machine noise", noise_words(p.noise)))
+    if p.anchors is not None:
+        a = p.anchors
+        rows.append(
+            (
+                "anchors",
+                f"plain {a.plain_tokens_per_s:.1f} tokens/s, copy {unit(a.copy_bandwidth_gbps, 'GB/s')}",
+            )
+        )
     return kv_table("Run", rows)
 
 

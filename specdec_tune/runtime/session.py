@@ -61,6 +61,9 @@ def parse_draft(text: str) -> DraftSpec:
 
 
 HYBRID_NGRAMS = (2, 3)  # a hybrid's lookup n-gram sizes unless given
+# In the demo pair's default space: prompt lookup where it matches, the best model draft (draft-1l,
+# benchmarks/dynamic.py) elsewhere; the hybrids were what won there, so a new user should see one.
+DEMO_HYBRID = "hybrid:prompt-lookup+draft-1l"
 HYBRID_HELP = "use hybrid:prompt-lookup[:MIN-MAX]+MODEL, MODEL a draft model (demo name, folder, HF id or shape:NAME) or layer-skip:K"
 
 
@@ -174,7 +177,8 @@ def open_session(
     check_engine_mode(engine)
     dev = resolve_device(device)
     if drafts is None:
-        drafts = [*DEMO_DRAFTS, "prompt-lookup"] if (target is None and default_drafts) else ["prompt-lookup"]
+        demo = target is None and default_drafts
+        drafts = [*DEMO_DRAFTS, "prompt-lookup", DEMO_HYBRID] if demo else ["prompt-lookup"]
     specs = [d if isinstance(d, DraftSpec) else parse_draft(d) for d in drafts]
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}

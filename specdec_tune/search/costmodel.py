@@ -186,6 +186,21 @@ class CostModel:
                     verify = [v * b.loop_verify_ms[draft] / micro for v in verify]
         return predicted_speedup(t_target, t_draft, verify, d.acceptance_vector, gamma, o_loop, o_step)
 
+    def ceiling(self, draft: str, gamma: int, batch_size: int = 1, policy: str = "fixed") -> float | None:
+        """The most `draft` at `gamma` can reach here: the prediction with every draft token
+        accepted (gamma + 1 tokens per step); a policy may draft fewer, so it gets the best such
+        bound at any gamma up to its maximum. None where nothing is predicted."""
+        d = self.costs.draft(draft)
+        if d is None or gamma < 1:
+            return None
+        bounds = []
+        for g in range(1, gamma + 1) if policy != "fixed" else (gamma,):
+            predicted = self.predict(draft, g, batch_size)
+            tokens = expected_tokens(d.acceptance_vector, g) if predicted is not None else 0.0
+            if tokens > 0:
+                bounds.append(predicted * (g + 1) / tokens)
+        return max(bounds, default=None)
+
     def curve(self, draft: str, max_gamma: int | None = None, batch_size: int = 1) -> list[tuple[int, float]]:
         """(gamma, predicted speedup) for gamma = 1..max_gamma; by default up to the shorter of the
         measured verify curve and acceptance vector (no extrapolation)."""

@@ -2,8 +2,12 @@
 head in one interleaved run, and the winner comes from that round.
 
 Each search trial is one short noisy measurement, and the highest of many noisy values is biased
-upwards (the winner's curse): a config can top the search on one lucky trial. The finalists get
-fresh measurements timed side by side, which are unbiased and directly comparable.
+upwards (the winner's curse): a config can top the search on one lucky trial. The finalists (at
+least the top two distinct configs) get fresh measurements timed side by side, which are unbiased
+and directly comparable, and rounds are added until the winner is resolved (`racing`); unresolved,
+the round is a tie within noise and the simplest tied config wins. A search trial above what the
+cost model allows at any acceptance, or whose own repeats disagree wildly, is an outlier: it sets
+no bar for the others and is only promoted by its final-round measurement.
 
 One round per study: the round is keyed by its finalists and stored in the study. Workers that
 finish together take a lock shared through the storage (`storage.StorageLock`); the first one
@@ -18,31 +22,64 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..domain import Metrics, Result
+from ..domain import Config, Metrics, Result
+from ..measure.stats import speedup_interval
+from ..measure.timing import median, spread
+from .racing import BASELINE, race
 from .results import TuneResult, csv_row
 from .space import TuneSettings
 
+# A search trial above the cost model's ceiling (every draft token accepted) by more than this
+# factor, or whose repeats spread more than OUTLIER_SPREAD, is not believed until re-measured.
+CEILING_MARGIN = 1.15
+OUTLIER_SPREAD = 0.5
+# A finalist measured in a later racing round gets this many more interleaved repeats per round.
+MIN_STEP_REPEATS = 2
 
-def pick_finalists(results: list[Result], k: int, floor: float = 0.75) -> list[Result]:
+Ceiling = Callable[[Config], "float | None"]
+
+
+def is_outlier(result: Result, ceiling: Ceiling | None = None) -> bool:
+    """A search trial not to be believed: above the cost model's ceiling for its config, or far
+    outside its own repeats."""
+    m = result.metrics
+    if result.config.gamma == 0:
+        return False
+    top = ceiling(result.config) if ceiling is not None else None
+    return (top is not None and m.speedup > CEILING_MARGIN * top) or m.speedup_spread > OUTLIER_SPREAD
+
+
+def pick_finalists(
+    results: list[Result], k: int, floor: float = 0.75, ceiling: Ceiling | None = None
+) -> list[Result]:
     """The configs worth re-measuring: the best of each draft first, then the next best overall.
 
     `results` is best first by search speedup. One best per draft comes first so that a single
     lucky trial of one draft cannot crowd out the others; a config below `floor` × the best
-    search speedup is not a contender.
+    believable search speedup is not a contender, except that the top two always are (a head to
+    head needs two). Outliers (`is_outlier`) set no bar and only take a slot that is left over.
     """
     contenders = [r for r in results if r.config.gamma > 0]
     if not contenders or k <= 0:
         return []
-    cut = floor * max(r.metrics.speedup for r in contenders)
-    contenders = [r for r in contenders if r.metrics.speedup >= cut]
+    credible = [r for r in contenders if not is_outlier(r, ceiling)]
+    odd = [r for r in contenders if is_outlier(r, ceiling)]
+    if credible:
+        cut = floor * max(r.metrics.speedup for r in credible)
+        credible = credible[:2] + [r for r in credible[2:] if r.metrics.speedup >= cut]
     chosen: list[Result] = []
-    for r in contenders:
+    for r in credible:
         if len(chosen) < k and all(c.config.draft.name != r.config.draft.name for c in chosen):
             chosen.append(r)
-    for r in contenders:
+    for r in credible + odd:
         if len(chosen) < k and all(c is not r for c in chosen):
             chosen.append(r)
     return sorted(chosen, key=lambda r: -r.metrics.speedup)
+
+
+def demote_outliers(results: list[Result], ceiling: Ceiling | None) -> list[Result]:
+    """`results` with the outliers moved behind every believable config (order kept otherwise)."""
+    return [r for r in results if not is_outlier(r, ceiling)] + [r for r in results if is_outlier(r, ceiling)]
 
 
 def final_round(
@@ -53,14 +90,17 @@ def final_round(
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None = None,
     claim: Any = None,
+    ceiling: Ceiling | None = None,
 ) -> None:
-    """Re-measure the finalists and the baseline; rank them by this round, the rest follow.
+    """Race the finalists against each other and the baseline; rank by this round, the rest follow.
 
     The round is stored in the study, so rerunning a finished study reuses it. Updates `result`
     in place. A failing round (a draft that no longer loads, out of memory) keeps the search's
-    ranking and says why in `result.final_note`.
+    ranking, outliers last, and says why in `result.final_note`.
     """
-    finalists = pick_finalists(result.results, settings.finalists, settings.final_floor)
+    result.outliers = [r.config.label for r in result.results if is_outlier(r, ceiling)]
+    result.results = demote_outliers(result.results, ceiling)
+    finalists = pick_finalists(result.results, max(2, settings.finalists), settings.final_floor, ceiling)
     if not finalists:
         return
     key = {
@@ -91,10 +131,16 @@ def final_round(
     final = [Result(r.config, m) for r, m in zip(finalists, measured, strict=True)]
     base = [r for r in result.results if r.config.gamma == 0]
     head = sorted(final + base, key=lambda r: -r.metrics.speedup)
+    chosen = stored.get("chosen")  # absent in a round stored before racing: the fastest
+    first = head[:1] if chosen is None else base[:1] if chosen == BASELINE else [final[chosen]]
+    head = first + [r for r in head if all(r is not f for f in first)]
     picked = {r.config.key for r in final}
     rest = [r for r in result.results if r.config.gamma > 0 and r.config.key not in picked]
     result.results = head + rest
     result.finalists = len(final)
+    result.final_verdict = stored.get("verdict", "")
+    result.final_margin = list(stored.get("margin") or [])
+    result.final_repeats = max(m.repeats for m in measured)
     for r in final:
         result.rows.append(csv_row(None, "FINAL", r.config, r.metrics.speedup, r.metrics.as_dict()))
 
@@ -111,24 +157,72 @@ def _measure(
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None,
 ) -> dict[str, Any]:
-    """The round as stored: {"metrics": [...], "worker": ...} or {"error": why it did not run}."""
+    """The round as stored: {"metrics": [...], "chosen", "verdict", "margin", "worker"} or
+    {"error": why it did not run}."""
     from .study import WORKER
 
     if on_start is not None:
         on_start([r.config.label for r in finalists])
-    try:
+    configs = [r.config for r in finalists]
+    parts: dict[int, list[Metrics]] = {i: [] for i in range(len(configs))}
+
+    def measure_round(indices: list[int], repeats: int, rnd: int) -> list[list[float]]:
         ms = backend.measure(
-            [r.config for r in finalists],
-            case,
-            settings.batch_size,
+            [configs[i] for i in indices], case, settings.batch_size, repeats, seed=settings.seed + 1000 * rnd
+        )
+        for i, m in zip(indices, ms, strict=True):
+            parts[i].append(m.metrics)
+        return [list(getattr(m, "speedups", None) or [m.metrics.speedup]) for m in ms]
+
+    try:
+        outcome = race(
+            configs,
+            measure_round,
             settings.final_repeats,
+            max(MIN_STEP_REPEATS, settings.final_repeats // 2),
+            settings.final_max_repeats,
+            settings.final_budget_s,
             seed=settings.seed,
         )
     except Exception as exc:  # e.g. a draft that no longer loads: keep the search's ranking
         return {"error": f"final round skipped: {type(exc).__name__}: {exc}"[:300], "worker": WORKER}
     measured = []
-    for r, m in zip(finalists, ms, strict=True):
-        m.metrics.predicted_speedup = r.metrics.predicted_speedup
-        m.metrics.search_speedup = r.metrics.speedup
-        measured.append(m.metrics.as_dict())
-    return {"metrics": measured, "worker": WORKER}
+    for i, r in enumerate(finalists):
+        samples = [outcome.samples[i][k] for k in sorted(outcome.samples[i])]
+        m = pool(parts[i], samples, settings.seed)
+        m.predicted_speedup = r.metrics.predicted_speedup
+        m.search_speedup = r.metrics.speedup
+        measured.append(m.as_dict())
+    margin = outcome.margin
+    return {
+        "metrics": measured,
+        "chosen": outcome.chosen,
+        "verdict": outcome.verdict,
+        "margin": [round(margin.ratio, 4), *(round(x, 4) for x in margin.interval)] if margin else [],
+        "rounds": outcome.rounds,
+        "worker": WORKER,
+    }
+
+
+def pool(parts: list[Metrics], samples: list[float], seed: int = 0) -> Metrics:
+    """One config's metrics over several rounds: the speedup from every per-repeat ratio, rates
+    and acceptance averaged by repeats."""
+    n = sum(p.repeats for p in parts)
+
+    def mean(name: str) -> float:
+        return sum(getattr(p, name) * p.repeats for p in parts) / n
+
+    first = parts[0]
+    return Metrics(
+        tokens_per_s=mean("tokens_per_s"),
+        baseline_tokens_per_s=mean("baseline_tokens_per_s"),
+        speedup=median(samples),
+        speedup_spread=spread(samples),
+        acceptance_rate=mean("acceptance_rate"),
+        mean_accepted_len=mean("mean_accepted_len"),
+        per_position_acceptance=list(first.per_position_acceptance),
+        repeats=len(samples),
+        per_source=dict(first.per_source),
+        speedup_samples=[round(s, 5) for s in samples],
+        speedup_interval=speedup_interval(samples, seed),
+    )

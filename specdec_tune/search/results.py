@@ -40,6 +40,10 @@ class TuneResult:
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per trial, for the CSV
     finalists: int = 0  # configs the final round re-measured (0: no final round ran)
     final_note: str = ""  # why the final round did not run, when it was asked for and did not
+    final_verdict: str = ""  # racing.RESOLVED or racing.TIE ("" : no final round)
+    final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, lo, hi
+    final_repeats: int = 0  # the most interleaved repeats a finalist got (racing adds rounds)
+    outliers: list[str] = field(default_factory=list)  # search trials not believed (final.is_outlier)
 
 
 def csv_row(number: int | None, state: str, config: Config, speedup: float | None, attrs: dict) -> dict:

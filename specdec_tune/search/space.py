@@ -33,7 +33,11 @@ class TuneSettings:
     prune_ratio: float = 0.6  # prune after the first repeat below this share of the best so far
     seed_top: int = 6  # cost-model predictions enqueued first
     finalists: int = 3  # best configs re-measured head to head after the search (0: none)
-    final_repeats: int = 4  # interleaved repeats of that final round
+    final_repeats: int = 4  # interleaved repeats of the final round's first pass
+    # Racing: more interleaved rounds until the winner is resolved, up to this many repeats of the
+    # leader, or until the final round has taken `final_budget_s` seconds (None: no time limit).
+    final_max_repeats: int = 16
+    final_budget_s: float | None = None
     final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
     storage: str | None = None
     study_name: str | None = None
@@ -59,6 +63,7 @@ class TuneSettings:
         check_count(self.repeats, "--repeats", high=MAX_REPEATS)
         check_count(self.finalists, "--finalists", low=0, high=MAX_TRIALS)
         check_count(self.final_repeats, "--final-repeats", high=MAX_REPEATS)
+        self.final_max_repeats = max(self.final_max_repeats, self.final_repeats)
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")
         check_count(self.batch_size, "batch size", high=MAX_BATCH_SIZE)

@@ -20,6 +20,7 @@ from typing import Any
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
+from ..measure.stats import speedup_interval
 from ..runtime.build import build_batch_drafter, build_drafter
 from ..runtime.modes import ExecutionContext
 from ..runtime.session import model_part
@@ -185,10 +186,17 @@ def tune(
     if settings.finalists > 0:
         claim = StorageLock(storage_url, f"{name}:final")
         try:
-            final_round(study, result, backend, case, settings, on_final, claim)
+            final_round(study, result, backend, case, settings, on_final, claim, _ceiling(model, settings))
         finally:
             claim.close()
     return result
+
+
+def _ceiling(model: CostModel | None, settings: TuneSettings) -> Callable[[Any], float | None] | None:
+    """The cost model's most a config can reach here (every draft token accepted), if it knows."""
+    if model is None:
+        return None
+    return lambda c: model.ceiling(c.draft.name, c.gamma, settings.batch_size, c.gamma_policy)
 
 
 class _Objective:
@@ -240,6 +248,9 @@ class _Objective:
                 if self.model
                 else None
             )
+            samples = list(getattr(m, "speedups", None) or [])
+            m.metrics.speedup_samples = [round(x, 5) for x in samples]
+            m.metrics.speedup_interval = speedup_interval(samples, self.settings.seed)
             for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
                 trial.set_user_attr(k, v)
             for k in ("flags", "exactness"):  # what an engine backend ran and how exact it was

@@ -16,8 +16,10 @@ from ..domain import (
     LOOKUP_MATCHES,
     THRESHOLD_MODES,
     WEIGHTS,
+    Anchors,
     Costs,
     Metrics,
+    Noise,
     Result,
 )
 from ..engines import ENGINES
@@ -72,7 +74,12 @@ class SearchInfo:
     seed: int
     space: dict[str, Any] = field(default_factory=dict)  # drafts, gamma range, threshold range
     finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
-    final_repeats: int = 0  # interleaved repeats of that final round
+    final_repeats: int = 0  # interleaved repeats of that final round (the most any finalist got)
+    # "resolved" (the best is faster than the runner-up beyond the noise) or "tie within noise"
+    # (the budget ended first; the simplest tied config was picked); "" before racing existed.
+    final_verdict: str = ""
+    final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, interval lo, hi
+    outliers: list[str] = field(default_factory=list)  # search trials not believed (above the ceiling)
     budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
     budget_note: str = ""  # what the budget allowed, in words
     engine: str | None = None  # the serving engine the search was restricted to (`run --for`)
@@ -126,6 +133,10 @@ class Profile:
     # The measuring backend ({} = our own engine): name, engine build, threads, and how exact the
     # engine's speculation was at T = 0 here. `check --backend` re-measures in the same engine.
     backend: dict[str, Any] = field(default_factory=dict)
+    # How noisy the machine was when the search ran, and its measured speed (for `check`); absent
+    # in older profiles.
+    noise: Noise | None = None
+    anchors: Anchors | None = None
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION
@@ -210,6 +221,12 @@ def _validate(p: Profile) -> None:
         _one_of(p.search.engine, ENGINES, "search.engine")
     if p.costs is not None:
         validate_costs(p.costs)
+    if p.noise is not None:
+        _at_least(p.noise.plain_pass_s, 0.0, "noise.plain_pass_s")
+        _at_least(p.noise.plain_pass_cv, 0.0, "noise.plain_pass_cv")
+        _at_least(p.noise.repeats_needed, 1, "noise.repeats_needed")
+    if p.anchors is not None:
+        _positive(p.anchors.plain_tokens_per_s, "anchors.plain_tokens_per_s")
 
 
 def validate_costs(c: Costs, path: str = "costs") -> None:
@@ -317,6 +334,11 @@ def _validate_metrics(m: Metrics, path: str) -> None:
         )
     if m.search_speedup is not None:
         _at_least(m.search_speedup, 0.0, f"{path}.search_speedup")
+    for i, x in enumerate(m.speedup_samples):
+        _at_least(x, 0.0, f"{path}.speedup_samples[{i}]")
+    iv = m.speedup_interval
+    if iv is not None and (len(iv) != 2 or not 0 <= iv[0] <= iv[1]):
+        raise field_error(f"{path}.speedup_interval", "must be [lo, hi] with 0 <= lo <= hi", iv)
 
 
 def _at_least(value: float, low: float, path: str) -> None:

@@ -206,3 +206,21 @@ def test_trials_analysis_best_per_draft_and_per_gamma(tmp_path):
         console.print(table)
     text = console.export_text()
     assert "best per draft" in text and "a γ=3 t=0.25" in text and "1.60×" in text
+
+
+def test_show_prints_intervals_the_verdict_and_brackets_search_trial_numbers():
+    p = make_sample_profile()
+    p.best.metrics.speedup_interval = [1.2741, 1.3388]
+    p.best.metrics.speedup_samples = [1.28, 1.30, 1.31, 1.32, 1.33]
+    p.alternatives[0].metrics.search_speedup = 1.30  # re-measured in the final round
+    p.alternatives[0].metrics.speedup_interval = [1.25, 1.31]
+    p.search.final_verdict = "resolved"
+    p.search.final_margin = [1.018, 1.004, 1.031]
+    p.search.outliers = ["skip-8l γ=6 t=0.00"]
+    text = _render(render_profile, p)
+    assert "[1.274, 1.339]×" in text and "search trial" in text
+    assert "resolved: best / runner-up 1.018× [1.004, 1.031]" in text and "skip-8l γ=6 t=0.00" in text
+    final_row = _row(text, "1")
+    assert final_row[2] == "1.29×" and final_row[3] == "[1.25, 1.31]×" and final_row[-1].startswith("final")
+    search_row = _row(text, "2")  # measured only in the search: bracketed, no interval
+    assert search_row[2] == "(1.25×)" and search_row[3] == "—" and search_row[-1] == "search trial only"

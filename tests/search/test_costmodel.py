@@ -272,3 +272,22 @@ def test_batch_predictions_use_the_surface_and_its_loop_clocks():
     assert m.predict("d", 2, 8) == pytest.approx(21.0 * e / (2 * 2.5 + 28.0 * 1.25 + 3.0), rel=1e-12)
     b.verify_ms, b.loop_verify_ms = [40.0, 50.0, 60.0], {}
     assert m.b_star(3) == 8  # verification got expensive: nothing beats plain decoding at B = 8
+
+
+def test_the_ceiling_is_the_prediction_with_every_draft_token_accepted():
+    from specdec_tune.domain import Costs, DraftCosts
+
+    draft = DraftCosts(
+        name="d", t_draft_ms=1.0, c=0.1, acceptance_rate=0.5, acceptance_vector=[0.5, 0.5, 0.5]
+    )
+    costs = Costs(t_target_ms=10.0, t_target_spread=0.0, verify_ms=[10.0, 12.0, 15.0], verify_spread=0.0,
+                  context_len=64, drafts=[draft])  # fmt: skip
+    model = CostModel(costs)
+    # gamma 3, all accepted: 4 tokens per step of 3 x 1 ms drafting + 15 ms verification
+    assert model.ceiling("d", 3) == pytest.approx(10 * 4 / (3 + 15))
+    assert model.ceiling("d", 3) > model.predict("d", 3)
+    # a policy drafting at most 3 may draft fewer: the best bound over gamma 1..3
+    assert model.ceiling("d", 3, policy="heuristic") == pytest.approx(
+        max(10 * (g + 1) / (g + v) for g, v in ((1, 10), (2, 12), (3, 15)))
+    )
+    assert model.ceiling("unknown", 3) is None

@@ -316,3 +316,25 @@ def test_hand_written_unquoted_timestamp_is_accepted(tmp_path):
     path = tmp_path / "edited.yaml"
     path.write_text(text.replace("created: '2025-11-29T10:00:00Z'", "created: 2025-11-29T10:00:00Z"))
     assert load_profile(path).created.startswith("2025-11-29T10:00:00")
+
+
+def test_intervals_and_the_final_verdict_round_trip_and_are_optional(tmp_path):
+    p = make_sample_profile()
+    p.best.metrics.speedup_samples = [1.28, 1.3, 1.31]
+    p.best.metrics.speedup_interval = [1.28, 1.31]
+    p.search.final_verdict = "tie within noise"
+    p.search.final_margin = [1.01, 0.98, 1.04]
+    p.search.outliers = ["draft γ=5 t=0.00"]
+    save_profile(p, tmp_path / "p.yaml")
+    again = load_profile(tmp_path / "p.yaml")
+    assert again.best.metrics.speedup_interval == [1.28, 1.31] and again.search.outliers == p.search.outliers
+    assert again.search.final_verdict == "tie within noise" and again.best.metrics.speedup_samples == [
+        1.28,
+        1.3,
+        1.31,
+    ]
+    # A profile written before these fields loads with none of them.
+    old = make_sample_profile()
+    assert old.best.metrics.speedup_interval is None and old.search.final_verdict == ""
+    bad = _write_modified(tmp_path, lambda d: d["best"]["metrics"].update(speedup_interval=[1.4, 1.2]))
+    assert "best.metrics.speedup_interval" in _load_error(bad)

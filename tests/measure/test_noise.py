@@ -1,0 +1,66 @@
+"""measure.noise on a fake /proc: other processes' CPU, steal, the line to the user, repeats needed."""
+
+from __future__ import annotations
+
+import os
+
+from specdec_tune.domain import Noise
+from specdec_tune.measure import noise
+
+
+def _stat(total_user: int, steal: int) -> str:
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice
+    return f"cpu  {total_user} 0 100 5000 0 0 0 {steal} 0 0\ncpu0 1 2 3\n"
+
+
+def _proc_stat(pid: int, name: str, ppid: int, utime: int, stime: int = 0) -> str:
+    tail = " ".join(["0"] * 9)  # pgrp .. cmajflt
+    return f"{pid} ({name}) R {ppid} {tail} {utime} {stime} 0 0 20 0 1 0\n"
+
+
+def _fake_proc(root, cpu_user, steal, procs):
+    (root / "stat").write_text(_stat(cpu_user, steal))
+    (root / "loadavg").write_text("1.87 1.20 0.90 3/200 4242\n")
+    for pid, (name, ppid, ticks) in procs.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        (root / str(pid) / "stat").write_text(_proc_stat(pid, name, ppid, ticks))
+
+
+def test_os_window_sees_other_processes_and_steal_but_not_ours(tmp_path):
+    me = os.getpid()
+    _fake_proc(tmp_path, 1000, 0, {101: ("stress", 1, 50), 102: ("child-of-us", me, 10)})
+
+    def work():
+        # over the window: 1000 jiffies in all; stress took 500, our child 300, steal 100
+        _fake_proc(tmp_path, 1900, 100, {101: ("stress", 1, 550), 102: ("child-of-us", me, 310)})
+        return "done"
+
+    result, info = noise.os_window(work, tmp_path, cpus=2)
+    assert result == "done" and info["load_avg"] == 1.87
+    assert info["steal_share"] == 0.1 and info["others_cpu_share"] == 0.5
+    assert info["busiest"] == ["stress (101) 100% of a CPU"]
+
+
+def test_repeats_needed_grows_with_the_square_of_the_noise():
+    assert noise.repeats_needed(0.0) == 1
+    # (2 x 1.96 x sqrt(2) x cv / 0.05)^2: 4.9 at 2 %, four times that at 4 %
+    assert noise.repeats_needed(0.02) == 5 and noise.repeats_needed(0.04) == 20
+
+
+def test_measure_noise_and_the_line_to_the_user(tmp_path):
+    _fake_proc(tmp_path, 1000, 0, {})
+    times = iter([1.0, 1.3, 0.8])
+    n = noise.measure_noise(lambda: next(times), passes=3, proc=tmp_path)
+    assert n.plain_passes == 3 and n.plain_pass_s == 1.0 and 0.2 < n.plain_pass_cv < 0.3
+    assert n.repeats_needed > 16
+    line = noise.noise_line(n, 16)
+    assert line.startswith("noisy machine: plain passes vary") and "load 1.9" in line
+    calm = Noise(plain_pass_s=1.0, plain_pass_cv=0.005, plain_passes=3, cpus=2, others_cpu_share=0.02)
+    assert noise.noise_line(calm, 4) == "" and not noise.busy(calm)
+    loaded = Noise(plain_pass_s=1.0, plain_pass_cv=0.005, plain_passes=3, cpus=2, others_cpu_share=0.5)
+    busy_line = noise.noise_line(loaded, 4)
+    assert (
+        noise.busy(loaded)
+        and busy_line.startswith("busy machine")
+        and "other processes 50% of all CPUs" in busy_line
+    )
