@@ -381,7 +381,8 @@ def _exactness(s: EngineSession, result: Any) -> dict[str, Any]:
 
 def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
     """Trials that fit the budget: one plain pass is timed; a trial costs a server start, a
-    warm-up pass and 2 x repeats passes; the final round (finalists + 1) x final_repeats."""
+    warm-up pass and 2 x repeats passes; the final round (at least two finalists and the baseline)
+    and its racing rounds get what the search's minimum leaves, up to twice the first round."""
     from ..search.space import DEFAULT_TRIALS
     from .common import MIN_BUDGET_TRIALS
 
@@ -389,14 +390,16 @@ def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tu
     s.backend._pass(s.backend.plain(settings.batch_size), s.case, settings.batch_size)
     pass_s = time.monotonic() - t0
     trial_s = (2 * settings.repeats + 1) * pass_s + TRIAL_OVERHEAD_S
-    final_s = (
-        settings.finalists + 1
-    ) * settings.final_repeats * pass_s + settings.finalists * TRIAL_OVERHEAD_S
+    finalists = max(2, settings.finalists) if settings.finalists else 0
+    first_s = (finalists + 1) * settings.final_repeats * pass_s + finalists * TRIAL_OVERHEAD_S
+    search_min_s = MIN_BUDGET_TRIALS * trial_s
+    final_s = min(2 * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
-    timeout = max(budget_s - final_s, trials * trial_s * 0.5)
+    timeout = max(budget_s - final_s, search_min_s)
     note = f"B={settings.batch_size}: one plain pass {pass_s:.3g} s in llama.cpp, so {trials} trials"
-    return replace(settings, trials=trials, timeout_s=timeout), note
+    final_budget = final_s if finalists else None
+    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
 
 
 # ---------------------------------------------------------------------------- bench and check
