@@ -58,7 +58,7 @@ def run(
     ] = 3,
     final_repeats: Annotated[
         int, typer.Option("--final-repeats", help="Interleaved repeats of that final round.")
-    ] = 4,
+    ] = 5,
     seed: int = 0,
     storage: Annotated[
         str | None,

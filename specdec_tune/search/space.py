@@ -33,7 +33,10 @@ class TuneSettings:
     prune_ratio: float = 0.6  # prune after the first repeat below this share of the best so far
     seed_top: int = 6  # cost-model predictions enqueued first
     finalists: int = 3  # best configs re-measured head to head after the search (0: none)
-    final_repeats: int = 4  # interleaved repeats of the final round's first pass
+    # Interleaved repeats of the final round's first pass: 5, the fewest paired repeats on which the
+    # race (measure.stats) can call a winner (a sign test of 5 agreeing pairs: p = 0.0625 <= 0.1),
+    # so a clear winner, speculation over plain decoding included, needs no racing round.
+    final_repeats: int = 5
     # Racing: more interleaved rounds until the winner is resolved, up to this many repeats of the
     # leader, or until the final round has taken `final_budget_s` seconds (None: no time limit).
     final_max_repeats: int = 16
