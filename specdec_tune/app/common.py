@@ -208,3 +208,39 @@ def trial_params(config: Any) -> dict[str, Any]:
     if config.gamma_policy != "fixed":
         params["gamma_policy"] = config.gamma_policy
     return params
+
+
+def workload_info(workload: Any, case: Any) -> Any:
+    """The profile's workload section (a file workload is stored by path so `check` loads it again)."""
+    from ..store.schema import WorkloadInfo
+
+    return WorkloadInfo(
+        name=workload.source if not workload.source.startswith("builtin:") else workload.name,
+        prompts=len(case.prompts),
+        sha256=workload.sha256,
+        max_new_tokens=max(case.max_new_tokens),
+        temperature=case.temperature,
+    )
+
+
+def search_info(result: Any, settings: Any) -> Any:
+    """The profile's search section of a finished search (search.results.TuneResult)."""
+    from ..store.refs import storage_for_record
+    from ..store.schema import SearchInfo
+
+    return SearchInfo(
+        sampler=settings.sampler,
+        trials=result.trials,
+        failed=result.failed,
+        pruned=result.pruned,
+        study_name=result.study_name,
+        storage=storage_for_record(result.storage),
+        seed=settings.seed,
+        space=result.space,
+        finalists=result.finalists,
+        final_repeats=result.final_repeats if result.finalists else 0,
+        final_verdict=result.final_verdict,
+        final_margin=list(result.final_margin),
+        outliers=list(result.outliers),
+        engine=settings.engine,
+    )

@@ -183,10 +183,9 @@ def tune_engine(
     from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
     from ..search.tuner import tune as run_search
     from ..store.atomic import atomic_write_text
-    from ..store.refs import storage_for_record
-    from ..store.schema import BatchRow, Profile, SearchInfo, TargetInfo, WorkloadInfo
+    from ..store.schema import BatchRow, Profile, TargetInfo
     from ..store.yamlio import save_profile
-    from .common import TuneOutcome, trial_params
+    from .common import TuneOutcome, search_info, trial_params, workload_info
 
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
@@ -265,32 +264,15 @@ def tune_engine(
     finally:
         s.close()
     versions = {"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}}
+    search = search_info(first, settings)
+    if budget_s is not None and settings.trials is None:
+        search.budget_s, search.budget_note = budget_s, "; ".join(notes)
     profile = Profile(
         hardware=hw,
         target=TargetInfo(s.target.name, s.target.path, None, s.target.content_hash, "gguf", 0),
-        workload=WorkloadInfo(
-            s.workload.name if s.workload.source.startswith("builtin:") else s.workload.source,
-            len(s.case.prompts),
-            s.workload.sha256,
-            max(s.case.max_new_tokens),
-            s.case.temperature,
-        ),
+        workload=workload_info(s.workload, s.case),
         costs=costs,
-        search=SearchInfo(
-            sampler=settings.sampler,
-            trials=first.trials,
-            failed=first.failed,
-            pruned=first.pruned,
-            study_name=first.study_name,
-            storage=storage_for_record(first.storage),
-            seed=settings.seed,
-            space=first.space,
-            finalists=first.finalists,
-            final_repeats=settings.final_repeats if first.finalists else 0,
-            engine="llamacpp",
-            budget_s=budget_s if settings.trials is None else None,
-            budget_note="; ".join(notes),
-        ),
+        search=search,
         best=first.results[0],
         alternatives=[r for r in first.results[1:] if r.config.gamma > 0][:4],
         baseline=first.baseline,

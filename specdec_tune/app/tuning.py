@@ -23,7 +23,9 @@ from .common import (
     check_writable,
     drafter_pool,
     measure_costs,
+    search_info,
     trial_params,
+    workload_info,
 )
 
 # ----------------------------------------------------------------------------------------- tune
@@ -298,8 +300,7 @@ def make_profile(
     """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload;
     ctx: the session's runtime.modes.ExecutionContext, for compile fallbacks and the auto choice)."""
     from ..runtime.models import content_hash
-    from ..store.refs import storage_for_record
-    from ..store.schema import SearchInfo, TargetInfo, WorkloadInfo
+    from ..store.schema import TargetInfo
 
     versions = {"specdec_tune": __version__, "python": platform.python_version()}
     for pkg in ("torch", "transformers", "optuna"):
@@ -317,31 +318,9 @@ def make_profile(
             dtype=target.dtype,
             num_params=target.num_params,
         ),
-        workload=WorkloadInfo(
-            # A file workload is stored by path so `check` can load it again.
-            name=workload.source if not workload.source.startswith("builtin:") else workload.name,
-            prompts=len(case.prompts),
-            sha256=workload.sha256,
-            max_new_tokens=max(case.max_new_tokens),
-            temperature=case.temperature,
-        ),
+        workload=workload_info(workload, case),
         costs=costs,
-        search=SearchInfo(
-            sampler=settings.sampler,
-            trials=result.trials,
-            failed=result.failed,
-            pruned=result.pruned,
-            study_name=result.study_name,
-            storage=storage_for_record(result.storage),
-            seed=settings.seed,
-            space=result.space,
-            finalists=result.finalists,
-            final_repeats=result.final_repeats if result.finalists else 0,
-            final_verdict=result.final_verdict,
-            final_margin=list(result.final_margin),
-            outliers=list(result.outliers),
-            engine=settings.engine,
-        ),
+        search=search_info(result, settings),
         best=result.results[0],
         # The baseline has its own section; as an alternative it would only take a config's place.
         alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
