@@ -44,6 +44,9 @@ def stored_profile(tiny_dirs, tmp_path_factory):
     )
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load(out.read_text())
+    # The tiny pair's plain rate swings more than the anchors' tolerance between tests on a busy
+    # runner: anchors are tested on their own (`_edited(anchors=...)`), not in every check here.
+    doc["anchors"] = None
     # Pin the best config to the model draft, so the planted regressions below hit what is checked.
     doc["best"]["config"] = {
         "draft": {

@@ -50,22 +50,23 @@ def pg_url():
 # makes its n-th measured trial hang until the test kills it.
 WORKER = r"""
 import os, sys, time, uuid, pathlib
-from specdec_tune.search import final, tuner
+from specdec_tune.measure import backends
+from specdec_tune.search import final
 marks = pathlib.Path(os.environ["MARKS"])
-real_many, real_measure, calls = final.measure_many, tuner.measure, []
+real_final, real_measure, calls = final._measure, backends.NativeBackend.measure, []
 
-def measure_many(*a, **k):
+def final_measure(*a, **k):  # one call per final round (its racing rounds included)
     (marks / f"final-{uuid.uuid4().hex}").write_text(str(os.getpid()))
-    return real_many(*a, **k)
+    return real_final(*a, **k)
 
-def measure(*a, **k):
+def measure(self, *a, **k):
     calls.append(1)
     if len(calls) == int(os.environ.get("HANG_AT", "0")):
         (marks / "hanging").write_text(str(os.getpid()))
         time.sleep(600)
-    return real_measure(*a, **k)
+    return real_measure(self, *a, **k)
 
-final.measure_many, tuner.measure = measure_many, measure
+final._measure, backends.NativeBackend.measure = final_measure, measure
 from specdec_tune.cli import app
 sys.argv = ["specdec-tune", *sys.argv[1:]]
 app()

@@ -19,12 +19,13 @@ import sys, time, pathlib
 from specdec_tune.runtime.models import load_model
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.domain import DraftSpec
+from specdec_tune.measure import backends
 from specdec_tune.search import tuner
 from specdec_tune.search.space import TuneSettings
 
 target_dir, storage, marker = sys.argv[1:4]
 target = load_model(target_dir).model
-real_measure = tuner.measure
+real_measure = backends.NativeBackend.measure
 calls = []
 
 def measure(*args, **kwargs):
@@ -34,7 +35,7 @@ def measure(*args, **kwargs):
         time.sleep(120)
     return real_measure(*args, **kwargs)
 
-tuner.measure = measure
+backends.NativeBackend.measure = measure
 spec = DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3)
 settings = TuneSettings(trials=5, storage=storage, study_name="hb", repeats=1, max_gamma=3,
                         finalists=0, heartbeat_s=1, grace_s=3)

@@ -351,6 +351,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
         repeats=1,
         max_gamma=3,
         finalists=2,
+        final_repeats=4,  # 4 cannot resolve a race (measure.stats.MIN_PAIRS): one racing round follows
         sampler="grid",
         final_floor=0.0,
     )
