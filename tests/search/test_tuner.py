@@ -215,6 +215,10 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
             storage,
             "--study-name",
             "shared",
+            # Both processes resolve `auto` by timing at the same moment and may disagree; a shared
+            # study needs one engine mode, so name it (the mode is part of the study's identity).
+            "--engine",
+            "eager",
         )
     ]
     procs = [
