@@ -244,3 +244,17 @@ def search_info(result: Any, settings: Any) -> Any:
         outliers=list(result.outliers),
         engine=settings.engine,
     )
+
+
+def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 0) -> Any:
+    """The batch table row of one batch size's search: its best, each draft's best, and the cost
+    model's best prediction there (None without a model)."""
+    from ..store.schema import BatchRow
+
+    per_draft: dict[str, Any] = {}
+    for r in result.results:  # best first: the first of each draft is its best
+        if r.config.gamma > 0:
+            per_draft.setdefault(r.config.draft.name, r)
+    ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
+    predicted = max(1.0, ranked[0][2]) if ranked else None
+    return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)

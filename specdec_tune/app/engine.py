@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..domain import Config, DraftSpec
+from ..domain import DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..search.space import TuneSettings
@@ -49,7 +49,6 @@ class EngineSession:
     specs: list[DraftSpec]
     workload: Any
     case: Any  # measure.llamacpp.backend.TextCase
-    notes: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         self.backend.close()
@@ -183,9 +182,9 @@ def tune_engine(
     from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
     from ..search.tuner import tune as run_search
     from ..store.atomic import atomic_write_text
-    from ..store.schema import BatchRow, Profile, TargetInfo
+    from ..store.schema import Profile, TargetInfo
     from ..store.yamlio import save_profile
-    from .common import TuneOutcome, search_info, trial_params, workload_info
+    from .common import TuneOutcome, batch_row, search_info, trial_params, workload_info
 
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
@@ -220,7 +219,7 @@ def tune_engine(
         # Every draft is tried once at a middle gamma first (its acceptance in this engine feeds
         # the cost model), so no draft is left out of a short search; the model's best predictions
         # are tried next, then TPE.
-        neighbour: list[dict[str, Any]] = [_start(d, settings.max_gamma) for d in s.specs]
+        neighbour: list[dict[str, Any]] = [start_params(d, settings.max_gamma) for d in s.specs]
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
@@ -257,7 +256,7 @@ def tune_engine(
             for r in results[b].results:
                 r.backend_args = s.backend.flags(r.config, b)
             neighbour = [trial_params(results[b].results[0].config)] + [
-                _start(d, settings.max_gamma) for d in s.specs
+                start_params(d, settings.max_gamma) for d in s.specs
             ]
         first = results[batch_sizes[0]]
         exact = _exactness(s, first)
@@ -282,10 +281,9 @@ def tune_engine(
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     if batch_sizes != [1]:
-        profile.batch_table = [_batch_row(b, results[b]) for b in batch_sizes]
+        profile.batch_table = [batch_row(b, results[b]) for b in batch_sizes]
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None
-        _ = BatchRow
     save_profile(profile, out)
     csv_path = out.with_suffix(".trials.csv")
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
@@ -328,21 +326,11 @@ def prediction_error(result: Any) -> float | None:
     return round(median(errs), 4) if errs else None
 
 
-def _start(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
+def start_params(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
     params: dict[str, Any] = {"draft": draft.name, "gamma": min(max_gamma, 6 if draft.kind != "model" else 4)}
     if draft.has_threshold:
         params["threshold"] = 0.0
     return params
-
-
-def _batch_row(batch_size: int, result: Any) -> Any:
-    from ..store.schema import BatchRow
-
-    per_draft: dict[str, Any] = {}
-    for r in result.results:
-        if r.config.gamma > 0:
-            per_draft.setdefault(r.config.draft.name, r)
-    return BatchRow(batch_size, result.results[0], list(per_draft.values()), None, result.study_name)
 
 
 def _exactness(s: EngineSession, result: Any) -> dict[str, Any]:
@@ -382,161 +370,3 @@ def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tu
     note = f"B={settings.batch_size}: one plain pass {pass_s:.3g} s in llama.cpp, so {trials} trials"
     final_budget = final_s if finalists else None
     return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
-
-
-# ---------------------------------------------------------------------------- bench and check
-
-
-def bench_engine(
-    models: Models, draft: str, gamma: int, threshold: float, batch_size: int, repeats: int
-) -> Any:
-    """One config inside the engine against its plain server, interleaved."""
-    from ..limits import check_decoding
-    from ..measure.llamacpp.args import parse_llamacpp_draft
-    from .common import BenchResult
-
-    models = replace(models, drafts=[draft])
-    check_count(repeats, "repeats")
-    s = open_engine(models, batch_size)
-    try:
-        spec = s.specs[0] if s.specs else parse_llamacpp_draft(draft)
-        check_decoding(gamma, threshold, models.temperature, min(s.case.max_new_tokens))
-        config = Config(spec, gamma, threshold)
-        (m,) = s.backend.measure([config], s.case, batch_size, repeats)
-        return BenchResult(
-            s.target.name,
-            spec.name,
-            gamma,
-            threshold,
-            models.temperature,
-            s.workload.name,
-            len(s.case.prompts),
-            f"llama.cpp ({s.backend.build.get('package') or s.backend.build['binary_sha256']})",
-            m,
-        )
-    finally:
-        s.close()
-
-
-def profile_engine(
-    models: Models, max_gamma: int, repeats: int, progress: Progress
-) -> tuple[dict[str, Any], Any, dict[str, Any]]:
-    """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
-    each draft's acceptance (and in-loop step cost) from one pass at a middle γ."""
-    from ..measure.hardware import hardware_info
-    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
-
-    hw = hardware_info("cpu")
-    s = open_engine(models)
-    try:
-        progress.stage("llama.cpp: T_target, C_ver(γ), T_draft", 0.0)
-        costs = measure_engine_costs(
-            s.backend, s.case.head(2), draft_paths(s.backend, s.specs), max_gamma, repeats
-        )
-        measured = {}
-        for i, spec in enumerate(s.specs):
-            progress.stage(f"acceptance of {spec.name}", (i + 1) / (len(s.specs) + 1))
-            params = _start(spec, max_gamma)
-            (m,) = s.backend.measure(
-                [Config(spec, params["gamma"], params.get("threshold", 0.0))], s.case, 1, 1
-            )
-            if m.metrics.acceptance_rate > 0:
-                measured[spec.name] = (
-                    m.metrics.acceptance_rate,
-                    m.metrics.mean_accepted_len,
-                    m.metrics.tokens_per_s,
-                )
-        costs = with_acceptance(costs, measured, max_gamma)
-        target = {"name": s.target.name, "dtype": "gguf", "num_params": 0, "weights": "trained"}
-        target["backend"] = s.backend.info()
-    finally:
-        s.close()
-    return hw, costs, target
-
-
-def check_engine(
-    path: Path,
-    tolerance: float = 0.10,
-    acceptance_tolerance: float | None = None,
-    repeats: int = 3,
-    allow_other_hardware: bool = False,
-    allow_other_build: bool = False,
-    batch_size: int | None = None,
-    llama_server: str | None = None,
-    threads: int | None = None,
-) -> Any:
-    """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
-    unless allowed), the same hardware, then every stored config re-measured in the engine."""
-    from ..errors import OtherHardwareError
-    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
-    from ..measure.llamacpp.server import build_info, find_server
-    from ..output.check import CheckItem, CheckReport, judge_config
-    from ..store.refs import resolve_ref
-    from ..store.yamlio import load_profile
-
-    started = time.monotonic()
-    p = load_profile(path)
-    check_count(repeats, "--repeats")
-    if (p.backend or {}).get("name") != "llamacpp":
-        raise SpecDecError(f"{path} was not measured in llama.cpp: check it without --backend llamacpp")
-    hw = hardware_info("cpu")
-    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
-        raise OtherHardwareError(
-            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
-            "re-run `specdec-tune run --backend llamacpp` here or pass --allow-other-hardware"
-        )
-    build = build_info(find_server(llama_server))
-    stored = (p.backend or {}).get("build") or {}
-    if stored.get("binary_sha256") != build["binary_sha256"] and not allow_other_build:
-        raise OtherHardwareError(
-            f"{path} was measured with another llama.cpp build ({stored.get('package', '?')}, binary "
-            f"{stored.get('binary_sha256', '?')}; here {build.get('package', '?')}, {build['binary_sha256']}): "
-            "other software; re-run `specdec-tune run --backend llamacpp` or pass --allow-other-build"
-        )
-    rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
-    if batch_size is not None:
-        rows = [(b, r) for b, r in rows if b == batch_size]
-        if not rows:
-            raise SpecDecError(f"{path} has no result at batch size {batch_size}")
-    folder = Path(path).parent
-    drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
-    drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
-    models = Models(
-        # a built-in GGUF by its name (its file lives in a package); a file by its path
-        target=p.target.name if p.target.name in (SMOLLM2, "demo") else resolve_ref(p.target.path, folder),
-        drafts=list({d.name: d for d in drafts}.values()),
-        workload=p.workload.name,
-        prompts=p.workload.prompts,
-        max_new_tokens=p.workload.max_new_tokens,
-        temperature=p.workload.temperature,
-        backend="llamacpp",
-        llama_server=llama_server,
-        threads=threads or (p.backend or {}).get("threads"),
-    )
-    s = open_engine(models, rows[0][0])
-    report = CheckReport(profile=str(path), config=p.best.config.label)
-    try:
-        if s.workload.sha256 != p.workload.sha256:
-            raise SpecDecError(
-                f"workload '{p.workload.name}' has changed since the profile was made; re-run `specdec-tune run`"
-            )
-        same = s.target.content_hash == p.target.content_hash
-        note = "" if same else "the target GGUF changed"
-        report.items.append(
-            CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
-        )
-        by_name = {d.name: d for d in s.specs}
-        for b, r in rows:
-            config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
-            (m,) = s.backend.measure([config], s.case, b, repeats)
-            again = None
-            if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
-                (again,) = s.backend.measure([config], s.case, b, repeats)
-            where = "" if b == 1 else f" @ B={b}"
-            report.items += judge_config(
-                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where
-            )
-    finally:
-        s.close()
-    report.seconds = time.monotonic() - started
-    return report

@@ -54,7 +54,7 @@ def bench(
                 "--compare-hf compares our own engine with transformers: drop --backend llamacpp"
             )
         from ..measure.llamacpp.server import servers_die_with_us
-        from .engine import bench_engine
+        from .engine_checks import bench_engine
 
         with servers_die_with_us():
             return bench_engine(models, draft, gamma, threshold, batch_size or 1, repeats)
@@ -164,7 +164,7 @@ def profile_costs(
     progress = progress or Progress()
     if models.backend == "llamacpp":
         from ..measure.llamacpp.server import servers_die_with_us
-        from .engine import profile_engine
+        from .engine_checks import profile_engine
 
         with servers_die_with_us():
             hw, costs, target = profile_engine(models, max_gamma, repeats, progress)
@@ -249,7 +249,7 @@ def check(
     engine = backend or (p.backend or {}).get("name") or "native"
     if engine != "native":
         from ..measure.llamacpp.server import servers_die_with_us
-        from .engine import check_engine
+        from .engine_checks import check_engine
 
         with servers_die_with_us():
             report = check_engine(

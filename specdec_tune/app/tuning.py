@@ -20,6 +20,7 @@ from .common import (
     Models,
     Progress,
     TuneOutcome,
+    batch_row,
     check_writable,
     drafter_pool,
     measure_costs,
@@ -162,7 +163,7 @@ def tune(
         profile.search.budget_note = "; ".join(notes)
     if batch_sizes != [1]:
         model = CostModel(costs) if costs is not None else None
-        profile.batch_table = [_batch_row(b, results[b], model, settings.max_gamma) for b in batch_sizes]
+        profile.batch_table = [batch_row(b, results[b], model, settings.max_gamma) for b in batch_sizes]
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None
         profile.predicted_b_star = model.b_star(settings.max_gamma) if model is not None else None
@@ -173,18 +174,6 @@ def tune(
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
     return TuneOutcome(profile, out, csv_path, first, results)
-
-
-def _batch_row(batch_size: int, result: Any, model: Any, max_gamma: int) -> Any:
-    from ..store.schema import BatchRow
-
-    per_draft: dict[str, Any] = {}
-    for r in result.results:  # best first: the first of each draft is its best
-        if r.config.gamma > 0:
-            per_draft.setdefault(r.config.draft.name, r)
-    ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
-    predicted = max(1.0, ranked[0][2]) if ranked else None
-    return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)
 
 
 def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:

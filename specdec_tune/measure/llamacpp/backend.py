@@ -16,7 +16,6 @@ server of the same build, side by side, their requests alternating.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
 import threading
@@ -378,11 +377,3 @@ class LlamaCppBackend:
         if errors:
             raise errors[0]
         return done
-
-
-@contextlib.contextmanager
-def opened(backend: LlamaCppBackend) -> Any:
-    try:
-        yield backend
-    finally:
-        backend.close()

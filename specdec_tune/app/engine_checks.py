@@ -1,0 +1,170 @@
+"""The engine backend's other use cases: `bench` one config, `profile` the engine's costs and
+`check` a profile measured in llama.cpp (the search itself is in app/engine.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..domain import Config
+from ..errors import SpecDecError
+from ..limits import check_count
+from .common import Models, Progress
+from .engine import SMOLLM2, open_engine, start_params
+
+
+def bench_engine(
+    models: Models, draft: str, gamma: int, threshold: float, batch_size: int, repeats: int
+) -> Any:
+    """One config inside the engine against its plain server, interleaved."""
+    from ..limits import check_decoding
+    from ..measure.llamacpp.args import parse_llamacpp_draft
+    from .common import BenchResult
+
+    models = replace(models, drafts=[draft])
+    check_count(repeats, "repeats")
+    s = open_engine(models, batch_size)
+    try:
+        spec = s.specs[0] if s.specs else parse_llamacpp_draft(draft)
+        check_decoding(gamma, threshold, models.temperature, min(s.case.max_new_tokens))
+        config = Config(spec, gamma, threshold)
+        (m,) = s.backend.measure([config], s.case, batch_size, repeats)
+        return BenchResult(
+            s.target.name,
+            spec.name,
+            gamma,
+            threshold,
+            models.temperature,
+            s.workload.name,
+            len(s.case.prompts),
+            f"llama.cpp ({s.backend.build.get('package') or s.backend.build['binary_sha256']})",
+            m,
+        )
+    finally:
+        s.close()
+
+
+def profile_engine(
+    models: Models, max_gamma: int, repeats: int, progress: Progress
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
+    each draft's acceptance (and in-loop step cost) from one pass at a middle γ."""
+    from ..measure.hardware import hardware_info
+    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
+
+    hw = hardware_info("cpu")
+    s = open_engine(models)
+    try:
+        progress.stage("llama.cpp: T_target, C_ver(γ), T_draft", 0.0)
+        costs = measure_engine_costs(
+            s.backend, s.case.head(2), draft_paths(s.backend, s.specs), max_gamma, repeats
+        )
+        measured = {}
+        for i, spec in enumerate(s.specs):
+            progress.stage(f"acceptance of {spec.name}", (i + 1) / (len(s.specs) + 1))
+            params = start_params(spec, max_gamma)
+            (m,) = s.backend.measure(
+                [Config(spec, params["gamma"], params.get("threshold", 0.0))], s.case, 1, 1
+            )
+            if m.metrics.acceptance_rate > 0:
+                measured[spec.name] = (
+                    m.metrics.acceptance_rate,
+                    m.metrics.mean_accepted_len,
+                    m.metrics.tokens_per_s,
+                )
+        costs = with_acceptance(costs, measured, max_gamma)
+        target = {"name": s.target.name, "dtype": "gguf", "num_params": 0, "weights": "trained"}
+        target["backend"] = s.backend.info()
+    finally:
+        s.close()
+    return hw, costs, target
+
+
+def check_engine(
+    path: Path,
+    tolerance: float = 0.10,
+    acceptance_tolerance: float | None = None,
+    repeats: int = 3,
+    allow_other_hardware: bool = False,
+    allow_other_build: bool = False,
+    batch_size: int | None = None,
+    llama_server: str | None = None,
+    threads: int | None = None,
+) -> Any:
+    """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
+    unless allowed), the same hardware, then every stored config re-measured in the engine."""
+    from ..errors import OtherHardwareError
+    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+    from ..measure.llamacpp.server import build_info, find_server
+    from ..output.check import CheckItem, CheckReport, judge_config
+    from ..store.refs import resolve_ref
+    from ..store.yamlio import load_profile
+
+    started = time.monotonic()
+    p = load_profile(path)
+    check_count(repeats, "--repeats")
+    if (p.backend or {}).get("name") != "llamacpp":
+        raise SpecDecError(f"{path} was not measured in llama.cpp: check it without --backend llamacpp")
+    hw = hardware_info("cpu")
+    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+        raise OtherHardwareError(
+            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
+            "re-run `specdec-tune run --backend llamacpp` here or pass --allow-other-hardware"
+        )
+    build = build_info(find_server(llama_server))
+    stored = (p.backend or {}).get("build") or {}
+    if stored.get("binary_sha256") != build["binary_sha256"] and not allow_other_build:
+        raise OtherHardwareError(
+            f"{path} was measured with another llama.cpp build ({stored.get('package', '?')}, binary "
+            f"{stored.get('binary_sha256', '?')}; here {build.get('package', '?')}, {build['binary_sha256']}): "
+            "other software; re-run `specdec-tune run --backend llamacpp` or pass --allow-other-build"
+        )
+    rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
+    if batch_size is not None:
+        rows = [(b, r) for b, r in rows if b == batch_size]
+        if not rows:
+            raise SpecDecError(f"{path} has no result at batch size {batch_size}")
+    folder = Path(path).parent
+    drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
+    drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
+    models = Models(
+        # a built-in GGUF by its name (its file lives in a package); a file by its path
+        target=p.target.name if p.target.name in (SMOLLM2, "demo") else resolve_ref(p.target.path, folder),
+        drafts=list({d.name: d for d in drafts}.values()),
+        workload=p.workload.name,
+        prompts=p.workload.prompts,
+        max_new_tokens=p.workload.max_new_tokens,
+        temperature=p.workload.temperature,
+        backend="llamacpp",
+        llama_server=llama_server,
+        threads=threads or (p.backend or {}).get("threads"),
+    )
+    s = open_engine(models, rows[0][0])
+    report = CheckReport(profile=str(path), config=p.best.config.label)
+    try:
+        if s.workload.sha256 != p.workload.sha256:
+            raise SpecDecError(
+                f"workload '{p.workload.name}' has changed since the profile was made; re-run `specdec-tune run`"
+            )
+        same = s.target.content_hash == p.target.content_hash
+        note = "" if same else "the target GGUF changed"
+        report.items.append(
+            CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
+        )
+        by_name = {d.name: d for d in s.specs}
+        for b, r in rows:
+            config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
+            (m,) = s.backend.measure([config], s.case, b, repeats)
+            again = None
+            if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
+                (again,) = s.backend.measure([config], s.case, b, repeats)
+            where = "" if b == 1 else f" @ B={b}"
+            report.items += judge_config(
+                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where
+            )
+    finally:
+        s.close()
+    report.seconds = time.monotonic() - started
+    return report
