@@ -25,7 +25,7 @@ from pathlib import Path
 from specdec_tune import app
 from specdec_tune.app.engine import open_engine
 from specdec_tune.domain import Config
-from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft
+from specdec_tune.measure.llamacpp.args import ENGINE_MAX_GAMMA, parse_llamacpp_draft
 from specdec_tune.measure.llamacpp.server import servers_die_with_us
 
 DEFAULTS = {  # llama.cpp's defaults per spec type (common/common.h of build 11434)
@@ -65,7 +65,7 @@ def main() -> None:
         t0 = time.monotonic()
         outcome = app.tune(
             models,
-            app.TuneSettings(storage=f"sqlite:///{tmp / 's.db'}"),
+            app.TuneSettings(storage=f"sqlite:///{tmp / 's.db'}", max_gamma=ENGINE_MAX_GAMMA),
             out=tmp / "p.yaml",
             batch_sizes=sizes,
             budget_s=args.budget,

@@ -24,6 +24,7 @@ from .cli_options import (
     models_from,
 )
 from .errors import SpecDecError
+from .measure.llamacpp.args import ENGINE_MAX_GAMMA
 from .terminal import CliProgress, console, print_json, quiet_libraries, user_errors
 
 
@@ -46,7 +47,14 @@ def run(
     sampler: Annotated[
         str, typer.Option(help="tpe (seeded by the cost model) or grid (exhaustive).")
     ] = "tpe",
-    max_gamma: Annotated[int, typer.Option("--max-gamma", help="Largest γ searched (and profiled).")] = 8,
+    max_gamma: Annotated[
+        int | None,
+        typer.Option(
+            "--max-gamma",
+            help="Largest γ searched (and profiled): 8, or 16 with --backend llamacpp (its n-gram "
+            "drafts cost next to nothing per drafted token).",
+        ),
+    ] = None,
     temperature: Temperature = 0.0,
     max_new_tokens: MaxNew = 48,
     workload: WorkloadOpt = "demo-code",
@@ -149,7 +157,7 @@ def run(
             timeout_s=timeout,
             sampler=sampler,
             seed=seed,
-            max_gamma=max_gamma,
+            max_gamma=max_gamma or (ENGINE_MAX_GAMMA if backend == "llamacpp" else 8),
             repeats=repeats,
             finalists=finalists,
             final_repeats=final_repeats,

@@ -20,7 +20,11 @@ from ...errors import SpecDecError
 
 NGRAM_SIMPLE_N = 4  # lookup n-gram when `ngram-simple` has none: 12 in llama.cpp is long for chat
 NGRAM_MOD_MATCH = 24  # llama.cpp's default n_match
-DEFAULT_DRAFTS = ("ngram-simple:3", "ngram-simple:5", "ngram-mod:12")
+DEFAULT_DRAFTS = ("ngram-simple:4", "ngram-simple:6", "ngram-mod:12")
+# The largest gamma `run --backend llamacpp` searches unless told: an n-gram draft costs next to
+# nothing per drafted token, so long drafts pay where a model draft's would not (llama.cpp's own
+# defaults draft 48 to 64). See benchmarks/llamacpp_sweep.py.
+ENGINE_MAX_GAMMA = 16
 
 DRAFT_HELP = (
     "llama.cpp drafts: ngram-simple[:N], ngram-mod[:N_MATCH[:N_MIN]], a draft GGUF file, "
