@@ -6,6 +6,7 @@ prompt), every config below and plain batched decoding are timed in ONE interlea
 cost model's predictions from the cost surface beside the measurements.
 
     python benchmarks/batched.py            # ~5 min on a 2-core CPU
+    python benchmarks/batched.py --batch-sizes 1,16   # the cost model's error at B = 1 and 16
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from specdec_tune.measure.costs import measure_costs
 from specdec_tune.measure.serving import BatchEntry, measure_batched_many
 from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
-from specdec_tune.runtime.batch import batch_generate, build_batch_drafter
-from specdec_tune.runtime.drafters import build_drafter
+from specdec_tune.runtime.batch import batch_generate
+from specdec_tune.runtime.build import build_batch_drafter, build_drafter
 from specdec_tune.runtime.session import open_session
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import CostModel
@@ -91,7 +92,8 @@ def main() -> None:
     costs.batch, costs.memory_bound_until = measure_surface(
         target, makers, sizes, costs.context_len, 6, repeats=3, case=s.case.head(8)
     )
-    model = CostModel(costs)
+    # The cost model knows the requests' budgets (the budget cut, search.loopterms).
+    model = CostModel(costs, budgets=case.max_new_tokens)
     out["surface"] = {
         b.batch_size: {
             "t_target_ms": round(b.t_target_ms, 3),

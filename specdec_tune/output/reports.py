@@ -33,6 +33,17 @@ def bench_table(r: dict[str, Any]) -> Table:
     t.add_row("mean accepted length τ", f"{r['mean_accepted_len']:.2f} tokens / target forward")
     t.add_row("per-position acceptance", vec(r["per_position_acceptance"]))
     t.add_row("repeats (median reported)", str(r["repeats"]))
+    built = r.get("compile") or {}
+    if built.get("graphs") or built.get("graphs_in_timing"):
+        t.add_row(
+            "compile (before timing, not timed)",
+            f"{built['graphs']} graphs, {built['compile_s']:.1f} s"
+            + (
+                f"; {built['graphs_in_timing']} built inside timing, re-timed"
+                if built["graphs_in_timing"]
+                else ""
+            ),
+        )
     if "batch_size" in r:
         spec, plain = r["speculative"], r["plain"]
         t.add_row("batch size (requests in flight)", str(r["batch_size"]))

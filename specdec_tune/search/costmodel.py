@@ -15,6 +15,7 @@ from typing import Any
 from ..domain import Costs
 from ..errors import SpecDecError
 from ..limits import check_gamma
+from .loopterms import budget_steps, budget_tokens_per_step, loop_verify_growth
 
 
 def _check_gamma(gamma: int) -> None:
@@ -137,8 +138,11 @@ class CostModel:
     """Predictions for one set of measured `Costs`: `predict(draft, gamma)`, the best gamma per
     draft, and every config ranked. Drafts are named as in `costs.drafts`."""
 
-    def __init__(self, costs: Costs) -> None:
+    def __init__(self, costs: Costs, budgets: Sequence[int] | None = None) -> None:
+        """`budgets`: the workload's per-request token budgets; with them the prediction counts
+        the budget cut (no drafting past a request's end, `loopterms.budget_steps`)."""
         self.costs = costs
+        self.budgets = [int(n) for n in budgets or [] if int(n) > 0]
         self.loop_overhead_ms = float(costs.loop_overhead_ms or 0.0)
         self.step_overhead_ms = float(costs.step_overhead_ms or 0.0)
 
@@ -169,6 +173,10 @@ class CostModel:
         o_loop, o_step = self.loop_overhead_ms, self.step_overhead_ms
         if batch_size == 1:
             t_draft, verify = in_loop(c, d)
+            if self.budgets:
+                return self._budgeted_b1(
+                    d.acceptance_vector, gamma, t_target, t_draft, verify, o_loop, o_step
+                )
         else:
             b = c.at_batch(batch_size)
             if b is None or draft not in b.t_draft_ms:
@@ -184,7 +192,33 @@ class CostModel:
                 micro = verify_cost_ms(verify, width)
                 if micro > 0:
                     verify = [v * b.loop_verify_ms[draft] / micro for v in verify]
-        return predicted_speedup(t_target, t_draft, verify, d.acceptance_vector, gamma, o_loop, o_step)
+                    # The in-loop ratio grows with gamma around the width it was clocked at.
+                    verify = [v * loop_verify_growth(g, width) for g, v in enumerate(verify, 1)]
+        speedup = predicted_speedup(t_target, t_draft, verify, d.acceptance_vector, gamma, o_loop, o_step)
+        if self.budgets:
+            # Every step costs the widest row's width; the cut only lowers tokens per step.
+            free = expected_tokens(d.acceptance_vector, gamma)
+            speedup *= budget_tokens_per_step(d.acceptance_vector, gamma, self.budgets) / free
+        return speedup
+
+    def _budgeted_b1(
+        self,
+        vector: Sequence[float],
+        gamma: int,
+        t_target: float,
+        t_draft: float,
+        verify: list[float],
+        o_loop: float,
+        o_step: float,
+    ) -> float:
+        """Batch size 1 with the budget cut: a step drafting g < gamma near a request's end emits
+        fewer tokens and costs less (g drafts, C_ver(g))."""
+
+        def step_ms(g: int) -> float:
+            return g * t_draft + (verify_cost_ms(verify, g) if g > 0 else t_target) + o_step
+
+        total = sum(budget_steps(vector, gamma, n, step_ms)[1] for n in self.budgets)
+        return (t_target + o_loop) * sum(self.budgets) / total
 
     def ceiling(self, draft: str, gamma: int, batch_size: int = 1, policy: str = "fixed") -> float | None:
         """The most `draft` at `gamma` can reach here: the prediction with every draft token
