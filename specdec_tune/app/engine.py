@@ -355,14 +355,17 @@ def _exactness(s: EngineSession, result: Any) -> dict[str, Any]:
 
 
 def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
-    """Trials that fit the budget: one plain pass is timed; a trial costs a server start, a
+    """Trials that fit the budget: one plain pass is timed (after one that fills the server's
+    prompt cache, as a config's untimed first pass does); a trial costs a server start, a
     warm-up pass and 2 x repeats passes; the final round (at least two finalists and the baseline)
     and its racing rounds get what the search's minimum leaves, up to twice the first round."""
     from ..search.space import DEFAULT_TRIALS
     from .common import MIN_BUDGET_TRIALS
 
+    plain = s.backend.plain(settings.batch_size)
+    s.backend._pass(plain, s.case, settings.batch_size)  # the first pass fills the prompt cache
     t0 = time.monotonic()
-    s.backend._pass(s.backend.plain(settings.batch_size), s.case, settings.batch_size)
+    s.backend._pass(plain, s.case, settings.batch_size)
     pass_s = time.monotonic() - t0
     trial_s = (2 * settings.repeats + 1) * pass_s + TRIAL_OVERHEAD_S
     finalists = max(2, settings.finalists) if settings.finalists else 0
