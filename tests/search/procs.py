@@ -14,6 +14,9 @@ from pathlib import Path
 from helpers import tiny_args
 
 HOOKS = Path(__file__).resolve().parents[1] / "worker_hooks"
+# The checkout under test before any installed copy: the hooks import the package at start-up,
+# before Python puts the working folder on the path.
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = "import sys; from specdec_tune.cli import app; sys.argv = ['specdec-tune', *sys.argv[1:]]; app()"
 
 
@@ -49,7 +52,9 @@ def start(args, out, marks, hang="", until_go=False, grace_s=3):
     the first process of the test to get there stop there (see worker_hooks/sitecustomize.py)."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HOOKS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
         "MARKS": str(marks),
         "HANG": hang,
         "HANG_UNTIL_GO": "1" if until_go else "",

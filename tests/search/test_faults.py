@@ -74,11 +74,16 @@ def finish(proc) -> str:
 @pytest.mark.slow
 def test_kill_9_of_a_worker_holding_the_slot_lock(tiny_dirs, tmp_path):
     storage, args = sqlite(tmp_path), run_args(tiny_dirs, sqlite(tmp_path), trials=TRIALS)
-    victim = start(args, tmp_path / "v.yaml", tmp_path, hang="slot:2")
-    other = start(args, tmp_path / "o.yaml", tmp_path)
-    assert int(wait_for(tmp_path / "hanging", [victim, other])) == victim.pid
+    # Alone, the victim measures two trials, then stops holding the lock for its third.
+    victim = start(args, tmp_path / "v.yaml", tmp_path, hang="slot:3")
+    assert int(wait_for(tmp_path / "hanging", [victim])) == victim.pid
     assert held_by_another(tmp_path, "trials")
     before = completed(storage)
+    assert len(before) == 2
+    other = start(args, tmp_path / "o.yaml", tmp_path)
+    while other.pid not in started(tmp_path):
+        assert other.poll() is None
+        time.sleep(0.05)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     finish(other)
