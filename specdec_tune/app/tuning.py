@@ -87,7 +87,9 @@ def tune(
             )
         with servers_die_with_us():
             return tune_engine(models, settings, out, progress, batch_sizes, budget_s, no_profile)
-    s = models.open()
+    # `auto` is resolved once per study (app.shared_study), not by each worker on its own.
+    auto = models.engine == "auto"
+    s = (replace(models, engine="eager") if auto else models).open()
     specs = list(s.specs) + [
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []
     ]
@@ -103,14 +105,6 @@ def tune(
 
     out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.yaml"
     check_writable(out)
-    pool = drafter_pool(s, specs)
-    costs = None
-    if costs_file is not None:
-        costs, costs_hw = load_costs(costs_file)
-        if not same_hardware(costs_hw, hw):
-            raise SpecDecError(f"{costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}")
-    elif not no_profile:
-        costs = measure_costs(s, pool, settings.max_gamma, 5, progress, batch_sizes)
     key = {
         "specdec_tune": __version__,
         "hardware": hw["slug"],
@@ -122,8 +116,20 @@ def tune(
         "temperature": s.case.temperature,
         "dtype": s.target.dtype,
         "repeats": settings.repeats,
-        "engine_mode": s.engine_mode,
+        "engine_mode": "auto" if auto else s.engine_mode,
     }
+    if auto:
+        from .shared_study import settle_auto
+
+        settle_auto(s, specs, settings, key if batch_sizes[0] == 1 else {**key, "batch_size": batch_sizes[0]})
+    pool = drafter_pool(s, specs)
+    costs = None
+    if costs_file is not None:
+        costs, costs_hw = load_costs(costs_file)
+        if not same_hardware(costs_hw, hw):
+            raise SpecDecError(f"{costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}")
+    elif not no_profile:
+        costs = measure_costs(s, pool, settings.max_gamma, 5, progress, batch_sizes)
     # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
     noise, anchors = _noise_and_anchors(s, costs)
     settings, line = adapt_to_noise(settings, noise)
@@ -154,6 +160,10 @@ def tune(
             progress.final,
             neighbour,
         )
+        for n in results[b].lost:
+            progress.note(
+                f"trial {n} was failed by another worker while this one was paused; its result is dropped"
+            )
         neighbour = [trial_params(results[b].results[0].config)]
     first = results[batch_sizes[0]]
     profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)

@@ -5,15 +5,25 @@ the study exactly as workers on several machines do. Each gets len(cores) // N c
 torch threads, so all of them describe the same hardware (the thread count is part of a CPU's
 hardware slug) and share one study name. On a small machine this only helps a target that leaves
 cores idle (I/O or GPU bound); a CPU-bound target just splits the same cores N ways.
+
+The children write their output to log files (the parent reports the last line of a failed
+child's log), run in process groups of their own and die with the parent (a parent-death
+signal). SIGTERM of the parent ends the run like Ctrl-C: the children are stopped (SIGTERM, then
+SIGKILL after `STOP_GRACE_S`), the job files (they hold the storage URL) removed, exit 130.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +33,8 @@ from .common import Models, Progress
 from .tuning import TuneOutcome, tune
 
 CHILD = "from specdec_tune.app.workers import child; child()"
+STOP_GRACE_S = 10.0  # a child stopped with SIGTERM gets this long to end its trial, then SIGKILL
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def core_shares(workers: int) -> list[list[int]]:
@@ -59,8 +71,6 @@ def tune_workers(
     budget_s: float | None = None,
 ) -> TuneOutcome:
     """`app.tune` on `workers` local processes sharing one study; returns this process's outcome."""
-    import tempfile
-
     from ..search.storage import check_url
     from ..search.study import default_storage
 
@@ -74,8 +84,8 @@ def tune_workers(
     settings = dataclasses.replace(settings, storage=settings.storage or default_storage())
     check_url(settings.storage)
     progress = progress or Progress()
-    children: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="specdec-workers-") as tmp:
+    children: list[tuple[subprocess.Popen, Path]] = []
+    with tempfile.TemporaryDirectory(prefix="specdec-workers-") as tmp, _term_is_interrupt():
         try:
             for i, cores in enumerate(shares[1:], start=1):
                 job = {
@@ -88,39 +98,121 @@ def tune_workers(
                     "cores": cores,
                     "batch_sizes": batch_sizes,
                     "budget_s": budget_s,
+                    "parent": os.getpid(),
                 }
                 path = Path(tmp) / f"worker{i}.json"
-                path.write_text(json.dumps(job))
-                p = subprocess.Popen(
-                    [sys.executable, "-c", CHILD, str(path)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                children.append(p)
+                _write_private(path, json.dumps(job))
+                log = Path(tmp) / f"worker{i}.log"
+                with open(log, "wb") as f:  # a file, never a pipe: a chatty child cannot block
+                    p = subprocess.Popen(
+                        [sys.executable, "-c", CHILD, str(path)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # its own process group: stopped as a whole
+                    )
+                children.append((p, log))
             _pin(shares[0])
             outcome = tune(
                 models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes, budget_s
             )
-            for i, p in enumerate(children, start=1):
-                err = p.communicate()[1]
+            for i, (p, log) in enumerate(children, start=1):
+                p.wait()
                 if p.returncode != 0:
-                    last = (err.strip().splitlines() or ["no message"])[-1]
-                    progress.note(f"worker {i} exited with code {p.returncode}: {last}")
+                    progress.note(f"worker {i} exited with code {p.returncode}: {last_line(log)}")
             return outcome
         finally:
-            for p in children:
-                if p.poll() is None:
-                    p.terminate()
-                    p.wait()
+            with _signals_ignored():
+                stop(children)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A new file only its owner can read (it names the storage, password included)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def last_line(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1].strip() if lines else "no message"
+
+
+def stop(children: list[tuple[subprocess.Popen, Path]], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop every child still running, with its process group: SIGTERM, SIGKILL after `grace_s`."""
+    alive = [p for p, _ in children if p.poll() is None]
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in alive:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@contextlib.contextmanager
+def _term_is_interrupt() -> Iterator[None]:
+    """For the block: SIGTERM ends it like Ctrl-C (KeyboardInterrupt, so finally blocks run)."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: no handler
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """For the block (stopping the children): a second SIGTERM or Ctrl-C does not cut it short."""
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):
+            previous[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _die_with(parent: int) -> None:
+    """Tie this process to its parent: killed when the parent dies (Linux), gone at once if the
+    parent died before that could be set."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def child() -> None:
     """A worker started by `tune_workers`: its job is a JSON file named in argv."""
-    job: dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
+    path = Path(sys.argv[1])
+    job: dict[str, Any] = json.loads(path.read_text())
+    with contextlib.suppress(OSError):
+        path.unlink()  # the storage URL stays on disk no longer than needed
+    _die_with(job["parent"])
     _pin(job["cores"])
     settings = job["settings"]
     settings["grid_thresholds"] = tuple(settings["grid_thresholds"])
+    with contextlib.suppress(ValueError):  # SIGTERM from the parent: end the trial like Ctrl-C
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, on_term)
     try:
         tune(
             Models(**job["models"]),
@@ -136,3 +228,6 @@ def child() -> None:
     except SpecDecError as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)

@@ -44,6 +44,8 @@ class TuneResult:
     final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, lo, hi
     final_repeats: int = 0  # the most interleaved repeats a finalist got (racing adds rounds)
     outliers: list[str] = field(default_factory=list)  # search trials not believed (final.is_outlier)
+    # This worker's trials that a peer failed while it was paused: their results were dropped.
+    lost: list[int] = field(default_factory=list)
 
 
 def csv_row(number: int | None, state: str, config: Config, speedup: float | None, attrs: dict) -> dict:

@@ -14,11 +14,12 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
-from .storage import open_storage, redact
+from .storage import StorageLock, open_storage, redact
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"  # who ran a trial, in its user attrs
 
@@ -54,7 +55,9 @@ def on_lost_trial(study: Any, trial: Any) -> None:
     )
 
 
-def open_study(name: str, storage_url: str, sampler: Any, heartbeat_s: int, grace_s: int) -> Any:
+def open_study(
+    name: str, storage_url: str, sampler: Any, heartbeat_s: int | None, grace_s: int | None
+) -> Any:
     """Create or load the study on a storage with Optuna's heartbeat; retried because workers
     starting together race on a new database."""
     import optuna
@@ -73,6 +76,32 @@ def open_study(name: str, storage_url: str, sampler: Any, heartbeat_s: int, grac
     raise SpecDecError(
         f"cannot open study '{name}' in '{redact(storage_url)}': {type(last).__name__}: {first}"
     ) from None
+
+
+ENGINE_MODE = "engine_mode"  # study user attr: the mode `auto` resolved to for every worker
+
+
+def agree_engine_mode(name: str, storage_url: str, resolve: Callable[[], str], wait_s: float) -> str | None:
+    """The engine mode every worker of study `name` runs when `auto` was asked for: the first
+    worker resolves it (`resolve()`, e.g. timed on its machine) and records it in the study; the
+    others take it from there instead of resolving again, so one study never mixes modes.
+    Returns the recorded mode, or None when this worker's `resolve()` made it."""
+    lock = StorageLock(storage_url, f"{name}:engine")
+    try:
+        # The first worker holds the lock while it resolves; a hung holder does not stall the
+        # others for ever (they resolve for themselves and record nothing over it).
+        lock.acquire(timeout_s=wait_s)
+        study = open_study(name, storage_url, None, None, None)
+        mode = study.user_attrs.get(ENGINE_MODE)
+        if isinstance(mode, str):
+            return mode
+        mode = resolve()
+        if lock.held:
+            study.set_user_attr(ENGINE_MODE, mode)
+            study.set_user_attr(CREATED_BY, TOOL)
+        return None
+    finally:
+        lock.close()
 
 
 def claim_identity(study: Any, identity: dict[str, Any], seeds: list[dict[str, Any]], where: str) -> None:

@@ -10,6 +10,7 @@ writes no files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -137,9 +138,7 @@ def tune(
         backend = NativeBackend(pool)
     model = CostModel(costs) if costs is not None else None
     storage_url = settings.storage or default_storage()
-    name = settings.study_name or study_name_for(
-        {**(study_key or {}), "space": space, "sampler": settings.sampler}
-    )
+    name = study_name(specs, settings, study_key)
     sampler = (
         optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
         if settings.sampler == "tpe"
@@ -157,6 +156,7 @@ def tune(
     # Counting the free slots and creating the trial happen under one lock shared by all workers,
     # so two workers never take the last slot together; the trial releases it once it exists.
     slots = StorageLock(storage_url, f"{name}:trials")
+    lost: list[int] = []
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
@@ -174,8 +174,17 @@ def tune(
                     fail_stale(study)
                     time.sleep(POLL_S)
                     continue
-                objective.on_start = slots.release
-                study.optimize(objective, n_trials=1, catch=(Exception,))
+                objective.on_start, objective.number = slots.release, None
+                try:
+                    study.optimize(objective, n_trials=1, catch=(Exception,))
+                except Exception:
+                    # Paused past the grace period (SIGSTOP, a long lock wait), this worker had its
+                    # trial failed by a peer: recording its result raises. The trial is lost (not
+                    # counted, another takes its place); anything else is a real error.
+                    number = objective.number
+                    if number is None or not _lost_to_peer(study, number):
+                        raise
+                    lost.append(number)
             finally:
                 slots.release()
             if on_trial is not None:
@@ -183,6 +192,7 @@ def tune(
     finally:
         slots.close()
     result = summarise(study, specs, name, storage_url, space)
+    result.lost = lost
     if settings.finalists > 0:
         claim = StorageLock(storage_url, f"{name}:final")
         try:
@@ -190,6 +200,31 @@ def tune(
         finally:
             claim.close()
     return result
+
+
+def study_name(specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any] | None) -> str:
+    """The study `tune` opens for these drafts, settings and key (`settings.study_name` if set)."""
+    space = search_space(specs, settings)
+    key = {**(study_key or {}), "space": space, "sampler": settings.sampler}
+    return settings.study_name or study_name_for(key)
+
+
+def _lost_to_peer(study: Any, number: int) -> bool:
+    """Whether trial `number` (this worker's) was finished by another worker: failed by its
+    heartbeat check while this one was paused."""
+    from optuna.trial import TrialState
+
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    return trial is not None and trial.state != TrialState.RUNNING
+
+
+def _note(trial: Any, key: str, value: Any) -> None:
+    """`trial.set_user_attr` where failing must not hide the error being handled: a trial that a
+    peer already finished takes no more attributes."""
+    import optuna
+
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        trial.set_user_attr(key, value)
 
 
 def _ceiling(model: CostModel | None, settings: TuneSettings) -> Callable[[Any], float | None] | None:
@@ -207,10 +242,12 @@ class _Objective:
         self.study, self.backend, self.specs, self.space = study, backend, specs, space
         self.case, self.model, self.settings, self.total = case, model, settings, total
         self.on_start: Callable[[], None] = lambda: None
+        self.number: int | None = None  # the trial this worker runs now
 
     def __call__(self, trial: Any) -> float:
         import optuna
 
+        self.number = trial.number
         self.on_start()
         started = time.monotonic()
         trial.set_user_attr("worker", WORKER)
@@ -260,15 +297,15 @@ class _Objective:
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt:
-            trial.set_user_attr(INTERRUPTED, True)
+            _note(trial, INTERRUPTED, True)
             raise
         except Exception as exc:  # CUDA OOM, a draft that fails to load, ...: this trial fails alone
             # At B > 1 an out-of-memory names the batch size: the cure is usually a smaller one.
             where = f"at batch size {self.settings.batch_size}: " if self.settings.batch_size > 1 else ""
-            trial.set_user_attr("error", f"{where}{type(exc).__name__}: {exc}"[:500])
+            _note(trial, "error", f"{where}{type(exc).__name__}: {exc}"[:500])
             raise
         finally:
-            trial.set_user_attr("duration_s", time.monotonic() - started)
+            _note(trial, "duration_s", time.monotonic() - started)
 
     def _reuse_baseline(self, trial: Any) -> bool:
         """The sampler asked for the baseline again: its speedup is 1.0 by definition, so the

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -18,6 +17,7 @@ import optuna
 import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
+from procs import run_args, start, states
 
 from specdec_tune.search.study import counted
 
@@ -46,85 +46,6 @@ def pg_url():
     admin.close()
 
 
-# A `specdec-tune run` process; MARKS (a folder) records each final round it measures, and HANG_AT
-# makes its n-th measured trial hang until the test kills it.
-WORKER = r"""
-import os, sys, time, uuid, pathlib
-from specdec_tune.measure import backends
-from specdec_tune.search import final
-marks = pathlib.Path(os.environ["MARKS"])
-real_final, real_measure, calls = final._measure, backends.NativeBackend.measure, []
-
-def final_measure(*a, **k):  # one call per final round (its racing rounds included)
-    (marks / f"final-{uuid.uuid4().hex}").write_text(str(os.getpid()))
-    return real_final(*a, **k)
-
-def measure(self, *a, **k):
-    calls.append(1)
-    if len(calls) == int(os.environ.get("HANG_AT", "0")):
-        (marks / "hanging").write_text(str(os.getpid()))
-        time.sleep(600)
-    return real_measure(self, *a, **k)
-
-final._measure, backends.NativeBackend.measure = final_measure, measure
-from specdec_tune.cli import app
-sys.argv = ["specdec-tune", *sys.argv[1:]]
-app()
-"""
-
-
-def run_args(tiny_dirs, storage, trials=12):
-    return tiny_args(
-        tiny_dirs,
-        "--draft",
-        tiny_dirs["draft"],
-        "--draft",
-        "prompt-lookup",
-        "--trials",
-        str(trials),
-        "--max-gamma",
-        "3",
-        "-n",
-        "6",
-        "--repeats",
-        "1",
-        "--finalists",
-        "2",
-        "--final-repeats",
-        "1",
-        "--no-profile",
-        "--storage",
-        storage,
-        "--study-name",
-        "shared",
-    )
-
-
-def start(args, out, marks, hang_at=0):
-    env = {
-        **os.environ,
-        "MARKS": str(marks),
-        "HANG_AT": str(hang_at),
-        "SPECDEC_HEARTBEAT_S": "1",
-        "SPECDEC_GRACE_S": "3",
-        "SPECDEC_THREADS": "1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-c", WORKER, "run", *args, "--out", str(out), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def states(study):
-    out: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        out[t.state.name] = out.get(t.state.name, 0) + 1
-    return out
-
-
 @pytest.mark.slow
 def test_two_workers_fill_a_study_exactly_and_run_one_final_round(pg_url, tiny_dirs, tmp_path):
     began = time.monotonic()
@@ -149,7 +70,7 @@ def test_two_workers_fill_a_study_exactly_and_run_one_final_round(pg_url, tiny_d
 @pytest.mark.slow
 def test_a_worker_killed_mid_trial_costs_one_trial(pg_url, tiny_dirs, tmp_path):
     began = time.monotonic()
-    victim = start(run_args(tiny_dirs, pg_url), tmp_path / "victim.yaml", tmp_path, hang_at=2)
+    victim = start(run_args(tiny_dirs, pg_url), tmp_path / "victim.yaml", tmp_path, hang="trial:2")
     other = start(run_args(tiny_dirs, pg_url), tmp_path / "other.yaml", tmp_path)
     deadline = time.monotonic() + 300
     while not (tmp_path / "hanging").exists():
@@ -230,7 +151,7 @@ def test_run_workers_starts_local_processes_on_one_study(tiny_dirs, tmp_path):
     assert p.returncode == 0, err
     study = optuna.load_study(study_name="shared", storage=storage)
     assert states(study) == {"COMPLETE": 12}
-    assert len(list(tmp_path.glob("final-*"))) <= 1  # children are not instrumented; at most this one
+    assert len(list(tmp_path.glob("final-*"))) == 1  # children are instrumented too (procs.HOOKS)
     assert yaml.safe_load((tmp_path / "w.yaml").read_text())["search"]["trials"] == 12
 
 
@@ -238,7 +159,7 @@ def test_run_workers_starts_local_processes_on_one_study(tiny_dirs, tmp_path):
 def test_kill_9_of_a_sqlite_run_and_a_rerun_lose_no_finished_trial(tiny_dirs, tmp_path):
     storage = f"sqlite:///{tmp_path / 'k.db'}"
     args = run_args(tiny_dirs, storage, trials=6)
-    victim = start(args, tmp_path / "k.yaml", tmp_path, hang_at=3)
+    victim = start(args, tmp_path / "k.yaml", tmp_path, hang="trial:3")
     deadline = time.monotonic() + 300
     while not (tmp_path / "hanging").exists():
         assert victim.poll() is None, victim.stderr.read()

@@ -8,6 +8,7 @@ import sys
 
 import optuna
 import pytest
+import yaml
 from helpers import invoke, tiny_args
 
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
@@ -215,10 +216,8 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
             storage,
             "--study-name",
             "shared",
-            # Both processes resolve `auto` by timing at the same moment and may disagree; a shared
-            # study needs one engine mode, so name it (the mode is part of the study's identity).
-            "--engine",
-            "eager",
+            # `--engine auto`: both would time it at the same moment and may disagree; the first
+            # one records its mode in the study and the other takes it from there.
         )
     ]
     procs = [
@@ -234,9 +233,10 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
         _out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     study = optuna.load_study(study_name="shared", storage=storage)
-    finished = [t for t in study.trials if not t.user_attrs.get("surplus") and t.state.name != "RUNNING"]
-    assert counted(study) == 6 and len(finished) == 6
-    assert len({t.number for t in finished}) == 6
+    # Every trial, surplus ones included: the slot lock lets no worker start a seventh.
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6 and counted(study) == 6
+    modes = {yaml.safe_load((tmp_path / f"p{i}.yaml").read_text())["engine_mode"] for i in range(2)}
+    assert modes == {study.user_attrs["engine_mode"]}
 
 
 @pytest.mark.slow
