@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 
 from . import __version__
+from . import app as api
+from .app.acceptance import parse_given
 from .cli_gguf import gguf_app
 from .cli_options import (
     AcceptanceFrom,
@@ -36,6 +38,13 @@ from .cli_options import (
 )
 from .cli_run import run
 from .cli_studies import studies_app
+from .errors import SpecDecError
+from .output import tables
+from .output.benchmark_action import benchmark_action_entries
+from .output.categories import bench_categories_table, category_table, per_source_table
+from .output.fmt import plain
+from .output.reports import bench_table, check_table, costs_report
+from .store.yamlio import profile_to_dict
 from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
@@ -135,7 +144,6 @@ def bench(
     """Measure one config against the plain target, timed in the same run."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
 
         models = models_from(
             target,
@@ -168,8 +176,6 @@ def bench(
         if json_out:
             print_json(result.as_dict())
             return
-        from .output.categories import bench_categories_table, per_source_table
-        from .output.reports import bench_table
 
         console().print(bench_table(result.as_dict()))
         for extra in (
@@ -206,10 +212,6 @@ def profile_cmd(
     With --shape (random weights) the costs of a model size before its weights are here."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
-        from .app.acceptance import parse_given
-        from .errors import SpecDecError
-        from .store.yamlio import profile_to_dict
 
         if shape is not None:
             if target is not None:
@@ -251,7 +253,6 @@ def profile_cmd(
                 }
             )
             return
-        from .output.reports import costs_report
 
         costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8], r.target)
         if out is not None:
@@ -313,8 +314,6 @@ def check(
     or engine build, 6 inconclusive (too noisy to tell)."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
-        from .errors import SpecDecError
 
         if output_format not in ("table", "json", "benchmark-action"):
             raise SpecDecError(f"unknown --format '{output_format}': use table, json or benchmark-action")
@@ -336,14 +335,10 @@ def check(
                 allow_other_build=allow_other_build,
             )
         if output_format == "benchmark-action":
-            from .output.benchmark_action import benchmark_action_entries
-
             print_json(benchmark_action_entries(report))
         elif json_out:
             print_json(report.as_dict())
         else:
-            from .output.reports import check_table
-
             console().print(check_table(report))
         if not report.passed:
             bad = ", ".join(
@@ -396,9 +391,6 @@ def export(
     """Print a ready-to-run deployment of the best config the engine runs as measured (gaps and a
     fallback are said on stderr). Exit 5 when nothing in the profile can be exported."""
     with user_errors():
-        from . import app as api
-        from .output.fmt import plain
-
         r = api.export(profile, to, engine_version, fmt, batch_size, not no_schedule)
         if json_out or fmt == "json":
             print_json(r.as_dict())
@@ -425,9 +417,6 @@ def show(
     """Render a profile as tables (and its trials: best per draft and per γ); --plot writes pictures,
     --compare puts two profiles side by side."""
     with user_errors():
-        from . import app as api
-        from .store.yamlio import profile_to_dict
-
         r = api.show(profile, compare, trials, plot)
         if json_out:
             print_json(
@@ -436,14 +425,12 @@ def show(
                 else [profile_to_dict(r.profile), profile_to_dict(r.other)]
             )
             return
-        from .output import tables
 
         out = console()
         if r.other is not None:
             tables.render_compare(r.profile, r.other, out)
         else:
             tables.render_profile(r.profile, out)
-            from .output.categories import category_table, per_source_table
 
             for extra in (per_source_table(r.profile.best.metrics), category_table(r.profile)):
                 if extra is not None:

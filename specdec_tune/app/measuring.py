@@ -11,9 +11,32 @@ from typing import Any
 
 from ..domain import Costs
 from ..errors import OtherHardwareError, SpecDecError
-from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_gamma
-from ..output.check import CheckReport
+from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_decoding, check_gamma
+from ..measure import noise
+from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+from ..measure.llamacpp.server import servers_die_with_us
+from ..measure.stats import PASS
+from ..output.check import (
+    CheckItem,
+    CheckReport,
+    anchor_slowdown,
+    confirm_repeats,
+    judge,
+    judge_config,
+    judge_measured,
+    junit_xml,
+    other_hardware,
+    speedup_floor,
+)
+from ..runtime.models import content_hash_like
+from ..runtime.shapes import SHAPE_CONTEXT_LEN
+from ..search.costmodel import CostModel
+from ..search.policymodel import policy_drafter
+from ..store.atomic import atomic_write_text
+from ..store.refs import resolve_ref, target_ref
+from ..store.yamlio import costs_to_yaml, load_profile
 from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
+from .categories import bench_categories
 from .common import (
     BenchResult,
     Models,
@@ -23,6 +46,9 @@ from .common import (
     drafter_pool,
     measure_costs,
 )
+from .confine import confine_model, confine_workload
+from .confine import models_root as models_root_of
+from .engine_checks import bench_engine, check_engine, profile_engine
 
 # ---------------------------------------------------------------------------------------- bench
 
@@ -44,8 +70,6 @@ def bench(
     With `batch_size`, both run the batched engine at that concurrency (closed loop: a finished
     request is replaced by the next prompt of the workload); without, one request at a time.
     """
-    from ..limits import check_decoding
-
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
     if models.backend == "llamacpp":
@@ -53,8 +77,6 @@ def bench(
             raise SpecDecError(
                 "--compare-hf compares our own engine with transformers: drop --backend llamacpp"
             )
-        from ..measure.llamacpp.server import servers_die_with_us
-        from .engine_checks import bench_engine
 
         with servers_die_with_us():
             return bench_engine(models, draft, gamma, threshold, batch_size or 1, repeats)
@@ -76,8 +98,6 @@ def bench(
         drafter = build_drafter(spec, s.target.model, s.draft_modules, s.ctx)
         m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx)
         if per_category:
-            from .categories import bench_categories
-
             categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
@@ -97,8 +117,6 @@ def bench(
         cfg = HFConfig(spec.kind, gamma, threshold, dm, spec.ngram_max or 3, spec.layers)
         hf = measure_hf(s.target.model, s.case, cfg, repeats=repeats, ctx=s.ctx)
     if save_outputs is not None:
-        from ..store.atomic import atomic_write_text
-
         tok = s.target.tokenizer
         lines = [
             json.dumps({"prompt": p.text, "token_ids": ids, "text": tok.decode(ids)})
@@ -149,12 +167,6 @@ def profile_costs(
     at `context_len` (default: the workload's mid-generation length, SHAPE_CONTEXT_LEN for a
     shape target), its acceptance is taken from `acceptance` or left unknown (no predictions).
     """
-    from ..measure.hardware import hardware_info
-    from ..runtime.shapes import SHAPE_CONTEXT_LEN
-    from ..search.costmodel import CostModel
-    from ..store.atomic import atomic_write_text
-    from ..store.yamlio import costs_to_yaml
-
     check_gamma(max_gamma, allow_zero=False, what="--max-gamma")
     check_count(repeats, "--repeats", high=MAX_REPEATS)
     if context_len is not None:
@@ -163,9 +175,6 @@ def profile_costs(
         check_writable(out)
     progress = progress or Progress()
     if models.backend == "llamacpp":
-        from ..measure.llamacpp.server import servers_die_with_us
-        from .engine_checks import profile_engine
-
         with servers_die_with_us():
             hw, costs, target = profile_engine(models, max_gamma, repeats, progress)
         model = CostModel(costs)
@@ -223,34 +232,12 @@ def check(
     import time
 
     from ..measure.bench import measure
-    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
-    from ..measure.noise import busy_window
-    from ..measure.stats import PASS
-    from ..output.check import (
-        anchor_slowdown,
-        confirm_repeats,
-        judge,
-        judge_measured,
-        junit_xml,
-        other_hardware,
-        speedup_floor,
-    )
     from ..runtime.build import build_drafter
-    from ..runtime.models import content_hash_like
-    from ..search.policymodel import policy_drafter
-    from ..store.atomic import atomic_write_text
-    from ..store.refs import resolve_ref, target_ref
-    from ..store.yamlio import load_profile
-    from .confine import confine_model, confine_workload
-    from .confine import models_root as models_root_of
 
     started = time.monotonic()
     p = load_profile(path)
     engine = backend or (p.backend or {}).get("name") or "native"
     if engine != "native":
-        from ..measure.llamacpp.server import servers_die_with_us
-        from .engine_checks import check_engine
-
         with servers_die_with_us():
             report = check_engine(
                 path,
@@ -319,7 +306,7 @@ def check(
     if batch_size is None:
         cfg = p.best.config
         drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-        m, os_noise, machine_busy = busy_window(
+        m, os_noise, machine_busy = noise.busy_window(
             lambda: measure(
                 s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
             )
@@ -392,12 +379,8 @@ def judge_batch_rows(
     """Each batch table row re-measured at its batch size (closed loop) and judged; items are
     named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
     from ..measure.bench import measure
-    from ..measure.noise import busy_window
     from ..measure.serving import measure_batched
-    from ..measure.stats import PASS
-    from ..output.check import CheckItem, confirm_repeats, judge_config, judge_measured
     from ..runtime.build import build_batch_drafter, build_drafter
-    from ..search.policymodel import policy_drafter
 
     report = CheckReport(profile=path, config="")
     if with_weights:
@@ -423,7 +406,7 @@ def judge_batch_rows(
                 s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx
             )
 
-        m, _, machine_busy = busy_window(lambda once=once: once(0))
+        m, _, machine_busy = noise.busy_window(lambda once=once: once(0))
         again = None
         if judge_measured(row.best.metrics, m, None, tolerance).verdict != PASS:
             again = once(1, repeats=confirm_repeats(m, repeats))

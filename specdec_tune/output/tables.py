@@ -28,6 +28,7 @@ from .fmt import (
     unit,
     vec,
 )
+from .trials import best_per
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -400,8 +401,6 @@ def render_compare(a: Profile, b: Profile, console: Console) -> None:
 
 def trials_tables(trials: Any) -> list[Table]:
     """The search's trials (a DataFrame of the trials CSV): the best trial per draft and per γ."""
-    from .trials import best_per
-
     tables = []
     for by, title in (("draft", "Trials: best per draft"), ("gamma", "Trials: best per γ")):
         df = best_per(trials, by)

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..domain import slugify
 from ..errors import SpecDecError
-from .models import LoadedModel, choose_dtype, slugify
+from .loaded import LoadedModel, choose_dtype
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "shapes"
 SHAPE_PREFIX = "shape:"
