@@ -173,7 +173,7 @@ DEFERRED = {
     "specdec_tune.measure.serving": "torch (serving replay)",
     "specdec_tune.measure.surface": "torch (batch surface)",
     "specdec_tune.runtime.batch": "torch (batched decoding)",
-    "specdec_tune.runtime.build": "torch (drafter factories)",
+    "specdec_tune.runtime.drafting.build": "torch (drafter factories)",
     "specdec_tune.runtime.session": "torch (model loading)",
     "specdec_tune.search.tuner": "optuna, torch (the search loop)",
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..domain import ACCEPTANCE_FROM, Costs, DraftSpec
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA
-from ..runtime.shapes import SHAPE_PREFIX
+from ..runtime.models.shapes import SHAPE_PREFIX
 from ..search.costmodel import expected_tokens
 from ..store.yamlio import load_costs
 

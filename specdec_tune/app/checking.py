@@ -26,7 +26,7 @@ from ..output.check import (
     other_hardware,
     speedup_floor,
 )
-from ..runtime.models import content_hash_like
+from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
 from ..store.atomic import atomic_write_text
 from ..store.refs import resolve_ref, target_ref
@@ -63,7 +63,7 @@ def check(
     import time
 
     from ..measure.bench import measure
-    from ..runtime.build import build_drafter
+    from ..runtime.drafting.build import build_drafter
 
     started = time.monotonic()
     p = load_profile(path)
@@ -211,7 +211,7 @@ def judge_batch_rows(
     named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
     from ..measure.bench import measure
     from ..measure.serving import measure_batched
-    from ..runtime.build import build_batch_drafter, build_drafter
+    from ..runtime.drafting.build import build_batch_drafter, build_drafter
 
     report = CheckReport(profile=path, config="")
     if with_weights:

@@ -32,7 +32,7 @@ class Models:
     temperature: float = 0.0
     device: str = "auto"
     dtype: str = "auto"
-    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.modes)
+    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.caches.modes)
     backend: str = "native"  # where configs are measured: native (our engine) or llamacpp
     llama_server: str | None = None  # the llama-server binary (default: the [llamacpp] extra's)
     threads: int | None = None  # engine threads (default: every core)

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from ..errors import SpecDecError
-from ..runtime.models import is_demo_name
-from ..runtime.shapes import SHAPE_PREFIX, bundled_shapes
+from ..runtime.models.loading import is_demo_name
+from ..runtime.models.shapes import SHAPE_PREFIX, bundled_shapes
 from ..runtime.workloads import builtin_workloads
 
 ROOT_ENV = "SPECDEC_MODELS_ROOT"

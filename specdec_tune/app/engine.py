@@ -21,8 +21,8 @@ from ..measure.llamacpp.args import DEFAULT_DRAFTS, parse_llamacpp_draft
 from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.timing import median
-from ..runtime.ggufs import cut_layers, demo_gguf_paths
-from ..runtime.models import builtin_gguf, slugify
+from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
+from ..runtime.models.loading import builtin_gguf, slugify
 from ..runtime.workloads import Prompt, Workload, load_workload, stratified
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings, seed_configs

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.ggufs import DEMO_FILES, DEMO_GGUFS, cut_layers, demo_to_gguf, gguf_block_count
+from ..runtime.models.ggufs import DEMO_FILES, DEMO_GGUFS, cut_layers, demo_to_gguf, gguf_block_count
 
 
 @dataclass

@@ -13,7 +13,7 @@ from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_decoding, check_gamma
 from ..measure.hardware import hardware_info
 from ..measure.llamacpp.server import servers_die_with_us
-from ..runtime.shapes import SHAPE_CONTEXT_LEN
+from ..runtime.models.shapes import SHAPE_CONTEXT_LEN
 from ..search.costmodel import CostModel
 from ..store.atomic import atomic_write_text
 from ..store.yamlio import costs_to_yaml
@@ -73,7 +73,7 @@ def bench(
     categories = None
     if batch_size is None:
         from ..measure.bench import measure
-        from ..runtime.build import build_drafter
+        from ..runtime.drafting.build import build_drafter
 
         drafter = build_drafter(spec, s.target.model, s.draft_modules, s.ctx)
         m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx)
@@ -81,7 +81,7 @@ def bench(
             categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
-        from ..runtime.build import build_batch_drafter
+        from ..runtime.drafting.build import build_batch_drafter
 
         def make() -> Any:
             return build_batch_drafter(spec, s.target.model, s.draft_modules, batch_size, s.ctx)

@@ -19,7 +19,7 @@ from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.noise import measure_noise, noise_line
 from ..measure.stats import MIN_PAIRS
-from ..runtime.models import content_hash, slugify
+from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
 from ..store.atomic import atomic_write_text

@@ -15,10 +15,10 @@ import torch
 
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
-from ..runtime.drafters import Drafter
-from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
-from ..runtime.hybrid import reset_sources, source_stats
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.drafting.drafters import Drafter
+from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 

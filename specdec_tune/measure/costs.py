@@ -16,10 +16,10 @@ import torch
 from ..domain import Costs, DraftCosts
 from ..errors import SpecDecError
 from ..limits import check_count, check_gamma
-from ..runtime.drafters import Drafter
-from ..runtime.engine import SpecStats
-from ..runtime.hybrid import reset_sources, source_stats
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.decode import SpecStats
+from ..runtime.drafting.drafters import Drafter
+from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .forward import (

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from ..limits import check_count, check_gamma
-from ..runtime.devices import synchronize
-from ..runtime.drafters import Drafter
-from ..runtime.engine import autoregressive_generate, speculative_generate
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.decode import autoregressive_generate, speculative_generate
+from ..runtime.drafting.drafters import Drafter
+from ..runtime.models.devices import synchronize
 from .forward import (
     check_context_fits,
     context_ids,

@@ -23,9 +23,9 @@ import torch
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..runtime.batch import BatchDrafter, BatchRun, batch_generate
-from ..runtime.engine import SpecStats
-from ..runtime.hybrid import reset_sources, source_stats
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.decode import SpecStats
+from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 

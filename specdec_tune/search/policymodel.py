@@ -1,4 +1,4 @@
-"""The cost model of the per-step gamma policies (runtime/policies.py): the table the "costmodel"
+"""The cost model of the per-step gamma policies (runtime/drafting/policies.py): the table the "costmodel"
 policy looks its next gamma up in, and predicted speedups of adaptive configs so the search can
 seed them. Pure Python, like costmodel.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
+from ..runtime.drafting.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
 from .formulas import expected_tokens, expected_tokens_iid, verify_cost_ms
 
 ALPHA_STEPS = 100  # the table has one gamma per alpha = 0, 0.01, ..., 1

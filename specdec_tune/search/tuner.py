@@ -21,8 +21,8 @@ from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
 from ..measure.stats import speedup_interval
-from ..runtime.build import build_batch_drafter, build_drafter
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.drafting.build import build_batch_drafter, build_drafter
 from ..runtime.session import model_part
 from ..runtime.workloads import Case
 from .costmodel import CostModel

@@ -17,7 +17,7 @@ from ..domain import (
 )
 from .fields import SCHEMA_VERSION
 
-# runtime.modes.ENGINE_MODES with auto resolved; "llamacpp": costs measured inside llama-server
+# runtime.caches.modes.ENGINE_MODES with auto resolved; "llamacpp": costs measured inside llama-server
 MEASURED_MODES = ("eager", "static", "compiled")
 COSTS_MODES = (*MEASURED_MODES, "llamacpp")
 
@@ -103,7 +103,7 @@ class Profile:
     b_star: int | None = None
     predicted_b_star: int | None = None  # the cost model's B* from the cost surface
     category_table: list[CategoryRow] = field(default_factory=list)  # `run --per-category`
-    # The engine mode the search measured under (runtime.modes; `check` re-measures with it), and
+    # The engine mode the search measured under (runtime.caches.modes; `check` re-measures with it), and
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)

@@ -12,8 +12,8 @@ from specdec_tune.domain import Costs, DraftCosts
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure import costs as profiler
 from specdec_tune.measure import forward, overheads
-from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import SpecStats, speculative_generate
+from specdec_tune.runtime.decode import SpecStats, speculative_generate
+from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import acceptance_vector_from_position_counts
 from specdec_tune.store.validate import profile_from_dict
@@ -167,7 +167,7 @@ def test_decode_weight_bytes_counts_a_tied_embedding_once():
 
 
 def test_oracle_drafter_is_always_accepted_and_exact(tiny_target, prompts):
-    from specdec_tune.runtime.engine import autoregressive_generate
+    from specdec_tune.runtime.decode import autoregressive_generate
 
     prompt = prompts[2]
     truth = autoregressive_generate(tiny_target, prompt, 20).tokens

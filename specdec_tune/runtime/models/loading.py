@@ -13,8 +13,8 @@ import io
 import re
 from pathlib import Path
 
-from ..demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
-from ..domain import slugify
+from ...demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
+from ...domain import slugify
 
 __all__ = [
     "DEMO_DIR",
@@ -26,7 +26,7 @@ __all__ = [
     "load_model",
     "slugify",
 ]
-from ..errors import SpecDecError
+from ...errors import SpecDecError
 from .loaded import LoadedModel, choose_dtype
 from .shapes import is_shape_ref, load_shape
 
@@ -105,7 +105,7 @@ def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
     """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0");
-    `shape:NAME` builds that shape with random weights instead (runtime.shapes); a built-in GGUF
+    `shape:NAME` builds that shape with random weights instead (runtime.models.shapes); a built-in GGUF
     name (`BUILTIN_GGUFS`, e.g. smollm2-135m) loads that GGUF dequantised."""
     if is_shape_ref(name_or_path):
         return load_shape(name_or_path, device, dtype)

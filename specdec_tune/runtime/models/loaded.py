@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SpecDecError
+from ...errors import SpecDecError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -20,7 +20,7 @@ class LoadedModel:
     path: str
     revision: str | None  # the HF snapshot commit when loaded from the cache
     model: Any  # transformers PreTrainedModel
-    tokenizer: Any  # transformers tokenizer; None for a shape (random weights, runtime.shapes)
+    tokenizer: Any  # transformers tokenizer; None for a shape (random weights, runtime.models.shapes)
     dtype: str
     device: str
     weights: str = "trained"  # "random": built from a shape's config, for timing only
