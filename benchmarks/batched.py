@@ -24,7 +24,7 @@ from specdec_tune.measure.serving import BatchEntry, measure_batched_many
 from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
 from specdec_tune.runtime.batch import batch_generate
-from specdec_tune.runtime.build import build_batch_drafter, build_drafter
+from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
 from specdec_tune.runtime.session import open_session
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import CostModel
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument(
-        "--engine", default="eager", help="engine mode (runtime.modes): eager, static, compiled, auto"
+        "--engine", default="eager", help="engine mode (runtime.caches.modes): eager, static, compiled, auto"
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/batched.json"))
     args = ap.parse_args()

@@ -178,7 +178,7 @@ def main() -> None:
     ap.add_argument("--category-tokens", type=int, default=32)
     ap.add_argument("--category-repeats", type=int, default=2)
     ap.add_argument(
-        "--engine", default="eager", help="engine mode (runtime.modes): eager, static, compiled, auto"
+        "--engine", default="eager", help="engine mode (runtime.caches.modes): eager, static, compiled, auto"
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/dynamic.json"))
     args = ap.parse_args()

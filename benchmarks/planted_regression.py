@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from specdec_tune.runtime import drafters
+from specdec_tune.runtime.drafting import drafters
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from specdec_tune.app.engine import open_engine
 from specdec_tune.domain import Config
 from specdec_tune.measure.bench import Entry, measure_many
 from specdec_tune.measure.llamacpp.server import servers_die_with_us
-from specdec_tune.runtime.build import build_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.session import open_session
 
 PAIRS = {
@@ -102,7 +102,7 @@ def main() -> None:
                 threads=args.threads,
             )
             if any(e == "DEMO_DRAFT" for _, e in drafts):
-                from specdec_tune.runtime.ggufs import demo_gguf_paths
+                from specdec_tune.runtime.models.ggufs import demo_gguf_paths
 
                 demo_draft = str(demo_gguf_paths()["draft"])
                 drafts = [(n, demo_draft if e == "DEMO_DRAFT" else e) for n, e in drafts]

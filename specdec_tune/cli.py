@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 
 from . import __version__
+from . import app as api
+from .app.acceptance import parse_given
 from .cli_gguf import gguf_app
 from .cli_options import (
     AcceptanceFrom,
@@ -34,8 +36,14 @@ from .cli_options import (
     WorkloadOpt,
     models_from,
 )
+from .cli_profiles import export, show
 from .cli_run import run
 from .cli_studies import studies_app
+from .errors import SpecDecError
+from .output.benchmark_action import benchmark_action_entries
+from .output.categories import bench_categories_table, per_source_table
+from .output.reports import bench_table, check_table, costs_report
+from .store.yamlio import profile_to_dict
 from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
@@ -135,7 +143,6 @@ def bench(
     """Measure one config against the plain target, timed in the same run."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
 
         models = models_from(
             target,
@@ -168,8 +175,6 @@ def bench(
         if json_out:
             print_json(result.as_dict())
             return
-        from .output.categories import bench_categories_table, per_source_table
-        from .output.reports import bench_table
 
         console().print(bench_table(result.as_dict()))
         for extra in (
@@ -206,10 +211,6 @@ def profile_cmd(
     With --shape (random weights) the costs of a model size before its weights are here."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
-        from .app.acceptance import parse_given
-        from .errors import SpecDecError
-        from .store.yamlio import profile_to_dict
 
         if shape is not None:
             if target is not None:
@@ -251,7 +252,6 @@ def profile_cmd(
                 }
             )
             return
-        from .output.reports import costs_report
 
         costs_report(console(), r.hardware, r.costs, r.best_gamma, r.ranked[:8], r.target)
         if out is not None:
@@ -313,8 +313,6 @@ def check(
     or engine build, 6 inconclusive (too noisy to tell)."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
-        from .errors import SpecDecError
 
         if output_format not in ("table", "json", "benchmark-action"):
             raise SpecDecError(f"unknown --format '{output_format}': use table, json or benchmark-action")
@@ -336,14 +334,10 @@ def check(
                 allow_other_build=allow_other_build,
             )
         if output_format == "benchmark-action":
-            from .output.benchmark_action import benchmark_action_entries
-
             print_json(benchmark_action_entries(report))
         elif json_out:
             print_json(report.as_dict())
         else:
-            from .output.reports import check_table
-
             console().print(check_table(report))
         if not report.passed:
             bad = ", ".join(
@@ -357,104 +351,8 @@ def check(
             raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 
-@app.command()
-def export(
-    profile: Annotated[Path, typer.Argument(help="A profile YAML written by `specdec-tune run`.")],
-    to: Annotated[str, typer.Option("--to", help="hf, vllm, llamacpp, sglang or trtllm.")] = "hf",
-    engine_version: Annotated[
-        str | None,
-        typer.Option(
-            "--engine-version",
-            help="Flag set of an older engine release, e.g. b8953 for llama.cpp (default: current).",
-        ),
-    ] = None,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help="command (a ready-to-run command or snippet), json (the same as data) or flags "
-            "(the speculative settings alone, as before).",
-        ),
-    ] = "command",
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            "--batch-size",
-            min=1,
-            help="The load to size the server for (default: the largest measured batch size where "
-            "speculation won).",
-        ),
-    ] = None,
-    no_schedule: Annotated[
-        bool,
-        typer.Option(
-            "--no-schedule", help="No batch-size schedule: the best operating point for --batch-size."
-        ),
-    ] = False,
-    json_out: JsonOut = False,
-) -> None:
-    """Print a ready-to-run deployment of the best config the engine runs as measured (gaps and a
-    fallback are said on stderr). Exit 5 when nothing in the profile can be exported."""
-    with user_errors():
-        from . import app as api
-        from .output.fmt import plain
-
-        r = api.export(profile, to, engine_version, fmt, batch_size, not no_schedule)
-        if json_out or fmt == "json":
-            print_json(r.as_dict())
-        elif r.text:
-            typer.echo(plain(r.text.rstrip("\n")))
-        if r.exported is None:
-            error_line("nothing exported", r.nothing)
-            raise typer.Exit(5)
-        for w in r.warnings:
-            error_line("note", w, "yellow")
-
-
-@app.command()
-def show(
-    profile: Annotated[Path, typer.Argument(help="A profile YAML.")],
-    plot: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
-    trials: Annotated[
-        Path | None,
-        typer.Option(help="Trials CSV to analyse and plot (default: the one beside the profile)."),
-    ] = None,
-    compare: Annotated[Path | None, typer.Option(help="Another profile to show side by side.")] = None,
-    json_out: JsonOut = False,
-) -> None:
-    """Render a profile as tables (and its trials: best per draft and per γ); --plot writes pictures,
-    --compare puts two profiles side by side."""
-    with user_errors():
-        from . import app as api
-        from .store.yamlio import profile_to_dict
-
-        r = api.show(profile, compare, trials, plot)
-        if json_out:
-            print_json(
-                profile_to_dict(r.profile)
-                if r.other is None
-                else [profile_to_dict(r.profile), profile_to_dict(r.other)]
-            )
-            return
-        from .output import tables
-
-        out = console()
-        if r.other is not None:
-            tables.render_compare(r.profile, r.other, out)
-        else:
-            tables.render_profile(r.profile, out)
-            from .output.categories import category_table, per_source_table
-
-            for extra in (per_source_table(r.profile.best.metrics), category_table(r.profile)):
-                if extra is not None:
-                    out.print(extra)
-            if r.trials is not None:
-                for table in tables.trials_tables(r.trials):
-                    out.print(table)
-        for f in r.plots:
-            out.print(f"wrote {f}")
-
-
+app.command()(export)
+app.command()(show)
 app.command()(run)
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from .app.ggufs import gguf_cut, gguf_demo
 from .cli_options import JsonOut
 from .terminal import console, print_json, user_errors
 
@@ -36,8 +37,6 @@ def gguf_cut_cmd(
     """Write the first K blocks of SRC plus its embedding, output norm and head: llama.cpp's
     equivalent of `--draft layer-skip:K` (pass it to llama-server as --model-draft)."""
     with user_errors():
-        from .app.ggufs import gguf_cut
-
         _render([gguf_cut(src, layers, out)], json_out)
 
 
@@ -51,6 +50,4 @@ def gguf_demo_cmd(
 ) -> None:
     """Write the shipped demo target and draft (draft-1l) as Llama GGUFs llama.cpp loads."""
     with user_errors():
-        from .app.ggufs import gguf_demo
-
         _render(gguf_demo(out, ftype), json_out)

@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+from .app import Models
+from .errors import SpecDecError
+
 # Options shared by the commands that load models.
 Target = Annotated[
     str | None,
@@ -132,9 +135,6 @@ def models_from(
     threads=None,
 ):
     """The app's Models from the shared options."""
-    from .app import Models
-    from .errors import SpecDecError
-
     if backend not in ("native", "llamacpp"):
         raise SpecDecError(f"unknown backend '{backend}': use native or llamacpp")
     return Models(

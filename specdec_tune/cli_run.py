@@ -7,6 +7,10 @@ from typing import Annotated
 
 import typer
 
+from . import app as api
+from .app.categories import check_categories
+from .app.categories import per_category as measure_categories
+from .app.workers import tune_workers
 from .cli_options import (
     BackendOpt,
     Device,
@@ -24,7 +28,11 @@ from .cli_options import (
     models_from,
 )
 from .errors import SpecDecError
+from .limits import parse_batch_sizes
 from .measure.llamacpp.args import ENGINE_MAX_GAMMA
+from .output.categories import category_table
+from .output.reports import run_summary
+from .store.yamlio import profile_to_dict
 from .terminal import CliProgress, console, print_json, quiet_libraries, user_errors
 
 
@@ -145,9 +153,6 @@ def run(
     """Profile, search (Optuna over the real speculative loop) and write the winning YAML profile."""
     with user_errors():
         quiet_libraries()
-        from . import app as api
-        from .limits import parse_batch_sizes
-        from .store.yamlio import profile_to_dict
 
         sizes = parse_batch_sizes(batch_sizes)
         if budget < 0:
@@ -185,12 +190,8 @@ def run(
         if backend != "native" and (per_category or workers > 1):
             raise SpecDecError("--per-category and --workers run our own engine only: drop --backend")
         if per_category:
-            from .app.categories import check_categories
-
             check_categories(models)
         with CliProgress(json_out, "loading", 1.0) as progress:
-            from .app.workers import tune_workers
-
             o = tune_workers(
                 models,
                 settings,
@@ -204,8 +205,6 @@ def run(
                 budget or None,
             )
             if per_category:
-                from .app.categories import per_category as measure_categories
-
                 o.profile = measure_categories(
                     models, o.path, repeats=max(2, repeats), seed=seed, progress=progress
                 )
@@ -214,10 +213,8 @@ def run(
                 {"profile": str(o.path), "trials_csv": str(o.trials_csv), **profile_to_dict(o.profile)}
             )
             return
-        from .output.reports import run_summary
 
         run_summary(console(), o.profile, o.result)
-        from .output.categories import category_table
 
         table = category_table(o.profile)
         if table is not None:

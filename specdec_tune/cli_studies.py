@@ -6,7 +6,10 @@ from typing import Annotated
 
 import typer
 
+from .app.studies import delete_studies, list_studies, show_study
 from .cli_options import JsonOut, StorageUrl
+from .errors import SpecDecError
+from .output.studies import studies_table, study_tables
 from .terminal import console, print_json, user_errors
 
 studies_app = typer.Typer(no_args_is_help=True, help="Inspect and prune the Optuna studies in a storage.")
@@ -16,9 +19,6 @@ studies_app = typer.Typer(no_args_is_help=True, help="Inspect and prune the Optu
 def studies_list(storage: StorageUrl = None, json_out: JsonOut = False) -> None:
     """List the studies: trials by state, best speedup, start time."""
     with user_errors():
-        from .app.studies import list_studies
-        from .output.studies import studies_table
-
         rows = list_studies(storage)
         if json_out:
             print_json(rows)
@@ -34,9 +34,6 @@ def studies_show(
 ) -> None:
     """Show one study: its settings, final round, lost trials and every trial."""
     with user_errors():
-        from .app.studies import show_study
-        from .output.studies import study_tables
-
         info = show_study(name, storage)
         if json_out:
             print_json(info)
@@ -58,9 +55,6 @@ def studies_delete(
 ) -> None:
     """Delete studies (their trials and attributes) from the storage. Needs --yes."""
     with user_errors():
-        from .app.studies import delete_studies
-        from .errors import SpecDecError
-
         if not yes:
             raise SpecDecError("deleting studies cannot be undone: pass --yes to confirm")
         gone = delete_studies(names or [], storage, all_studies, force)

@@ -1,6 +1,6 @@
 """The shipped demo models: their names and where they are installed (package data).
 
-A shared leaf: the loader (runtime.models) loads them, the profile store (store.refs) names them
+A shared leaf: the loader (runtime.models.loading) loads them, the profile store (store.refs) names them
 portably, and neither needs the other for it.
 """
 

@@ -15,13 +15,13 @@ DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip", "hybrid", "ngram_
 ENGINE_ONLY_KINDS = ("ngram_mod",)
 # Drafters with a confidence to threshold (prompt lookup has none; a hybrid's model part has one).
 THRESHOLD_KINDS = ("model", "layer_skip", "hybrid")
-# How gamma is chosen per step (runtime/policies.py): fixed, transformers' heuristic, the cost model.
+# How gamma is chosen per step (runtime/drafting/policies.py): fixed, transformers' heuristic, the cost model.
 GAMMA_POLICIES = ("fixed", "heuristic", "costmodel")
 # Engine policies a drafter can be measured with (see engines.py). Prompt lookup: which earlier
 # occurrence of the n-gram is continued; confidence stop: which probability the threshold compares.
 LOOKUP_MATCHES = ("latest", "earliest")  # latest: this tool's default and llama.cpp; earliest: HF, vLLM
 THRESHOLD_MODES = ("hf", "topk10")  # hf: p(token) of the full softmax; topk10: llama.cpp's p-min
-# Where a model's weights came from: trained (loaded), or random (a shape, runtime/shapes.py: its
+# Where a model's weights came from: trained (loaded), or random (a shape, runtime/models/shapes.py: its
 # timings are those of the real size, its outputs and so its acceptance mean nothing).
 WEIGHTS = ("trained", "random")
 # Where a draft's acceptance vector came from: measured here, given (`--acceptance-vector`), copied
@@ -222,7 +222,7 @@ class Costs:
     # largest measured B whose verification of one draft token still costs about one decode step.
     batch: list[BatchCosts] = field(default_factory=list)
     memory_bound_until: int | None = None
-    # The engine mode every forward above ran under (runtime.modes), and any compile that failed
+    # The engine mode every forward above ran under (runtime.caches.modes), and any compile that failed
     # and fell back to the static engine (one line each).
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)

@@ -17,13 +17,12 @@ from typing import Any
 import typer
 
 from .errors import OtherHardwareError, SpecDecError
+from .output.fmt import plain, styled
 
 
 @functools.cache
 def _console_class() -> Any:
     from rich.console import Console
-
-    from .output.fmt import plain
 
     class SafeConsole(Console):
         """A console that never parses markup or emoji codes and shows control characters as
@@ -60,13 +59,9 @@ def error_line(label: str, message: object, style: str = "red") -> None:
     if len(text) > _MAX_MESSAGE:
         text = text[:_MAX_MESSAGE] + f"… ({len(text) - _MAX_MESSAGE} more characters)"
     try:
-        from .output.fmt import styled
-
         head = f"{label}:" if text else label
         err_console().print(styled((head, style), " " if text else "", text), soft_wrap=True)
     except Exception:
-        from .output.fmt import plain
-
         with suppress(Exception):
             sys.stderr.write(f"{label}: {plain(text)}\n" if text else f"{label}\n")
 
@@ -161,8 +156,6 @@ class CliProgress:
         self.bar.update(self.task, description="searching", completed=done, total=total, info=info)
 
     def final(self, labels: list[str]) -> None:
-        from .output.fmt import plain
-
         self.bar.update(self.task, description="final round", info=plain(f"re-measuring {', '.join(labels)}"))
 
     def note(self, text: str) -> None:

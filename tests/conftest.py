@@ -75,6 +75,6 @@ def ctx(request):
     """The execution context an exactness test runs under: every engine mode whose cache differs
     (compiled adds torch.compile over the static cache; test_modes covers it), so a mode-specific
     crash cannot hide behind whatever mode the machine's `auto` picks."""
-    from specdec_tune.runtime.modes import ExecutionContext
+    from specdec_tune.runtime.caches.modes import ExecutionContext
 
     return ExecutionContext(request.param, 256)

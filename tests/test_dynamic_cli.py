@@ -289,8 +289,8 @@ def test_run_with_hybrid_policies_and_per_category_end_to_end(tiny_dirs, two_cat
 
 
 def test_policy_drafter_wraps_only_adaptive_configs():
-    from specdec_tune.runtime.drafters import PromptLookupDrafter
-    from specdec_tune.runtime.policies import BatchPolicyDrafter, PolicyDrafter
+    from specdec_tune.runtime.drafting.drafters import PromptLookupDrafter
+    from specdec_tune.runtime.drafting.policies import BatchPolicyDrafter, PolicyDrafter
     from specdec_tune.search.policymodel import policy_drafter
 
     d = PromptLookupDrafter(1, 3)

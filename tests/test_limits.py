@@ -9,7 +9,7 @@ from helpers import make_sample_profile
 from specdec_tune.errors import SpecDecError
 from specdec_tune.limits import MAX_GAMMA, check_decoding, check_gamma, check_threshold
 from specdec_tune.search.space import TuneSettings
-from specdec_tune.store.schema import profile_from_dict
+from specdec_tune.store.validate import profile_from_dict
 from specdec_tune.store.yamlio import profile_to_dict
 
 

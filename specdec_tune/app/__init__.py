@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from ..search.space import TuneSettings
 from .acceptance import GivenAcceptance
+from .checking import check
 from .common import Models, Progress
 from .files import ExportResult, ShowResult, export, show
-from .measuring import BenchResult, CostsResult, bench, check, profile_costs
+from .measuring import BenchResult, CostsResult, bench, profile_costs
 from .tuning import TuneOutcome, make_profile, tune
 
 __all__ = [

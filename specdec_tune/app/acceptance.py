@@ -19,7 +19,9 @@ from pathlib import Path
 from ..domain import ACCEPTANCE_FROM, Costs, DraftSpec
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA
-from ..runtime.shapes import SHAPE_PREFIX
+from ..runtime.models.shapes import SHAPE_PREFIX
+from ..search.costmodel import expected_tokens
+from ..store.yamlio import load_costs
 
 VECTOR_HELP = (
     "--acceptance-vector takes [DRAFT=]A1,A2,... with each A a probability in [0, 1] "
@@ -125,8 +127,6 @@ def acceptance_plan(
         named[name] = vector
     stored = None
     if given.from_file is not None:
-        from ..store.yamlio import load_costs
-
         stored, _ = load_costs(given.from_file)
     plan: dict[str, tuple[list[float], str]] = {}
     notes: list[str] = []
@@ -156,8 +156,6 @@ def acceptance_plan(
 def apply_acceptance(costs: Costs, plan: dict[str, tuple[list[float], str]], max_gamma: int) -> None:
     """After measuring: each planned draft takes its vector, cut or padded (last value repeated) to
     `max_gamma` positions, and α = accepted / proposed draft tokens at γ = max_gamma, as measured."""
-    from ..search.costmodel import expected_tokens
-
     for d in costs.drafts:
         if d.name not in plan or d.acceptance_source != "unknown":
             continue

@@ -11,6 +11,10 @@ from typing import Any
 from ..domain import NO_DRAFT, Config, Metrics, Result
 from ..errors import SpecDecError
 from ..limits import check_count
+from ..runtime.workloads import load_workload, stratified
+from ..store.refs import resolve_ref
+from ..store.schema import CategoryRow
+from ..store.yamlio import load_profile, save_profile
 from .common import Models, Progress
 
 UNCATEGORISED = "(none)"
@@ -46,8 +50,6 @@ def _categories(s: Any) -> dict[str, Any]:
 def check_categories(models: Models) -> None:
     """Fail before minutes of tuning when the workload's chosen prompts have fewer than two
     categories (reads the workload only, loads no model)."""
-    from ..runtime.workloads import load_workload, stratified
-
     if models.prompt is not None:
         raise SpecDecError("--per-category needs a workload with categories, not a single --prompt")
     wl = load_workload(models.workload)
@@ -77,9 +79,6 @@ def per_category(
     category, and write the per-category table into the profile. Returns the updated Profile."""
     from ..measure.bench import Entry, measure_many
     from ..search.tuner import DrafterPool
-    from ..store.refs import resolve_ref
-    from ..store.schema import CategoryRow
-    from ..store.yamlio import load_profile, save_profile
 
     check_count(top, "--per-category candidates")
     profile = load_profile(profile_path)

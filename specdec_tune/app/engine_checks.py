@@ -9,9 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from ..domain import Config
-from ..errors import SpecDecError
-from ..limits import check_count
-from .common import Models, Progress
+from ..errors import OtherHardwareError, SpecDecError
+from ..limits import check_count, check_decoding
+from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+from ..measure.llamacpp.args import parse_llamacpp_draft
+from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
+from ..measure.llamacpp.server import build_info, find_server
+from ..output.check import CheckItem, CheckReport, judge_config
+from ..store.refs import resolve_ref
+from ..store.yamlio import load_profile
+from .common import BenchResult, Models, Progress
 from .engine import SMOLLM2, open_engine, start_params
 
 
@@ -19,10 +26,6 @@ def bench_engine(
     models: Models, draft: str, gamma: int, threshold: float, batch_size: int, repeats: int
 ) -> Any:
     """One config inside the engine against its plain server, interleaved."""
-    from ..limits import check_decoding
-    from ..measure.llamacpp.args import parse_llamacpp_draft
-    from .common import BenchResult
-
     models = replace(models, drafts=[draft])
     check_count(repeats, "repeats")
     s = open_engine(models, batch_size)
@@ -51,9 +54,6 @@ def profile_engine(
 ) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
     each draft's acceptance (and in-loop step cost) from one pass at a middle γ."""
-    from ..measure.hardware import hardware_info
-    from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
-
     hw = hardware_info("cpu")
     s = open_engine(models)
     try:
@@ -95,13 +95,6 @@ def check_engine(
 ) -> Any:
     """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
     unless allowed), the same hardware, then every stored config re-measured in the engine."""
-    from ..errors import OtherHardwareError
-    from ..measure.hardware import hardware_info, hardware_slug, same_hardware
-    from ..measure.llamacpp.server import build_info, find_server
-    from ..output.check import CheckItem, CheckReport, judge_config
-    from ..store.refs import resolve_ref
-    from ..store.yamlio import load_profile
-
     started = time.monotonic()
     p = load_profile(path)
     check_count(repeats, "--repeats")

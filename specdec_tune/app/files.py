@@ -6,8 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..output.categories import write_category_plot
 from ..output.export import Export as ExportResult
+from ..output.export import export as export_config
+from ..output.plots import write_plots
+from ..output.trials import read_trials
+from ..store.refs import engine_path
 from ..store.schema import Profile
+from ..store.yamlio import load_profile
 
 __all__ = ["ExportResult", "ShowResult", "export", "show"]
 
@@ -27,10 +33,6 @@ def export(
     round-2 fragment ("flags"); `batch_size` is the load to size it for, `schedule=False` the single
     operating point for that load. A fallback and every gap are in `warnings`; `exported` is None
     (`nothing` says why) when there is nothing to export."""
-    from ..output.export import export as export_config
-    from ..store.refs import engine_path
-    from ..store.yamlio import load_profile
-
     p = load_profile(path)
     folder = Path(path).parent
     return export_config(
@@ -57,9 +59,6 @@ def show(
 ) -> ShowResult:
     """Load a profile (and another to compare with), its trials CSV (the one beside it unless
     `trials` names one), and write PNG plots into `plot`."""
-    from ..output.trials import read_trials
-    from ..store.yamlio import load_profile
-
     p = load_profile(path)
     other = load_profile(compare) if compare is not None else None
     csv = trials or path.with_suffix(".trials.csv")
@@ -68,9 +67,6 @@ def show(
     df = read_trials(csv) if csv is not None else None
     written = []
     if plot is not None:
-        from ..output.categories import write_category_plot
-        from ..output.plots import write_plots
-
         written = write_plots(p, plot, csv)
         written += [f for f in [write_category_plot(p, plot)] if f is not None]
     return ShowResult(p, other, df, written)

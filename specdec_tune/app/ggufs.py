@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..runtime.models.ggufs import DEMO_FILES, DEMO_GGUFS, cut_layers, demo_to_gguf, gguf_block_count
+
 
 @dataclass
 class GgufFile:
@@ -22,15 +24,11 @@ class GgufFile:
 
 
 def _described(path: Path, model: str) -> GgufFile:
-    from ..runtime.ggufs import gguf_block_count
-
     return GgufFile(str(path), model, gguf_block_count(path), path.stat().st_size)
 
 
 def gguf_cut(src: Path, layers: int, out: Path | None = None) -> GgufFile:
     """Write the first `layers` blocks of `src` to `out` (default: `<stem>-<layers>l.gguf` beside it)."""
-    from ..runtime.ggufs import cut_layers
-
     src = Path(src)
     dst = Path(out) if out is not None else src.with_name(f"{src.stem}-{layers}l.gguf")
     return _described(cut_layers(src, dst, layers), f"{src.name} cut to {layers} blocks")
@@ -38,8 +36,6 @@ def gguf_cut(src: Path, layers: int, out: Path | None = None) -> GgufFile:
 
 def gguf_demo(out_dir: Path, ftype: str = "f32") -> list[GgufFile]:
     """Write demo-target.gguf and demo-draft.gguf (draft-1l) into `out_dir`."""
-    from ..runtime.ggufs import DEMO_FILES, DEMO_GGUFS, demo_to_gguf
-
     written = []
     for which, filename in DEMO_FILES.items():
         path = demo_to_gguf(which, Path(out_dir) / filename, ftype)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..domain import DraftSpec
-from ..runtime.auto import resolve_auto
-from ..runtime.modes import AutoChoice, ExecutionContext
+from ..runtime.caches.auto import resolve_auto
+from ..runtime.caches.modes import AutoChoice, ExecutionContext
 from ..search.space import TuneSettings
 from ..search.study import agree_engine_mode, default_storage
 from ..search.tuner import study_name
@@ -17,7 +17,7 @@ from ..search.tuner import study_name
 
 def settle_auto(s: Any, specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any]) -> None:
     """Give session `s` (opened without resolving `auto`) the study's engine mode: recorded by an
-    earlier worker, else resolved here (`runtime.auto`) and recorded for the others."""
+    earlier worker, else resolved here (`runtime.caches.auto`) and recorded for the others."""
     name = study_name(specs, settings, study_key)
     mine: list[AutoChoice] = []
 

@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
-from ..search.study import CREATED_BY, TOOL
+from ..search.storage import open_storage, redact
+from ..search.study import CREATED_BY, TOOL, default_storage
 
 
 def _storage(url: str | None) -> tuple[Any, str]:
     """Open an existing storage; `studies` never creates one (a typo must not make a new database)."""
-    from ..search.storage import open_storage
-    from ..search.study import default_storage
-
     url = url or default_storage()
     _require_existing(url)
     return open_storage(url), url
@@ -22,8 +20,6 @@ def _storage(url: str | None) -> tuple[Any, str]:
 
 def _require_existing(url: str) -> None:
     from sqlalchemy.engine import make_url
-
-    from ..search.storage import redact
 
     try:
         u = make_url(url)
@@ -69,8 +65,6 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
 
 def _load(name: str, storage: str | None) -> Any:
     import optuna
-
-    from ..search.storage import redact
 
     store, url = _storage(storage)
     try:
@@ -118,8 +112,6 @@ def delete_studies(
     another tool in the same storage is left alone). Unknown names, and studies with running trials
     unless `force`, are refused before any is deleted. The CLI asks for --yes first."""
     import optuna
-
-    from ..search.storage import redact
 
     if everything and names:
         raise SpecDecError("give study names or --all, not both")

@@ -10,11 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..domain import DraftSpec
+from ..domain import Anchors, DraftSpec
+from ..engines import restrict
 from ..errors import SpecDecError
 from ..limits import check_count
-from ..search.space import TuneSettings
-from ..store.schema import Profile
+from ..measure.hardware import hardware_info, same_hardware
+from ..measure.llamacpp.args import DEFAULT_DRAFTS
+from ..measure.llamacpp.server import servers_die_with_us
+from ..measure.noise import measure_noise, noise_line
+from ..measure.stats import MIN_PAIRS
+from ..runtime.models.loading import content_hash, slugify
+from ..search.costmodel import CostModel
+from ..search.space import DEFAULT_TRIALS, TuneSettings
+from ..store.atomic import atomic_write_text
+from ..store.refs import make_portable, profile_file_slug
+from ..store.schema import Profile, TargetInfo
+from ..store.yamlio import load_costs, save_profile
 from .common import (
     MIN_BUDGET_TRIALS,
     Models,
@@ -28,6 +39,7 @@ from .common import (
     trial_params,
     workload_info,
 )
+from .engine import tune_engine
 
 # ----------------------------------------------------------------------------------------- tune
 
@@ -54,13 +66,7 @@ def tune(
 
     import pandas as pd
 
-    from ..measure.hardware import hardware_info, same_hardware
-    from ..runtime.models import content_hash, slugify
-    from ..search.costmodel import CostModel
     from ..search.tuner import tune as run_search
-    from ..store.atomic import atomic_write_text
-    from ..store.refs import make_portable
-    from ..store.yamlio import load_costs, save_profile
 
     started = time.monotonic()
     settings = settings or TuneSettings()
@@ -73,14 +79,10 @@ def tune(
     if out is not None:
         check_writable(out)
     if models.backend == "llamacpp":
-        from ..measure.llamacpp.server import servers_die_with_us
-        from .engine import tune_engine
-
         if costs_file is not None:
             raise SpecDecError("--costs-from holds costs of our own engine; llama.cpp measures its own")
         if layer_skip:
             base = list(models.drafts) if models.drafts is not None else None
-            from ..measure.llamacpp.args import DEFAULT_DRAFTS
 
             models = replace(
                 models, drafts=[*(base or DEFAULT_DRAFTS), *(f"layer-skip:{k}" for k in layer_skip)]
@@ -94,14 +96,11 @@ def tune(
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []
     ]
     if settings.engine is not None:  # `run --for`: what that engine runs, with its policies
-        from ..engines import restrict
-
         specs, notes = restrict(specs, settings.engine)
         s.specs = [x for x in specs if x.kind != "layer_skip"]  # the drafts the costs profile measures
         for n in notes:
             progress.note(n)
     hw = hardware_info(s.device)
-    from ..store.refs import profile_file_slug
 
     out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.yaml"
     check_writable(out)
@@ -194,9 +193,7 @@ def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
     import dataclasses
     import time
 
-    from ..domain import Anchors
     from ..measure.bench import run_pass
-    from ..measure.noise import measure_noise
 
     share = s.case.head(max(1, -(-len(s.case.prompts) // NOISE_PASSES)))
     tokens = []
@@ -220,9 +217,6 @@ def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
 def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
     """More final-round repeats where the noise needs them (the budget still caps the racing),
     and one line for the user when the noise is above what the planned repeats resolve."""
-    from ..measure.noise import noise_line
-    from ..measure.stats import MIN_PAIRS
-
     line = noise_line(noise, settings.final_max_repeats)
     if noise.repeats_needed > settings.final_repeats and settings.finalists:
         settings = replace(
@@ -248,7 +242,6 @@ def _fit_budget(
 
     from ..measure.bench import run_pass
     from ..runtime.batch import batch_generate
-    from ..search.space import DEFAULT_TRIALS
 
     b = settings.batch_size
     if pass_s is None:
@@ -297,10 +290,7 @@ def make_profile(
     ctx: Any = None,
 ) -> Profile:
     """The profile of a finished search (target: runtime.models.LoadedModel, workload: Workload;
-    ctx: the session's runtime.modes.ExecutionContext, for compile fallbacks and the auto choice)."""
-    from ..runtime.models import content_hash
-    from ..store.schema import TargetInfo
-
+    ctx: the session's runtime.caches.modes.ExecutionContext, for compile fallbacks and the auto choice)."""
     versions = {"specdec_tune": __version__, "python": platform.python_version()}
     for pkg in ("torch", "transformers", "optuna"):
         try:

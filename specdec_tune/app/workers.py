@@ -29,6 +29,8 @@ from typing import Any
 
 from ..errors import SpecDecError
 from ..search.space import TuneSettings
+from ..search.storage import check_url
+from ..search.study import default_storage
 from .common import Models, Progress
 from .tuning import TuneOutcome, tune
 
@@ -71,8 +73,6 @@ def tune_workers(
     budget_s: float | None = None,
 ) -> TuneOutcome:
     """`app.tune` on `workers` local processes sharing one study; returns this process's outcome."""
-    from ..search.storage import check_url
-    from ..search.study import default_storage
 
     if workers < 1:
         raise SpecDecError(f"--workers must be >= 1, got {workers}")

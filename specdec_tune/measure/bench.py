@@ -15,11 +15,11 @@ import torch
 
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
-from ..runtime.drafters import Drafter
-from ..runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
+from ..runtime.drafting.drafters import Drafter
+from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
-from ..runtime.hybrid import reset_sources, source_stats
-from ..runtime.modes import ExecutionContext
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
 

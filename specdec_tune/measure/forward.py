@@ -17,7 +17,7 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_count
-from ..runtime.modes import ExecutionContext, SeqCache
+from ..runtime.caches.modes import ExecutionContext, SeqCache
 from .timing import interleaved, median, spread, time_repeated
 
 MIN_BLOCK_MS = 25.0

@@ -12,8 +12,8 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
-from ..runtime.devices import resolve_device
-from ..runtime.models import slugify
+from ..runtime.models.devices import resolve_device
+from ..runtime.models.loading import slugify
 
 # Marketing noise in CPU model strings that does not identify the part.
 _CPU_NOISE = [

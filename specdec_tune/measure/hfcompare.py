@@ -18,9 +18,9 @@ import torch
 from ..domain import DRAFT_KINDS, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding, check_gamma, check_threshold
-from ..runtime.build import build_drafter
-from ..runtime.drafters import Drafter
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.drafting.build import build_drafter
+from ..runtime.drafting.drafters import Drafter
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .timing import interleaved, median, spread

@@ -19,8 +19,8 @@ import torch
 from ..domain import BatchCosts
 from ..limits import check_count, check_gamma
 from ..runtime.batch import BatchDrafter, batch_generate
-from ..runtime.modes import ExecutionContext
-from ..runtime.slots import SlotCache
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.caches.slots import SlotCache
 from ..runtime.workloads import Case
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated

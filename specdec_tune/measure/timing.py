@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from ..runtime.devices import synchronize
+from ..runtime.models.devices import synchronize
 
 K = TypeVar("K", bound=Hashable)
 

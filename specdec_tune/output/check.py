@@ -15,6 +15,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import SpecDecError
+from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, REGRESSION, judge_speedup
 from ..store.schema import Profile
 
@@ -217,8 +218,6 @@ def confirm_repeats(measured: Any, repeats: int) -> int:
     """Repeats for the confirming re-measurement: as many as the first one's spread needs to resolve
     5 % (`noise.repeats_needed`; a ratio of two passes varies sqrt(2) times one pass), capped."""
     import math
-
-    from ..measure.noise import repeats_needed
 
     xs = list(measured.speedups or [])
     if len(xs) < 2:

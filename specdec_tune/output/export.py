@@ -20,11 +20,12 @@ from typing import Any
 
 from ..domain import Config, Result
 from ..engines import ENGINES, blockers, engine_info
+from ..errors import SpecDecError
 from ..store.schema import Profile
 from .commands import command_argv, python_snippet
 from .flagcheck import problems
 from .flagsets import FlagSet, flagset
-from .fragments import EXPORTERS, fragment_batch_notes, render_fragment
+from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
 from .llamacpp_args import llamacpp_args, measured_llamacpp_args
 from .schedule import Tier, default_load, row_for_load, tiers
 
@@ -97,8 +98,6 @@ def export(
     single best operating point for that load instead of a batch-size schedule.
     """
     if fmt not in FORMATS:
-        from ..errors import SpecDecError
-
         raise SpecDecError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     e = engine_info(to)
     fs = flagset(e.key, version)
@@ -216,8 +215,6 @@ def _choose_at_load(profile: Profile, engine: str, load: int, out: Export) -> Re
 
 
 def _lookup_note(cfg: Config, match: str) -> list[str]:
-    from .fragments import lookup_notes
-
     return lookup_notes("llamacpp", "llama.cpp", cfg, match)
 
 
@@ -229,8 +226,6 @@ def _batch(
     load, b_star = out.load, profile.b_star
     star = f"speculation stopped paying at B* = {b_star} here" if b_star else ""
     if engine == "hf":
-        from .fragments import HF_BATCH_NOTE
-
         return [], [HF_BATCH_NOTE + (f"; {star}" if star else "")] if profile.batch_table else []
     if engine in ("llamacpp", "sglang"):
         if load is None:

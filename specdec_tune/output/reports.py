@@ -14,6 +14,7 @@ from rich.text import Text
 from ..domain import Costs
 from ..store.schema import Profile
 from .fmt import final_verdict, kv_table, num, styled, times, unit, vec
+from .tables import batch_table
 
 
 def bench_table(r: dict[str, Any]) -> Table:
@@ -218,8 +219,6 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     if p.search.budget_note:
         console.print(styled((f"time budget {p.search.budget_s:g} s: {p.search.budget_note}", "dim")))
     if p.batch_table:
-        from .tables import batch_table
-
         console.print(batch_table(p))
     if getattr(result, "final_note", ""):
         console.print(styled((result.final_note, "yellow"), " (the best search trial was kept)"))

@@ -1,11 +1,10 @@
-"""Show results to a person as rich tables: a profile (`show`), two side by side, the costs
-profile, a bench result, the end of a run, a check report. Reads data, never measures.
+"""Show results to a person as rich tables: a profile (`show`; two side by side in `compare`,
+its trials in `trials`), the costs profile, a bench result, the end of a run, a check report.
+Reads data, never measures.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -329,92 +328,3 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
         else:
             rows.append((f"{prefix}{k}", str(v)))
     return rows
-
-
-# -------------------------------------------------------------------------------------- compare
-
-# keys of specdec_tune.hardware's fingerprint first, then common spellings
-_DEVICE_KEYS = ("gpu_name", "cpu_model", "name", "device_name", "gpu", "cpu", "device")
-
-
-def _device(p: Profile) -> str:
-    for key in _DEVICE_KEYS:
-        if p.hardware.get(key):
-            return str(p.hardware[key])
-    return "—"
-
-
-def render_compare(a: Profile, b: Profile, console: Console) -> None:
-    """Print two profiles side by side (hardware, best config, speedup, tokens/s, α) and mark the better."""
-    t = Table(title="Profile comparison", title_justify="left")
-    t.add_column("", style="bold")
-    t.add_column(f"A: {a.hardware.get('slug')}")
-    t.add_column(f"B: {b.hardware.get('slug')}")
-    t.add_column("better", justify="center")
-
-    def same(label: str, va: str, vb: str) -> None:
-        t.add_row(label, va, vb, "" if va == vb else styled(("differs", "dim")))
-
-    def higher(
-        label: str, get: Callable[[Profile], float | None], fmt: Callable[[float | None], str]
-    ) -> None:
-        va, vb = get(a), get(b)
-        if va is None or vb is None or math.isclose(va, vb, rel_tol=0.005, abs_tol=1e-9):
-            t.add_row(label, fmt(va), fmt(vb), "≈" if va is not None and vb is not None else "")
-        elif va > vb:
-            t.add_row(label, styled((fmt(va), "bold green")), fmt(vb), styled(("A", "green")))
-        else:
-            t.add_row(label, fmt(va), styled((fmt(vb), "bold green")), styled(("B", "green")))
-
-    same("hardware", str(a.hardware.get("slug")), str(b.hardware.get("slug")))
-    same("device", _device(a), _device(b))
-    same("target", a.target.name, b.target.name)
-    same(
-        "workload",
-        f"{a.workload.name} (T={a.workload.temperature:g})",
-        f"{b.workload.name} (T={b.workload.temperature:g})",
-    )
-    same("best config", a.best.config.label, b.best.config.label)
-    higher("speedup", lambda p: p.best.metrics.speedup, times)
-    higher("tokens/s", lambda p: p.best.metrics.tokens_per_s, lambda v: num(v, 1))
-    higher("baseline tokens/s", lambda p: p.baseline.tokens_per_s, lambda v: num(v, 1))
-    higher("acceptance α", lambda p: p.best.metrics.acceptance_rate, lambda v: num(v, 3))
-    higher("mean accepted length τ", lambda p: p.best.metrics.mean_accepted_len, num)
-    higher("predicted speedup", lambda p: p.best.metrics.predicted_speedup, times)
-    console.print(t)
-    if a.target.content_hash != b.target.content_hash:
-        console.print(
-            styled(("The profiles tune different target weights: tokens/s are not comparable.", "yellow"))
-        )
-    if a.workload.sha256 != b.workload.sha256 or a.workload.temperature != b.workload.temperature:
-        console.print(
-            styled(
-                (
-                    "The profiles were measured on different workloads: "
-                    "α and speedup may differ for that alone.",
-                    "yellow",
-                )
-            )
-        )
-
-
-def trials_tables(trials: Any) -> list[Table]:
-    """The search's trials (a DataFrame of the trials CSV): the best trial per draft and per γ."""
-    from .trials import best_per
-
-    tables = []
-    for by, title in (("draft", "Trials: best per draft"), ("gamma", "Trials: best per γ")):
-        df = best_per(trials, by)
-        if df.empty:
-            continue
-        t = Table(title=title, title_justify="left")
-        for col in (by if by == "draft" else "γ", "best config", "best speedup", "median", "trials"):
-            t.add_column(col, justify="left" if col in ("draft", "best config") else "right")
-        for row in df.itertuples(index=False):
-            config = f"{row.draft} γ={row.gamma}" + (f" t={row.threshold:.2f}" if row.threshold else "")
-            if row.gamma == 0:
-                config = "no speculation"
-            key = str(row.draft) if by == "draft" else str(row.gamma)
-            t.add_row(key, config, times(row.speedup), times(row.median_speedup), str(row.trials))
-        tables.append(t)
-    return tables

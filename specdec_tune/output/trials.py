@@ -1,5 +1,5 @@
 """The trials CSV that `run` writes beside a profile, read back with pandas: the finished trials
-for the plots, and the analyses `show --trials` prints (best per draft, best per gamma).
+for the plots, and the analyses `show --trials` prints as tables (best per draft, best per gamma).
 """
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA
+from .fmt import times
 
 REQUIRED = ("draft", "gamma", "speedup")
 MAX_CSV_BYTES = 64 * 1024 * 1024  # a million trials fit; a crafted file must not fill memory
@@ -75,3 +78,23 @@ def best_per(df: Any, by: str) -> Any:
     best["median_speedup"] = grouped.median()
     best["trials"] = grouped.size()
     return best.sort_values("speedup", ascending=False).reset_index()
+
+
+def trials_tables(trials: Any) -> list[Table]:
+    """The search's trials (a DataFrame of the trials CSV): the best trial per draft and per γ."""
+    tables = []
+    for by, title in (("draft", "Trials: best per draft"), ("gamma", "Trials: best per γ")):
+        df = best_per(trials, by)
+        if df.empty:
+            continue
+        t = Table(title=title, title_justify="left")
+        for col in (by if by == "draft" else "γ", "best config", "best speedup", "median", "trials"):
+            t.add_column(col, justify="left" if col in ("draft", "best config") else "right")
+        for row in df.itertuples(index=False):
+            config = f"{row.draft} γ={row.gamma}" + (f" t={row.threshold:.2f}" if row.threshold else "")
+            if row.gamma == 0:
+                config = "no speculation"
+            key = str(row.draft) if by == "draft" else str(row.gamma)
+            t.add_row(key, config, times(row.speedup), times(row.median_speedup), str(row.trials))
+        tables.append(t)
+    return tables

@@ -20,11 +20,11 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
-from .drafters import PromptLookupDrafter
-from .engine import SpecStats, verify_sampling
-from .leandraft import LeanLlamaRows
-from .leandraft import supports as lean_supports
-from .modes import ExecutionContext
+from .caches.modes import ExecutionContext
+from .decode import SpecStats, verify_sampling
+from .drafting.drafters import PromptLookupDrafter
+from .drafting.leandraft import LeanLlamaRows
+from .drafting.leandraft import supports as lean_supports
 from .workloads import Case
 
 

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .modes import ExecutionContext
-from .slots import compile_events
+from .caches.modes import ExecutionContext
+from .caches.slots import compile_events
 
 
 @dataclass

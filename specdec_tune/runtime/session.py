@@ -13,10 +13,11 @@ from pathlib import Path
 from ..domain import DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_temperature
-from .auto import resolve_auto
-from .devices import resolve_device
-from .hybrid import hybrid_parts
-from .models import (
+from .caches.auto import resolve_auto
+from .caches.modes import DEFAULT_CAPACITY, ExecutionContext, check_engine_mode
+from .drafting.hybrid import hybrid_parts
+from .models.devices import resolve_device
+from .models.loading import (
     DEMO_DRAFTS,
     DEMO_TARGET,
     LoadedModel,
@@ -25,8 +26,7 @@ from .models import (
     load_model,
     slugify,
 )
-from .modes import DEFAULT_CAPACITY, ExecutionContext, check_engine_mode
-from .shapes import SHAPE_PREFIX, is_shape_ref, shape_name
+from .models.shapes import SHAPE_PREFIX, is_shape_ref, shape_name
 from .workloads import Case, Prompt, Workload, encode_prompts, load_workload, stratified
 
 LOOKUP_RE = re.compile(r"^(?:prompt-lookup|lookup|ngram)(?::(\d+)-(\d+))?$")

@@ -28,6 +28,7 @@ from ..measure.timing import median, spread
 from .racing import BASELINE, race
 from .results import TuneResult, csv_row
 from .space import TuneSettings
+from .study import WORKER
 
 # A search trial above the cost model's ceiling (every draft token accepted) by more than this
 # factor, or whose repeats spread more than OUTLIER_SPREAD, is not believed until re-measured.
@@ -159,8 +160,6 @@ def _measure(
 ) -> dict[str, Any]:
     """The round as stored: {"metrics": [...], "chosen", "verdict", "margin", "worker"} or
     {"error": why it did not run}."""
-    from .study import WORKER
-
     if on_start is not None:
         on_start([r.config.label for r in finalists])
     configs = [r.config for r in finalists]

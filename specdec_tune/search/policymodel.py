@@ -1,4 +1,4 @@
-"""The cost model of the per-step gamma policies (runtime/policies.py): the table the "costmodel"
+"""The cost model of the per-step gamma policies (runtime/drafting/policies.py): the table the "costmodel"
 policy looks its next gamma up in, and predicted speedups of adaptive configs so the search can
 seed them. Pure Python, like costmodel.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .costmodel import expected_tokens, expected_tokens_iid, verify_cost_ms
+from ..runtime.drafting.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
+from .formulas import expected_tokens, expected_tokens_iid, verify_cost_ms
 
 ALPHA_STEPS = 100  # the table has one gamma per alpha = 0, 0.01, ..., 1
 
@@ -89,8 +90,6 @@ def policy_drafter(drafter: Any, config: Any, costs: Any = None, batch_size: int
     table comes from `costs` (batch 1 when `batch_size` is None)."""
     if config.gamma_policy == "fixed" or drafter is None:
         return drafter
-    from ..runtime.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
-
     table, prior = None, 0.5
     d = costs.draft(config.draft.name) if costs is not None else None
     if d is not None:

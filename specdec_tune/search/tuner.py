@@ -22,12 +22,13 @@ from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
 from ..measure.stats import speedup_interval
-from ..runtime.build import build_batch_drafter, build_drafter
-from ..runtime.modes import ExecutionContext
+from ..runtime.caches.modes import ExecutionContext
+from ..runtime.drafting.build import build_batch_drafter, build_drafter
 from ..runtime.session import model_part
 from ..runtime.workloads import Case
 from .costmodel import CostModel
 from .final import final_round
+from .policymodel import policy_drafter
 from .results import TuneResult, summarise
 from .space import TuneSettings, search_space, seed_configs, suggest, trial_count
 from .storage import StorageLock
@@ -87,8 +88,6 @@ class DrafterPool:
 
     def for_config(self, config: Any, batch_size: int | None = None) -> Any:
         """The drafter of `config`, wrapped in its gamma policy when that is not fixed."""
-        from .policymodel import policy_drafter
-
         return policy_drafter(self.get(config.draft.name, batch_size), config, self.costs, batch_size)
 
     @staticmethod

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..demo import demo_path, is_demo_name
 from ..domain import Result, slugify
+from ..urls import redact_url
 from .schema import Profile
 
 
@@ -104,8 +105,6 @@ def make_portable(profile: Profile, profile_path: Path, target_arg: str) -> Prof
 def storage_for_record(url: str) -> str:
     """A storage URL as a profile may hold it: no password (SQLAlchemy's hide_password), and the
     user's home folder written as ~."""
-    from ..urls import redact_url
-
     text = redact_url(url)
     home = str(Path.home())
     if home not in ("", "/"):

@@ -17,7 +17,8 @@ from ..errors import SpecDecError
 from .atomic import atomic_write_text
 from .fields import SCHEMA_VERSION, convert_dataclass
 from .safeyaml import read_capped_text, safe_yaml
-from .schema import Profile, profile_from_dict, validate_costs
+from .schema import Profile
+from .validate import profile_from_dict, validate_costs
 
 # Floats are written with this many significant digits: enough for timings and rates, few enough
 # that two profiles diff cleanly.

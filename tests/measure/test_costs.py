@@ -11,12 +11,12 @@ from helpers import make_sample_profile, tiny_llama
 from specdec_tune.domain import Costs, DraftCosts
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure import costs as profiler
-from specdec_tune.measure import forward
-from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import SpecStats, speculative_generate
+from specdec_tune.measure import forward, overheads
+from specdec_tune.runtime.decode import SpecStats, speculative_generate
+from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import acceptance_vector_from_position_counts
-from specdec_tune.store.schema import profile_from_dict
+from specdec_tune.store.validate import profile_from_dict
 from specdec_tune.store.yamlio import profile_to_dict
 
 
@@ -167,27 +167,27 @@ def test_decode_weight_bytes_counts_a_tied_embedding_once():
 
 
 def test_oracle_drafter_is_always_accepted_and_exact(tiny_target, prompts):
-    from specdec_tune.runtime.engine import autoregressive_generate
+    from specdec_tune.runtime.decode import autoregressive_generate
 
     prompt = prompts[2]
     truth = autoregressive_generate(tiny_target, prompt, 20).tokens
-    oracle = profiler.OracleDrafter(prompt + truth)
+    oracle = overheads.OracleDrafter(prompt + truth)
     g = speculative_generate(tiny_target, oracle, prompt, 4, 0.0, 0.0, 20)
     assert g.tokens == truth
     assert g.stats.accepted == g.stats.proposed > 0 and g.stats.target_forwards == 4  # 5 tokens per step
 
 
 def test_loop_overheads_are_finite_and_the_model_is_restored(tiny_target):
-    loop, step = profiler.measure_loop_overheads_ms(tiny_target, 24, 3, repeats=3, new_tokens=12)
+    loop, step = overheads.measure_loop_overheads_ms(tiny_target, 24, 3, repeats=3, new_tokens=12)
     assert math.isfinite(loop) and math.isfinite(step) and loop >= 0 and step >= 0
     assert "forward" not in vars(tiny_target)  # the clock's wrapper is gone again
     with pytest.raises(SpecDecError):
-        profiler.measure_loop_overheads_ms(tiny_target, 24, 0, repeats=1)
+        overheads.measure_loop_overheads_ms(tiny_target, 24, 0, repeats=1)
 
 
 def test_forward_clock_counts_calls_and_time_inside_forward(tiny_target):
     x = torch.tensor([[1, 2, 3]])
-    with torch.inference_mode(), profiler.ForwardClock(tiny_target, "cpu") as clock:
+    with torch.inference_mode(), overheads.ForwardClock(tiny_target, "cpu") as clock:
         tiny_target(input_ids=x)
         tiny_target(input_ids=x)
     assert clock.calls == 2 and clock.ms > 0
@@ -198,15 +198,15 @@ def test_slow_host_work_per_step_shows_up_as_step_overhead(tiny_target, monkeypa
     """Planted: 3 ms of host work per speculative step (in the drafter) must appear in o_step."""
     import time as _time
 
-    _, fast = profiler.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
-    propose = profiler.OracleDrafter.propose
+    _, fast = overheads.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
+    propose = overheads.OracleDrafter.propose
 
     def slow(self, *args):
         _time.sleep(0.003)
         return propose(self, *args)
 
-    monkeypatch.setattr(profiler.OracleDrafter, "propose", slow)
-    loop, slow_step = profiler.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
+    monkeypatch.setattr(overheads.OracleDrafter, "propose", slow)
+    loop, slow_step = overheads.measure_loop_overheads_ms(tiny_target, 24, 2, repeats=3, new_tokens=12)
     # Lower bounds only: a busy machine adds time, it never removes the planted 3 ms.
     assert slow_step - fast > 2.0
     assert slow_step - loop > 2.0  # the plain loop has no drafter: untouched

@@ -8,8 +8,8 @@ import yaml
 
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure.hardware import hardware_info, hardware_slug, same_hardware
-from specdec_tune.runtime.devices import resolve_device, synchronize
-from specdec_tune.runtime.models import slugify
+from specdec_tune.runtime.models.devices import resolve_device, synchronize
+from specdec_tune.runtime.models.loading import slugify
 
 
 @pytest.mark.parametrize(

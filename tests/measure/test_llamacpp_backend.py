@@ -33,7 +33,7 @@ FAST = ["--prompts", "3", "-n", "24", "--repeats", "1"]
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from specdec_tune.runtime.ggufs import demo_gguf_paths
+    from specdec_tune.runtime.models.ggufs import demo_gguf_paths
 
     return demo_gguf_paths(tmp_path_factory.mktemp("gguf"))
 

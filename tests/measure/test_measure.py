@@ -7,8 +7,8 @@ import pytest
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure import bench as measure_mod
 from specdec_tune.measure.bench import Entry, measure, measure_many
-from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import SpecStats
+from specdec_tune.runtime.decode import SpecStats
+from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.workloads import Case
 
 

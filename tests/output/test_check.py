@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import invoke, tiny_args
 
-from specdec_tune.runtime import drafters
+from specdec_tune.runtime.drafting import drafters
 
 pytestmark = pytest.mark.slow
 

@@ -89,7 +89,7 @@ def test_every_emitted_option_is_in_the_recorded_flag_set(engine, version, sampl
     + [("llamacpp", v) for v in ("b8953", "b8955", "b9464")],
 )
 def test_flags_format_stays_byte_identical_for_the_committed_profiles(engine, version, slug):
-    from specdec_tune.runtime.models import demo_path
+    from specdec_tune.runtime.models.loading import demo_path
 
     r = invoke(
         "export",

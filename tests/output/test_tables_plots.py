@@ -10,9 +10,10 @@ from rich.console import Console
 
 from specdec_tune.domain import Costs, DraftCosts
 from specdec_tune.errors import SpecDecError
+from specdec_tune.output.compare import render_compare
 from specdec_tune.output.plots import PLOT_FILES, write_plots
-from specdec_tune.output.tables import render_compare, render_profile, trials_tables
-from specdec_tune.output.trials import best_per, read_trials
+from specdec_tune.output.tables import render_profile
+from specdec_tune.output.trials import best_per, read_trials, trials_tables
 from specdec_tune.search.costmodel import CostModel
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

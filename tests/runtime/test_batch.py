@@ -14,8 +14,8 @@ from test_sampling import P_FAIL, P_PASS, _resample_from_p, chi2_p_value
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime.batch import batch_generate
-from specdec_tune.runtime.build import build_batch_drafter
-from specdec_tune.runtime.rowcache import RowCache
+from specdec_tune.runtime.caches.rowcache import RowCache
+from specdec_tune.runtime.drafting.build import build_batch_drafter
 from specdec_tune.runtime.workloads import Case
 
 DRAFTS = {

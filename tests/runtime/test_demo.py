@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from specdec_tune.runtime.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, speculative_generate
-from specdec_tune.runtime.models import DEMO_DRAFTS, check_vocab_compatible, eos_ids, load_model
+from specdec_tune.runtime.decode import SpecStats, autoregressive_generate, speculative_generate
+from specdec_tune.runtime.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from specdec_tune.runtime.models.loading import DEMO_DRAFTS, check_vocab_compatible, eos_ids, load_model
 from specdec_tune.runtime.workloads import encode_prompts, load_workload
 
 N_NEW = 32

@@ -22,13 +22,13 @@ from test_sampling import (
 
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime import engine
+from specdec_tune.runtime import decode as engine
 from specdec_tune.runtime.batch import batch_generate
-from specdec_tune.runtime.build import build_batch_drafter
-from specdec_tune.runtime.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import speculative_generate
-from specdec_tune.runtime.hybrid import HybridDrafter, hybrid_parts, mixed_q, source_stats
-from specdec_tune.runtime.policies import (
+from specdec_tune.runtime.decode import speculative_generate
+from specdec_tune.runtime.drafting.build import build_batch_drafter
+from specdec_tune.runtime.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from specdec_tune.runtime.drafting.hybrid import HybridDrafter, hybrid_parts, mixed_q, source_stats
+from specdec_tune.runtime.drafting.policies import (
     BatchPolicyDrafter,
     CostModelGamma,
     HeuristicGamma,

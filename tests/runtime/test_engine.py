@@ -9,9 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime import drafters as drafters_mod
-from specdec_tune.runtime.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
-from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from specdec_tune.runtime.decode import SpecStats, autoregressive_generate, speculative_generate
+from specdec_tune.runtime.drafting import drafters as drafters_mod
+from specdec_tune.runtime.drafting.drafters import (
+    LayerSkipDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    truncated_view,
+)
 
 MAX_NEW = 24
 

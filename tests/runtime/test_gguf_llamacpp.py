@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.runtime.engine import autoregressive_generate
-from specdec_tune.runtime.ggufs import demo_to_gguf
-from specdec_tune.runtime.models import eos_ids, load_model
+from specdec_tune.runtime.decode import autoregressive_generate
+from specdec_tune.runtime.models.ggufs import demo_to_gguf
+from specdec_tune.runtime.models.loading import eos_ids, load_model
 from specdec_tune.runtime.workloads import load_workload, prompt_text
 
 

@@ -9,8 +9,8 @@ import torch
 from helpers import write_tiny_gguf
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime.engine import autoregressive_generate
-from specdec_tune.runtime.ggufs import (
+from specdec_tune.runtime.decode import autoregressive_generate
+from specdec_tune.runtime.models.ggufs import (
     cut_layers,
     demo_gguf_paths,
     demo_to_gguf,
@@ -18,7 +18,7 @@ from specdec_tune.runtime.ggufs import (
     gguf_block_count,
     gguf_cache_dir,
 )
-from specdec_tune.runtime.models import eos_ids, load_model
+from specdec_tune.runtime.models.loading import eos_ids, load_model
 from specdec_tune.runtime.workloads import encode_prompts, load_workload
 
 gguf = pytest.importorskip("gguf")

@@ -9,9 +9,9 @@ import torch
 from specdec_tune.domain import DraftSpec
 from specdec_tune.measure import bench, serving
 from specdec_tune.runtime import slots
-from specdec_tune.runtime.build import build_batch_drafter, build_drafter
+from specdec_tune.runtime.caches.modes import ExecutionContext
+from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
 from specdec_tune.runtime.graphs import GraphBuild, timed_without_compiles, widths_for
-from specdec_tune.runtime.modes import ExecutionContext
 from specdec_tune.runtime.workloads import Case
 
 VOCAB = 96

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from helpers import tiny_llama
 
-from specdec_tune.runtime.cache import new_cache
-from specdec_tune.runtime.drafters import ModelDrafter
-from specdec_tune.runtime.leandraft import LeanLlama, supports
+from specdec_tune.runtime.caches.dynamic import new_cache
+from specdec_tune.runtime.drafting.drafters import ModelDrafter
+from specdec_tune.runtime.drafting.leandraft import LeanLlama, supports
 
 
 def test_lean_logits_match_transformers():

@@ -11,13 +11,13 @@ from helpers import check_rows, hf_greedy, noisy_copy, tiny_llama
 
 from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime import modes, slots
-from specdec_tune.runtime.auto import resolve_auto
 from specdec_tune.runtime.batch import batch_generate
-from specdec_tune.runtime.build import build_batch_drafter
-from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import autoregressive_generate, speculative_generate
-from specdec_tune.runtime.modes import ExecutionContext
+from specdec_tune.runtime.caches import modes, slots
+from specdec_tune.runtime.caches.auto import resolve_auto
+from specdec_tune.runtime.caches.modes import ExecutionContext
+from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
+from specdec_tune.runtime.drafting.build import build_batch_drafter
+from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.workloads import Case
 
 VOCAB = 96

@@ -22,9 +22,9 @@ import pytest
 import torch
 from helpers import noisy_copy, tiny_llama
 
-from specdec_tune.runtime import engine
-from specdec_tune.runtime.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_tune.runtime.engine import SpecStats, autoregressive_generate, speculative_generate
+from specdec_tune.runtime import decode as engine
+from specdec_tune.runtime.decode import SpecStats, autoregressive_generate, speculative_generate
+from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 
 pytestmark = pytest.mark.slow
 

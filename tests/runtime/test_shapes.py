@@ -11,15 +11,15 @@ import torch
 from helpers import tiny_llama, tiny_tokenizer, write_shape
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime.models import LoadedModel, check_vocab_compatible, eos_ids, load_model
-from specdec_tune.runtime.session import has_random_weights, open_session, parse_draft
-from specdec_tune.runtime.shapes import (
+from specdec_tune.runtime.models.loading import LoadedModel, check_vocab_compatible, eos_ids, load_model
+from specdec_tune.runtime.models.shapes import (
     bundled_shapes,
     load_shape,
     shape_config,
     shape_name,
     shape_num_params,
 )
+from specdec_tune.runtime.session import has_random_weights, open_session, parse_draft
 
 # Parameter counts from the model cards (Llama 3.1/3.2, Qwen2.5), in billions.
 PUBLISHED_B = {
@@ -138,7 +138,7 @@ def test_sessions_refuse_shapes_unless_profiling(tmp_path):
 
 
 def test_configs_are_plain_architecture_json():
-    from specdec_tune.runtime.shapes import SHAPES_DIR
+    from specdec_tune.runtime.models.shapes import SHAPES_DIR
 
     for f in SHAPES_DIR.glob("*.json"):
         data = json.loads(f.read_text())

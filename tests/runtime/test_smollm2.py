@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime import models
-from specdec_tune.runtime.drafters import LayerSkipDrafter
-from specdec_tune.runtime.engine import autoregressive_generate, speculative_generate
-from specdec_tune.runtime.models import builtin_gguf, eos_ids, load_model
+from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
+from specdec_tune.runtime.drafting.drafters import LayerSkipDrafter
+from specdec_tune.runtime.models import loading as models
+from specdec_tune.runtime.models.loading import builtin_gguf, eos_ids, load_model
 from specdec_tune.runtime.workloads import Prompt, Workload, encode_prompts
 
 

@@ -13,6 +13,8 @@ from specdec_tune.search.costmodel import (
     CostModel,
     acceptance_vector_from_counts,
     acceptance_vector_from_position_counts,
+)
+from specdec_tune.search.formulas import (
     expected_tokens,
     expected_tokens_iid,
     predicted_speedup,

@@ -16,7 +16,7 @@ from specdec_tune.search.study import counted, redact, study_name_for
 
 WORKER = r"""
 import sys, time, pathlib
-from specdec_tune.runtime.models import load_model
+from specdec_tune.runtime.models.loading import load_model
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.domain import DraftSpec
 from specdec_tune.measure import backends
@@ -46,7 +46,7 @@ tuner.tune(target, [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
 @pytest.mark.slow
 def test_a_killed_worker_costs_one_trial_and_the_study_completes(tiny_dirs, tmp_path):
     from specdec_tune.domain import DraftSpec
-    from specdec_tune.runtime.models import load_model
+    from specdec_tune.runtime.models.loading import load_model
     from specdec_tune.runtime.workloads import Case
     from specdec_tune.search.space import TuneSettings
     from specdec_tune.search.tuner import tune

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers import invoke, make_sample_profile
 
-from specdec_tune.runtime.models import (
+from specdec_tune.runtime.models.loading import (
     HASH_PREFIX,
     content_hash,
     content_hash_like,

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..errors import SpecDecError
-from .cache import cache_kwarg, new_cache
+from ...errors import SpecDecError
+from .dynamic import cache_kwarg, new_cache
 
 
 class RowCache:

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from ..errors import SpecDecError
-from .cache import cache_kwarg
-from .devices import cache_dir
+from ...errors import SpecDecError
+from ..models.devices import cache_dir
+from .dynamic import cache_kwarg
 
 
 def _text_config(model: Any) -> Any:

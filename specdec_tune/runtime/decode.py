@@ -16,8 +16,8 @@ import torch
 
 from ..errors import SpecDecError
 from ..limits import check_decoding
-from .drafters import Drafter
-from .modes import ExecutionContext, SeqCache
+from .caches.modes import ExecutionContext, SeqCache
+from .drafting.drafters import Drafter
 
 
 @dataclass

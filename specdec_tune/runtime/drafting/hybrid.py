@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..domain import DraftSpec
+from ...domain import DraftSpec
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 
 LOOKUP = "prompt-lookup"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .devices import cache_dir
+from ..models.devices import cache_dir
 from .modes import AutoChoice, ExecutionContext
 
 # Static must win clearly: a tie on a noisy machine should not flip the mode between runs.

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..domain import DraftSpec
-from ..errors import SpecDecError
-from .batch import BatchDrafter, BatchLookupDrafter, BatchModelDrafter
+from ...domain import DraftSpec
+from ...errors import SpecDecError
+from ..batch import BatchDrafter, BatchLookupDrafter, BatchModelDrafter
+from ..caches.modes import ExecutionContext
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from .hybrid import LOOKUP, BatchHybridDrafter, HybridDrafter, hybrid_parts
-from .modes import ExecutionContext
 
 
 def build_drafter(

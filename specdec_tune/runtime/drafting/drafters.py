@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from ..domain import LOOKUP_MATCHES, THRESHOLD_MODES
-from ..errors import SpecDecError
+from ...domain import LOOKUP_MATCHES, THRESHOLD_MODES
+from ...errors import SpecDecError
+from ..caches.modes import ExecutionContext
 from .leandraft import LeanLlama
 from .leandraft import supports as lean_supports
-from .modes import ExecutionContext
 
 
 class Drafter:

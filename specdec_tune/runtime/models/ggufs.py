@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecDecError
-from .models import content_hash, demo_path, file_sha256
+from ...errors import SpecDecError
+from .loading import content_hash, demo_path, file_sha256
 
 # Which shipped model each demo GGUF holds; "draft" is the default bench draft.
 DEMO_GGUFS = {"target": "demo", "draft": "draft-1l", "draft-1l": "draft-1l", "draft-2l": "draft-2l"}

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..domain import GAMMA_POLICIES
-from ..errors import SpecDecError
+from ...domain import GAMMA_POLICIES
+from ...errors import SpecDecError
 
 
 class GammaPolicy:

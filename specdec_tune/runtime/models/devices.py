@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import SpecDecError
+from ...errors import SpecDecError
 
 _DEVICE_RE = re.compile(r"^cuda(?::(\d+))?$")
 

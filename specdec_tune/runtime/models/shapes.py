@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecDecError
-from .models import LoadedModel, choose_dtype, slugify
+from ...domain import slugify
+from ...errors import SpecDecError
+from .loaded import LoadedModel, choose_dtype
 
-SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "shapes"
+SHAPES_DIR = Path(__file__).resolve().parents[2] / "data" / "shapes"
 SHAPE_PREFIX = "shape:"
 # The context length a shape is profiled at when `--context-len` is not given: there are no
 # prompts to take a typical mid-generation length from.

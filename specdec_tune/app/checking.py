@@ -1,0 +1,254 @@
+"""`check`: re-measure a stored profile on this machine and judge it against what it promised
+(speedup, acceptance, the batch table, the engine), with repeats where the noise needs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..errors import OtherHardwareError, SpecDecError
+from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
+from ..measure import noise
+from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+from ..measure.llamacpp.server import servers_die_with_us
+from ..measure.stats import PASS
+from ..output.check import (
+    CheckItem,
+    CheckReport,
+    anchor_slowdown,
+    confirm_repeats,
+    judge,
+    judge_config,
+    judge_measured,
+    junit_xml,
+    other_hardware,
+    speedup_floor,
+)
+from ..runtime.models.loading import content_hash_like
+from ..search.policymodel import policy_drafter
+from ..store.atomic import atomic_write_text
+from ..store.refs import resolve_ref, target_ref
+from ..store.yamlio import load_profile
+from .common import Models, check_writable
+from .confine import confine_model, confine_workload
+from .confine import models_root as models_root_of
+from .engine_checks import check_engine
+
+
+def check(
+    path: Path,
+    device: str = "auto",
+    tolerance: float = 0.10,
+    acceptance_tolerance: float | None = None,
+    repeats: int = 3,
+    allow_other_hardware: bool = False,
+    junit: Path | None = None,
+    batch_size: int | None = None,
+    models_root: Path | None = None,
+    backend: str | None = None,
+    llama_server: str | None = None,
+    allow_other_build: bool = False,
+) -> CheckReport:
+    """Re-measure a stored profile's best config here and judge it against what it stored; with a
+    batch table, every row at its batch size (only `batch_size`'s row when given). With
+    `models_root` (or SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows.
+
+    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or
+    plain decoding far slower or faster than the profile's anchors on a quiet machine. A speedup
+    not clearly passing is measured again (with the repeats its noise needs) and judged on all
+    repeats together; too noisy to tell is `report.inconclusive` (CLI exit 6).
+    """
+    import time
+
+    from ..measure.bench import measure
+    from ..runtime.drafting.build import build_drafter
+
+    started = time.monotonic()
+    p = load_profile(path)
+    engine = backend or (p.backend or {}).get("name") or "native"
+    if engine != "native":
+        with servers_die_with_us():
+            report = check_engine(
+                path,
+                tolerance,
+                acceptance_tolerance,
+                repeats,
+                allow_other_hardware,
+                allow_other_build,
+                batch_size,
+                llama_server,
+            )
+        if junit is not None:
+            atomic_write_text(junit, junit_xml(report))
+        return report
+    speedup_floor(p, tolerance)  # a bad --tolerance fails before any model loads
+    check_count(repeats, "--repeats", high=MAX_REPEATS)
+    rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
+    if batch_size is not None:
+        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
+        if not rows:
+            sizes = ", ".join(str(r.batch_size) for r in p.batch_table) or "none (run --batch-sizes)"
+            raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
+    if junit is not None:
+        check_writable(junit)
+    # models are named relative to the profile's folder (store.refs), so any working directory works
+    folder = Path(path).parent
+
+    def local(spec: Any) -> Any:
+        return dataclasses.replace(spec, path=resolve_ref(spec.path, folder)) if spec.path else spec
+
+    spec = local(p.best.config.draft)
+    extra = [local(r.best.config.draft) for r in rows if r.best.config.draft.kind != "none"]
+    specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
+    target = resolve_ref(target_ref(p), folder)
+    root = models_root_of(models_root)
+    confine_model(target, root, "target")
+    for d in specs.values():
+        if d.path:
+            confine_model(d.path, root, f"draft '{d.name}'")
+    confine_workload(p.workload.name, root)
+    s = open_models(
+        Models(
+            target=target,
+            drafts=list(specs.values()),
+            workload=p.workload.name,
+            prompts=p.workload.prompts,
+            max_new_tokens=p.workload.max_new_tokens,
+            temperature=p.workload.temperature,
+            device=device,
+            dtype=p.target.dtype,
+            engine=p.engine_mode,
+        )
+    )
+    hw = hardware_info(s.device)
+    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+        raise OtherHardwareError(
+            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
+            "re-run `specdec-tune run` here or pass --allow-other-hardware"
+        )
+    if s.workload.sha256 != p.workload.sha256:
+        raise SpecDecError(
+            f"workload '{p.workload.name}' has changed since the profile was made "
+            f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
+        )
+    weights = content_hash_like(p.target.content_hash, s.target.path)
+    if batch_size is None:
+        cfg = p.best.config
+        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+        m, os_noise, machine_busy = noise.busy_window(
+            lambda: measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
+            )
+        )
+        slowdown = anchor_slowdown(p, m.metrics.baseline_tokens_per_s)
+        if other_hardware(slowdown, machine_busy, p) and not allow_other_hardware:
+            raise OtherHardwareError(
+                f"{path} was measured on other hardware: plain decoding here is {slowdown:.2f}× slower "
+                f"({m.metrics.baseline_tokens_per_s:.1f} tokens/s against the profile's "
+                f"{p.anchors.plain_tokens_per_s:.1f}) on a quiet machine, though the slug is the same; "
+                "re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
+            )
+        again = None
+        if judge_measured(p.best.metrics, m, None, tolerance).verdict != PASS:
+            n = confirm_repeats(m, repeats)
+            again = measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
+            )
+        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy)
+        report.noise = {**os_noise, "busy": machine_busy}
+        if slowdown is not None:
+            report.anchors = {
+                "plain_tokens_per_s": [
+                    p.anchors.plain_tokens_per_s,
+                    round(m.metrics.baseline_tokens_per_s, 3),
+                ],
+                "slowdown": round(slowdown, 3),
+            }
+        # The best config is the batch size 1 answer; the table's other rows follow.
+        others = [r for r in rows if r.batch_size != 1]
+        report.items += judge_batch_rows(
+            p, str(path), s, others, weights, tolerance, acceptance_tolerance, repeats, with_weights=False
+        ).items
+        if p.batch_table:
+            report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
+    else:
+        report = judge_batch_rows(p, str(path), s, rows, weights, tolerance, acceptance_tolerance, repeats)
+        report.config = f"batch size {batch_size}: {rows[0].best.config.label}"
+    report.seconds = time.monotonic() - started
+    if junit is not None:
+        atomic_write_text(junit, junit_xml(report))
+    return report
+
+
+def open_models(models: Models) -> Any:
+    """Load what a stored profile names. Whatever the loaders raise for a folder the profile points
+    at (a broken config.json, a tokenizer that will not build) is the profile's problem: exit 2."""
+    try:
+        return models.open(lazy_drafts=False)
+    except (SpecDecError, MemoryError):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise SpecDecError(
+            f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
+        ) from None
+
+
+def judge_batch_rows(
+    p: Any,
+    path: str,
+    s: Any,
+    rows: list[Any],
+    weights: str,
+    tolerance: float,
+    acceptance_tolerance: float | None,
+    repeats: int,
+    with_weights: bool = True,
+) -> CheckReport:
+    """Each batch table row re-measured at its batch size (closed loop) and judged; items are
+    named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
+    from ..measure.bench import measure
+    from ..measure.serving import measure_batched
+    from ..runtime.drafting.build import build_batch_drafter, build_drafter
+
+    report = CheckReport(profile=path, config="")
+    if with_weights:
+        same = weights == p.target.content_hash
+        note = "" if same else "the target model files changed"
+        report.items.append(CheckItem("target weights", p.target.content_hash, weights, same, note))
+    for row in rows:
+        cfg, b = row.best.config, row.batch_size
+        spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
+
+        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b, repeats: int = repeats) -> Any:
+            if b == 1:
+                drafter = policy_drafter(
+                    build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs
+                )
+                return measure(
+                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed, ctx=s.ctx
+                )
+            make = lambda: policy_drafter(  # noqa: E731
+                build_batch_drafter(spec, s.target.model, s.draft_modules, b, s.ctx), cfg, p.costs, b
+            )
+            return measure_batched(
+                s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx
+            )
+
+        m, _, machine_busy = noise.busy_window(lambda once=once: once(0))
+        again = None
+        if judge_measured(row.best.metrics, m, None, tolerance).verdict != PASS:
+            again = once(1, repeats=confirm_repeats(m, repeats))
+        report.items += judge_config(
+            row.best,
+            p.workload.temperature,
+            m,
+            again,
+            tolerance,
+            acceptance_tolerance,
+            f" @ B={b}",
+            machine_busy,
+        )
+    return report
