@@ -429,6 +429,8 @@ def show(
         from .store.yamlio import profile_to_dict
 
         r = api.show(profile, compare, trials, plot)
+        for w in r.warnings:  # on stderr, so `--json` stays one document
+            error_line("warning", w, "yellow")
         if json_out:
             print_json(
                 profile_to_dict(r.profile)

@@ -78,8 +78,9 @@ def per_category(
     from ..measure.bench import Entry, measure_many
     from ..search.tuner import DrafterPool
     from ..store.refs import resolve_ref
+    from ..store.runfiles import rewrite_profile
     from ..store.schema import CategoryRow
-    from ..store.yamlio import load_profile, save_profile
+    from ..store.yamlio import load_profile
 
     check_count(top, "--per-category candidates")
     profile = load_profile(profile_path)
@@ -119,7 +120,7 @@ def per_category(
         overall = measured[0].metrics
         rows.append(CategoryRow(name, len(case.prompts), best, overall.speedup, overall.acceptance_rate))
     profile.category_table = rows
-    save_profile(profile, profile_path)
+    rewrite_profile(profile, profile_path)
     return profile
 
 

@@ -175,15 +175,12 @@ def tune_engine(
 ) -> Any:
     """`run --backend llamacpp`: the search per batch size inside the engine, the final round
     head to head, the profile with the engine's build and the exact flags of every config."""
-    import pandas as pd
-
     from .. import __version__
     from ..measure.hardware import hardware_info
     from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
     from ..search.tuner import tune as run_search
-    from ..store.atomic import atomic_write_text
+    from ..store.runfiles import check_replaceable, save_run
     from ..store.schema import Profile, TargetInfo
-    from ..store.yamlio import save_profile
     from .common import TuneOutcome, batch_row, search_info, trial_params, workload_info
 
     started = time.monotonic()
@@ -193,10 +190,11 @@ def tune_engine(
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:
-        from ..runtime.models import slugify
+        from ..store.refs import profile_file_slug
 
-        out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.llamacpp.yaml"
+        out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.llamacpp.yaml"
         check_writable(out)
+        check_replaceable(out, s.target.content_hash, settings.force)
         info = s.backend.info()
         key = {
             "backend": info,
@@ -284,10 +282,8 @@ def tune_engine(
         profile.batch_table = [batch_row(b, results[b]) for b in batch_sizes]
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None
-    save_profile(profile, out)
-    csv_path = out.with_suffix(".trials.csv")
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
+    profile, csv_path = save_run(profile, out, rows, settings.force)
     return TuneOutcome(profile, out, csv_path, first, results)
 
 
