@@ -83,6 +83,8 @@ def show(
     --compare puts two profiles side by side."""
     with user_errors():
         r = api.show(profile, compare, trials, plot)
+        for w in r.warnings:  # on stderr, so `--json` stays one document
+            error_line("warning", w, "yellow")
         if json_out:
             print_json(
                 profile_to_dict(r.profile)

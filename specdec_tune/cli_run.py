@@ -95,6 +95,12 @@ def run(
     out: Annotated[
         Path | None, typer.Option("--out", help="Default: profiles/<hardware>/<target>.yaml")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace the output file even when it holds the profile of another target."
+        ),
+    ] = False,
     batch_sizes: Annotated[
         str,
         typer.Option(
@@ -172,6 +178,7 @@ def run(
             grace_s=grace,
             engine=for_engine,
             gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
+            force=force,
         )
         models = models_from(
             target,

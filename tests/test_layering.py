@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1] / "specdec_tune"
 PACKAGE = "specdec_tune"
 STAGES = ["runtime", "measure", "search", "store", "output", "app", "cli"]
 # Shared leaves: plain data and checks every stage may use (engines: the serving engines'
-# capabilities, which the search space and the profile schema both name; demo: the shipped models).
-LEAVES = {"domain", "errors", "limits", "engines", "demo"}
+# capabilities, which the search space and the profile schema both name; demo: the shipped models;
+# atomic: the one atomic writer and file lock, which runtime's caches and the store both write through).
+LEAVES = {"domain", "errors", "limits", "engines", "demo", "atomic"}
 # Modules outside the stage folders and the stage they belong to.
 LOOSE = {"cli": "cli", "cli_gguf": "cli", "cli_options": "cli", "cli_profiles": "cli", "cli_run": "cli",
          "cli_studies": "cli", "terminal": "cli",

@@ -13,8 +13,9 @@ from ..errors import SpecDecError
 from ..limits import check_count
 from ..runtime.workloads import load_workload, stratified
 from ..store.refs import resolve_ref
+from ..store.runfiles import rewrite_profile
 from ..store.schema import CategoryRow
-from ..store.yamlio import load_profile, save_profile
+from ..store.yamlio import load_profile
 from .common import Models, Progress
 
 UNCATEGORISED = "(none)"
@@ -118,7 +119,7 @@ def per_category(
         overall = measured[0].metrics
         rows.append(CategoryRow(name, len(case.prompts), best, overall.speedup, overall.acceptance_rate))
     profile.category_table = rows
-    save_profile(profile, profile_path)
+    rewrite_profile(profile, profile_path)
     return profile
 
 

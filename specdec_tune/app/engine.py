@@ -22,13 +22,13 @@ from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.timing import median
 from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
-from ..runtime.models.loading import builtin_gguf, slugify
+from ..runtime.models.loading import builtin_gguf
 from ..runtime.workloads import Prompt, Workload, load_workload, stratified
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings, seed_configs
-from ..store.atomic import atomic_write_text
+from ..store.refs import profile_file_slug
+from ..store.runfiles import check_replaceable, save_run
 from ..store.schema import Profile, TargetInfo
-from ..store.yamlio import save_profile
 from .common import (
     MIN_BUDGET_TRIALS,
     Models,
@@ -184,8 +184,6 @@ def tune_engine(
 ) -> Any:
     """`run --backend llamacpp`: the search per batch size inside the engine, the final round
     head to head, the profile with the engine's build and the exact flags of every config."""
-    import pandas as pd
-
     from ..search.tuner import tune as run_search
 
     started = time.monotonic()
@@ -195,8 +193,9 @@ def tune_engine(
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:
-        out = out or Path("profiles") / hw["slug"] / f"{slugify(s.target.name)}.llamacpp.yaml"
+        out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.llamacpp.yaml"
         check_writable(out)
+        check_replaceable(out, s.target.content_hash, settings.force)
         info = s.backend.info()
         key = {
             "backend": info,
@@ -284,10 +283,8 @@ def tune_engine(
         profile.batch_table = [batch_row(b, results[b]) for b in batch_sizes]
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None
-    save_profile(profile, out)
-    csv_path = out.with_suffix(".trials.csv")
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
+    profile, csv_path = save_run(profile, out, rows, settings.force)
     return TuneOutcome(profile, out, csv_path, first, results)
 
 

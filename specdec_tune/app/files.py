@@ -12,6 +12,7 @@ from ..output.export import export as export_config
 from ..output.plots import write_plots
 from ..output.trials import read_trials
 from ..store.refs import engine_path
+from ..store.runfiles import trials_beside
 from ..store.schema import Profile
 from ..store.yamlio import load_profile
 
@@ -52,21 +53,21 @@ class ShowResult:
     other: Profile | None = None  # `compare`
     trials: Any = None  # the trials CSV as a pandas DataFrame, when there is one
     plots: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. the CSV beside is another run's
 
 
 def show(
     path: Path, compare: Path | None = None, trials: Path | None = None, plot: Path | None = None
 ) -> ShowResult:
     """Load a profile (and another to compare with), its trials CSV (the one beside it unless
-    `trials` names one), and write PNG plots into `plot`."""
+    `trials` names one; left out, with a warning, when it is another run's), and write PNG plots
+    into `plot`."""
     p = load_profile(path)
     other = load_profile(compare) if compare is not None else None
-    csv = trials or path.with_suffix(".trials.csv")
-    if trials is None and not csv.is_file():
-        csv = None
+    csv, mismatch = (trials, None) if trials is not None else trials_beside(p, path)
     df = read_trials(csv) if csv is not None else None
     written = []
     if plot is not None:
         written = write_plots(p, plot, csv)
         written += [f for f in [write_category_plot(p, plot)] if f is not None]
-    return ShowResult(p, other, df, written)
+    return ShowResult(p, other, df, written, [mismatch] if mismatch else [])

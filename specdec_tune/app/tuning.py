@@ -22,10 +22,10 @@ from ..measure.stats import MIN_PAIRS
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
-from ..store.atomic import atomic_write_text
 from ..store.refs import make_portable, profile_file_slug
+from ..store.runfiles import check_replaceable, save_run
 from ..store.schema import Profile, TargetInfo
-from ..store.yamlio import load_costs, save_profile
+from ..store.yamlio import load_costs
 from .common import (
     MIN_BUDGET_TRIALS,
     Models,
@@ -63,8 +63,6 @@ def tune(
     budget; the profile says what the budget allowed.
     """
     import time
-
-    import pandas as pd
 
     from ..search.tuner import tune as run_search
 
@@ -104,11 +102,13 @@ def tune(
 
     out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.yaml"
     check_writable(out)
+    target_hash = content_hash(s.target.path)
+    check_replaceable(out, target_hash, settings.force)  # before minutes of measuring
     key = {
         "specdec_tune": __version__,
         "hardware": hw["slug"],
         "target_slug": slugify(s.target.name),
-        "target": content_hash(s.target.path),
+        "target": target_hash,
         "workload": s.workload.sha256,
         "prompts": len(s.case.prompts),
         "max_new_tokens": s.case.max_new_tokens,
@@ -178,10 +178,8 @@ def tune(
         profile.predicted_b_star = model.b_star(settings.max_gamma) if model is not None else None
     # models named so the profile works from any folder and machine (store.refs)
     profile = make_portable(profile, out, models.target or s.target.name)
-    save_profile(profile, out)
-    csv_path = out.with_suffix(".trials.csv")
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    atomic_write_text(csv_path, pd.DataFrame(rows).to_csv(index=False))
+    profile, csv_path = save_run(profile, out, rows, settings.force)
     return TuneOutcome(profile, out, csv_path, first, results)
 
 

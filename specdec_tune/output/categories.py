@@ -3,12 +3,14 @@ plot. Reads data, never measures."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from ..domain import Metrics
+from ..store.atomic import atomic_write_bytes
 from .fmt import num, times
 
 
@@ -88,8 +90,9 @@ def write_category_plot(profile: Any, folder: Path) -> Path | None:
     ax.set_ylabel("speedup over plain decoding")
     ax.legend()
     fig.tight_layout()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "per_category.png"
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    path = folder / "per_category.png"
+    atomic_write_bytes(path, buf.getvalue())
     return path

@@ -54,6 +54,8 @@ class TuneSettings:
     gamma_policies: tuple[str, ...] = ("fixed",)
     # How long a worker waits for another worker's final round before ranking by the search.
     final_wait_s: float = 3600.0
+    # `run --force`: replace a profile of another target at the output path (store.runfiles)
+    force: bool = False
 
     def __post_init__(self) -> None:
         if self.trials is not None:

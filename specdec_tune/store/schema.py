@@ -116,5 +116,6 @@ class Profile:
     noise: Noise | None = None
     anchors: Anchors | None = None
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
+    trials_sha256: str | None = None  # of the trials CSV written with it (store.runfiles); None: older
     created: str = ""  # ISO 8601 UTC
     schema_version: int = SCHEMA_VERSION

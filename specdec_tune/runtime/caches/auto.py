@@ -9,13 +9,14 @@ name another), so a resumed study and `check` see the mode the search used. The 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...atomic import atomic_write_text, locked
+from ...errors import SpecDecError
 from ..models.devices import cache_dir
 from .modes import AutoChoice, ExecutionContext
 
@@ -44,8 +45,7 @@ def resolve_auto(device: str, probe: Any | None = None, remember_at: str | Path 
         return AutoChoice(known[key], reason="remembered", remembered_at=str(path))
     compared = {m: _decode_step_ms(m, probe) for m in ("eager", "static")}
     choice = "static" if compared["static"] < STATIC_MARGIN * compared["eager"] else "eager"
-    known[key] = choice
-    _write(path, known)
+    _remember(path, key, choice)
     return AutoChoice(choice, compared, reason="measured", remembered_at=str(path))
 
 
@@ -57,13 +57,15 @@ def _read(path: Path) -> dict[str, str]:
     return known if isinstance(known, dict) else {}
 
 
-def _write(path: Path, known: dict[str, str]) -> None:
-    try:  # written whole and renamed into place: a reader never sees half a file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        os.replace(tmp, path)
-    except OSError:
+def _remember(path: Path, key: str, choice: str) -> None:
+    """Add one decision to the file. Read again under the file's lock, so a decision another
+    process wrote since our first read is kept, and written atomically."""
+    try:
+        with locked(path):
+            known = _read(path)
+            known[key] = choice
+            atomic_write_text(path, json.dumps(known, indent=1))
+    except (SpecDecError, OSError):
         pass  # an unwritable cache folder only costs a re-measurement next time
 
 

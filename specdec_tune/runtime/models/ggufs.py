@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ...atomic import atomic_path
 from ...errors import SpecDecError
 from .loading import content_hash, demo_path, file_sha256
 
@@ -35,20 +33,6 @@ def _gguf() -> Any:
     except ImportError:
         raise SpecDecError("GGUF files need the `gguf` package: pip install gguf") from None
     return gguf
-
-
-@contextmanager
-def _atomic_path(dst: Path) -> Iterator[Path]:
-    """A temp file beside `dst` that replaces it only when the block finishes without error."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _read(src: Path) -> Any:
@@ -91,7 +75,7 @@ def cut_layers(src: Path, dst: Path, layers: int) -> Path:
     if src.resolve() == dst.resolve():
         raise SpecDecError(f"the output {dst} is the input; write the cut model to another file")
     kept = [t for t in reader.tensors if (m := _BLOCK.match(t.name)) is None or int(m.group(1)) < layers]
-    with _atomic_path(dst) as tmp:
+    with atomic_path(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
         writer.data_alignment = reader.alignment
         for field in reader.fields.values():
@@ -164,7 +148,7 @@ def hf_llama_to_gguf(folder: Path, dst: Path, name: str, ftype: str = "f32") -> 
     if rope.get("rope_type", "default") != "default":
         raise SpecDecError(f"{folder} uses rope scaling '{rope['rope_type']}', which this converter lacks")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    with _atomic_path(Path(dst)) as tmp:
+    with atomic_path(Path(dst)) as tmp:
         w = gguf.GGUFWriter(tmp, "llama")
         w.add_name(name)
         w.add_file_type(gguf.LlamaFileType.ALL_F32 if ftype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
