@@ -177,6 +177,7 @@ DEFERRED = {
     "specdec_tune.runtime.drafting.build": "torch (drafter factories)",
     "specdec_tune.runtime.session": "torch (model loading)",
     "specdec_tune.search.tuner": "optuna, torch (the search loop)",
+    "specdec_tune.app.shared_study": "torch, optuna (resolving --engine auto once per study)",
 }
 HEAVY_LIBS = {"torch", "transformers", "optuna", "matplotlib", "pandas"}
 

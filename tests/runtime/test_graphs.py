@@ -8,7 +8,7 @@ import torch
 
 from specdec_tune.domain import DraftSpec
 from specdec_tune.measure import bench, serving
-from specdec_tune.runtime import slots
+from specdec_tune.runtime.caches import slots
 from specdec_tune.runtime.caches.modes import ExecutionContext
 from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
 from specdec_tune.runtime.graphs import GraphBuild, timed_without_compiles, widths_for

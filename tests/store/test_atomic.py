@@ -100,7 +100,7 @@ def test_the_per_category_plot_is_written_atomically(tmp_path, monkeypatch):
 
 def test_a_planted_temp_name_is_never_followed(tmp_path):
     """The old writer used `<file>.<pid>.tmp`: a link planted there would have been written through."""
-    from specdec_tune.runtime import auto
+    from specdec_tune.runtime.caches import auto
 
     victim = tmp_path / "victim"
     victim.write_text("keep me")
@@ -113,7 +113,7 @@ def test_a_planted_temp_name_is_never_followed(tmp_path):
 
 
 def _remember_many(path: str, worker: int, n: int) -> None:
-    from specdec_tune.runtime import auto
+    from specdec_tune.runtime.caches import auto
 
     for i in range(n):
         auto._remember(Path(path), f"cpu:w{worker}:{i}", "eager" if i % 2 else "static")
