@@ -13,10 +13,10 @@ from helpers import make_sample_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_tune import atomic as shared_atomic
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune import atomic as shared_atomic
-from specdec_tune.store import atomic, yamlio
+from specdec_tune.store import yamlio
 from specdec_tune.store.atomic import atomic_write_text
 from specdec_tune.store.schema import SCHEMA_VERSION, Profile
 from specdec_tune.store.validate import profile_from_dict
