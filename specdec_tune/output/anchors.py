@@ -80,13 +80,14 @@ def machine_slowdown(profile: Profile, machine: Any) -> tuple[float | None, dict
     if a is None or machine is None:
         return None, {}
     pairs = {
-        name: [getattr(a, name), round(getattr(machine, name), 3)]
+        name: [getattr(a, name), getattr(machine, name)]
         for name in MACHINE_ANCHORS
         if getattr(a, name, None) and (getattr(machine, name, None) or 0) > 0
     }
     if not pairs:
         return None, {}
-    return geometric_mean([stored / now for stored, now in pairs.values()]), pairs
+    slowdown = geometric_mean([stored / now for stored, now in pairs.values()])
+    return slowdown, {k: [stored, round(now, 3)] for k, (stored, now) in pairs.items()}
 
 
 def anchor_verdict(

@@ -89,3 +89,23 @@ def test_rates_busy_and_the_faster_of_two_measurements():
     assert faster(MachineSpeed(10.0, 90.0, 0.3), MachineSpeed(12.0, 80.0, 0.1)) == MachineSpeed(
         12.0, 90.0, 0.1
     )
+
+
+def test_the_profile_keeps_matmul_gflops_and_older_profiles_load_without_it(tmp_path):
+    import yaml
+    from helpers import make_sample_profile
+
+    from specdec_tune.errors import SpecDecError
+    from specdec_tune.store.yamlio import load_profile, profile_to_dict, save_profile
+
+    p = make_sample_profile()
+    p.anchors = Anchors(80.0, 20.0, 150.0)
+    assert load_profile(save_profile(p, tmp_path / "p.yaml")).anchors == p.anchors
+    data = profile_to_dict(p)
+    data["anchors"] = {"plain_tokens_per_s": 80.0, "copy_bandwidth_gbps": 20.0}  # written before
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_profile(tmp_path / "old.yaml").anchors.matmul_gflops is None
+    data["anchors"]["matmul_gflops"] = -1.0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecDecError, match=r"anchors\.matmul_gflops"):
+        load_profile(tmp_path / "bad.yaml")
