@@ -177,18 +177,37 @@ def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespac
     return {k: m.metrics.speedup for k, m in zip(keys, measured, strict=True)}
 
 
+def check_detail(stdout: str) -> dict:
+    """Which items failed or were inconclusive, and what the anchors said (exit 3 prints no JSON)."""
+    try:
+        r = json.loads(stdout)
+    except ValueError:
+        return {}
+    a = r.get("anchors") or {}
+    return {
+        "failed": {i["metric"]: [i["stored"], i["measured"]] for i in r["items"] if not i["ok"]},
+        "inconclusive": [i["metric"] for i in r["items"] if i.get("inconclusive")],
+        "anchors": {
+            k: a.get(k) for k in ("slowdown", "by", "rates_judged", "copy_bandwidth_gbps", "matmul_gflops")
+        },
+        "busy": (r.get("noise") or {}).get("busy"),
+    }
+
+
 def checks(
     profile: Path, m: int, load: str | None, args: argparse.Namespace, env: dict, planted: bool = False
 ) -> dict:
-    codes = []
+    codes, details = [], []
     for i in range(m):
         pattern = None if load is None else (load if load != "both" else ("busy", "bursts")[i % 2])
         with Load(pattern, args.burst_on, args.burst_off):
-            code, _, _ = cli(["check", str(profile), "--device", "cpu", "--format", "json"], env, planted)
+            code, out, _ = cli(["check", str(profile), "--device", "cpu", "--format", "json"], env, planted)
         codes.append(code)
-        print(f"  check {i + 1}/{m} load={pattern or 'none'} planted={planted}: exit {code}", flush=True)
+        details.append(check_detail(out))
+        print(f"  check {i + 1}/{m} load={pattern or 'none'} planted={planted}: exit {code} {details[-1]}", flush=True)  # fmt: skip
     return {
         "exit_codes": codes,
+        "details": details,
         "passed": codes.count(0),
         "regression": codes.count(1),
         "other_hardware": codes.count(3),

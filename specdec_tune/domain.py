@@ -263,6 +263,9 @@ class Anchors:
 
     plain_tokens_per_s: float  # the target's plain decoding over the workload (batch size 1)
     copy_bandwidth_gbps: float | None = None  # a large device-to-device copy
+    # a small float32 matmul (measure.anchors); with the copy, the machine anchors `check` compares
+    # before judging. Absent in older profiles.
+    matmul_gflops: float | None = None
 
 
 def slugify(text: str) -> str:

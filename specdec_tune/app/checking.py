@@ -11,19 +11,20 @@ from typing import Any
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
 from ..measure import noise
+from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, hardware_slug, same_hardware
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.stats import PASS
+from ..output.anchors import anchor_verdict, other_hardware_message, rates_busy
 from ..output.check import (
     CheckItem,
     CheckReport,
-    anchor_slowdown,
     confirm_repeats,
     judge,
     judge_config,
     judge_measured,
     junit_xml,
-    other_hardware,
+    needs_confirmation,
     speedup_floor,
 )
 from ..runtime.models.loading import content_hash_like
@@ -56,7 +57,8 @@ def check(
     `models_root` (or SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows.
 
     Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or
-    plain decoding far slower or faster than the profile's anchors on a quiet machine. A speedup
+    the machine anchors (copy, matmul; plain decoding in older profiles) far slower or faster than
+    the profile's on a quiet machine (output.anchors); when they agree, tokens/s is judged too. A speedup
     not clearly passing is measured again (with the repeats its noise needs) and judged on all
     repeats together; too noisy to tell is `report.inconclusive` (CLI exit 6).
     """
@@ -137,35 +139,32 @@ def check(
     if batch_size is None:
         cfg = p.best.config
         drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-        m, os_noise, machine_busy = noise.busy_window(
-            lambda: measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
+        # The machine anchors (copy, matmul) before and after the measurement (output.anchors).
+        (machine, m), os_noise, machine_busy = noise.busy_window(
+            lambda: measure_twice(
+                s.device,
+                lambda: measure(
+                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
+                ),
             )
         )
-        slowdown = anchor_slowdown(p, m.metrics.baseline_tokens_per_s)
-        if other_hardware(slowdown, machine_busy, p) and not allow_other_hardware:
-            raise OtherHardwareError(
-                f"{path} was measured on other hardware: plain decoding here is {slowdown:.2f}× slower "
-                f"({m.metrics.baseline_tokens_per_s:.1f} tokens/s against the profile's "
-                f"{p.anchors.plain_tokens_per_s:.1f}) on a quiet machine, though the slug is the same; "
-                "re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
-            )
+        verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
+        if verdict.other_hardware and not allow_other_hardware:
+            raise OtherHardwareError(other_hardware_message(path, verdict))
         again = None
-        if judge_measured(p.best.metrics, m, None, tolerance).verdict != PASS:
+        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates):
             n = confirm_repeats(m, repeats)
             again = measure(
                 s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
             )
-        report = judge(p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy)
+        busy_rates = rates_busy(os_noise, machine_busy)
+        report = judge(
+            p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy,
+            verdict.judge_rates, busy_rates,
+        )  # fmt: skip
         report.noise = {**os_noise, "busy": machine_busy}
-        if slowdown is not None:
-            report.anchors = {
-                "plain_tokens_per_s": [
-                    p.anchors.plain_tokens_per_s,
-                    round(m.metrics.baseline_tokens_per_s, 3),
-                ],
-                "slowdown": round(slowdown, 3),
-            }
+        if verdict.slowdown is not None:
+            report.anchors = verdict.as_dict()
         # The best config is the batch size 1 answer; the table's other rows follow.
         others = [r for r in rows if r.batch_size != 1]
         report.items += judge_batch_rows(

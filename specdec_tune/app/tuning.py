@@ -14,6 +14,7 @@ from ..domain import Anchors, DraftSpec
 from ..engines import restrict
 from ..errors import SpecDecError
 from ..limits import check_count
+from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
@@ -130,7 +131,7 @@ def tune(
     elif not no_profile:
         costs = measure_costs(s, pool, settings.max_gamma, 5, progress, batch_sizes)
     # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
-    noise, anchors = _noise_and_anchors(s, costs)
+    noise, anchors = _noise_and_anchors(s)
     settings, line = adapt_to_noise(settings, noise)
     if line:
         progress.note(line)
@@ -183,9 +184,9 @@ def tune(
     return TuneOutcome(profile, out, csv_path, first, results)
 
 
-def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
+def _noise_and_anchors(s: Any) -> tuple[Any, Any]:
     """Plain passes (batch size 1) timed while watching the OS: the machine's noise, and its
-    anchors (plain tokens/s, copy bandwidth). Each pass (and an untimed warm-up) covers
+    anchors (plain tokens/s; copy bandwidth and a small matmul rate, measure.anchors). Each pass (and an untimed warm-up) covers
     1/NOISE_PASSES of the prompts, so all cost about 1.3 full passes; `plain_pass_s` is scaled up
     to the whole workload."""
     import dataclasses
@@ -204,12 +205,12 @@ def _noise_and_anchors(s: Any, costs: Any) -> tuple[Any, Any]:
 
     # Warm-up on the same prompts, untimed: a static engine captures a graph per new shape there.
     run_pass(s.target.model, None, 0, 0.0, share, ctx=s.ctx)
-    noise = measure_noise(plain_pass, NOISE_PASSES)
+    # The machine anchors (copy, matmul) before and after the passes, as `check` measures them.
+    machine, noise = measure_twice(s.device, lambda: measure_noise(plain_pass, NOISE_PASSES))
     rate = tokens[0] / noise.plain_pass_s
     full_s = noise.plain_pass_s * sum(s.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
     noise = dataclasses.replace(noise, plain_pass_s=round(full_s, 5))
-    bandwidth = costs.copy_bandwidth_gbps if costs is not None else None
-    return noise, Anchors(round(rate, 3), bandwidth)
+    return noise, Anchors(round(rate, 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
 
 
 def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:

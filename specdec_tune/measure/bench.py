@@ -36,6 +36,9 @@ class Measurement:
     outputs: list[list[int]] = field(default_factory=list)
     # compiled engine: graphs built and compile seconds before timing (never inside it)
     build: GraphBuild = field(default_factory=GraphBuild)
+    # per repeat: the config's tokens/s and the plain target's (`check` judges them)
+    rates: list[float] = field(default_factory=list)
+    baseline_rates: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -182,8 +185,9 @@ def measure_many(
         mismatches = 0
         if case.temperature == 0.0:
             mismatches = sum(a != b for a, b in zip(base_out, outs, strict=True))
+        own_rates = [rate(t) for t in own]
         metrics = Metrics(
-            tokens_per_s=median([rate(t) for t in own]),
+            tokens_per_s=median(own_rates),
             baseline_tokens_per_s=median(base_rates),
             speedup=median(ratios[i]),
             speedup_spread=spread(ratios[i]),
@@ -193,5 +197,9 @@ def measure_many(
             repeats=repeats,
             per_source=source_stats(e.drafter),
         )
-        result.append(Measurement(metrics, sum(map(len, outs)), mismatches, ratios[i], stats, outs, build))
+        result.append(
+            Measurement(
+                metrics, sum(map(len, outs)), mismatches, ratios[i], stats, outs, build, own_rates, base_rates
+            )
+        )
     return result

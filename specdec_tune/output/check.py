@@ -4,8 +4,15 @@ The speedup is judged with a test, not a single threshold: the bootstrap interva
 speedup stored), over the per-repeat ratios of both, against the floor 1 - tolerance
 (`measure.stats.judge_speedup`): a regression, a pass, or "inconclusive" when the machine was too
 noisy to tell (CLI exit 6). Greedy acceptance is deterministic on the same hardware and dtype, so
-its tolerance is tight. Tokens/s is reported for information only: absolute time depends on the
-machine's load, a ratio timed in one run less so.
+its tolerance is tight.
+
+Before judging, the anchors tell other hardware from a regression (`anchor_verdict`): the machine
+anchors (copy bandwidth, a small matmul rate: measure.anchors) far from the profile's on a quiet
+machine are other hardware (CLI exit 3). When they agree, a slower target is a regression even
+though its speedup holds, so the plain and the speculative tokens/s are judged too, with the same
+test (`rate_items`); absolute rates move with any other work, so on a machine that is not quiet a
+drop of them is inconclusive. Profiles without machine anchors (written before them) keep the older
+rule: plain tokens/s decides other hardware and tokens/s is information only.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
-from ..measure.stats import INCONCLUSIVE, REGRESSION, judge_speedup
+from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, judge_speedup
 from ..store.schema import Profile
 
 
@@ -78,10 +85,13 @@ def judge(
     tolerance: float = 0.10,
     acceptance_tolerance: float | None = None,
     busy: bool = False,
+    judge_rates: bool = False,
+    rates_busy: bool = False,
 ) -> CheckReport:
     """Compare a re-measurement (`bench.Measurement` of the best config; `again`: the second one
     taken when the first did not clearly pass) with what the profile stored. `busy`: the OS said
-    other work shared the machine meanwhile (see `judge_config`)."""
+    other work shared the machine meanwhile (see `judge_config`); `judge_rates`, `rates_busy`: see
+    `rate_items`."""
     report = CheckReport(profile=profile_path, config=profile.best.config.label)
     same = weights_hash == profile.target.content_hash
     note = "" if same else "the target model files changed"
@@ -94,6 +104,8 @@ def judge(
         tolerance,
         acceptance_tolerance,
         busy=busy,
+        judge_rates=judge_rates,
+        rates_busy=rates_busy,
     )
     return report
 
@@ -107,6 +119,8 @@ def judge_config(
     acceptance_tolerance: float | None = None,
     where: str = "",
     busy: bool = False,
+    judge_rates: bool = False,
+    rates_busy: bool = False,
 ) -> list[CheckItem]:
     """The items of one stored config re-measured (`where` names it, e.g. " @ B=4").
 
@@ -162,6 +176,8 @@ def judge_config(
                 "prompts whose speculative output differs from the target's own",
             )
         )
+    if judge_rates:
+        return items + rate_items(stored, measured, again, tolerance, rates_busy, where)
     for metric, digits in (("tokens_per_s", 2), ("baseline_tokens_per_s", 2)):
         items.append(
             CheckItem(
@@ -188,30 +204,58 @@ def judge_measured(stored: Any, measured: Any, again: Any | None, tolerance: flo
     return judge_speedup(samples_of(measured, again), stored.speedup_samples, stored.speedup, tolerance)
 
 
-# Plain decoding this much slower (or faster) than the profile's anchor, on a machine the OS says
-# is quiet, is other hardware, not a regression (a regression of the target itself slows it less).
-ANCHOR_TOLERANCE = 0.3
 MAX_CONFIRM_REPEATS = 12
+RATES = {"tokens_per_s": "rates", "baseline_tokens_per_s": "baseline_rates"}  # metric: per-repeat field
 
 
-def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None:
-    """How many times slower plain decoding runs here than where the profile was made (None:
-    the profile has no anchors)."""
-    a = profile.anchors
-    if a is None or not plain_tokens_per_s > 0:
-        return None
-    return a.plain_tokens_per_s / plain_tokens_per_s
+def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
+    """Every per-repeat tokens/s of `metric` in a re-measurement and its confirmation (the median
+    alone where a measurement kept no repeats)."""
+    out = []
+    for m in (measured, again) if again is not None else (measured,):
+        out += list(getattr(m, RATES[metric], None) or [getattr(m.metrics, metric)])
+    return out
 
 
-def other_hardware(slowdown: float | None, machine_busy: bool, profile: Profile | None = None) -> bool:
-    """The anchors differ beyond the noise: a different machine, unless other work explains it.
-    Beyond the noise: more than ANCHOR_TOLERANCE, or four times the plain passes' variation the
-    profile recorded when that was larger (short passes of a small model vary a lot)."""
-    if slowdown is None or machine_busy:
-        return False
-    cv = profile.noise.plain_pass_cv if profile is not None and profile.noise is not None else 0.0
-    tolerance = max(ANCHOR_TOLERANCE, 4 * cv)
-    return slowdown > 1 + tolerance or slowdown < 1 / (1 + tolerance)
+def judge_rate(stored: Any, measured: Any, again: Any | None, metric: str, tolerance: float) -> Any:
+    """`stats.judge_speedup` of a tokens/s against the stored median (a profile keeps no repeats)."""
+    return judge_speedup(rates_of(measured, again, metric), [], getattr(stored, metric), tolerance)
+
+
+def rate_items(
+    stored: Any, measured: Any, again: Any | None, tolerance: float, busy: bool, where: str = ""
+) -> list[CheckItem]:
+    """The speculative and the plain tokens/s judged like the speedup (the machine anchors agreed,
+    so a drop is the setup's): a regression when clearly below stored × (1 - tolerance);
+    inconclusive instead when too noisy, or on a `busy` machine (absolute rates are the load's)."""
+    items = []
+    for metric in RATES:
+        judged = judge_rate(stored, measured, again, metric, tolerance)
+        if busy and judged.verdict == REGRESSION:
+            judged.verdict = INCONCLUSIVE
+        note = f"{judged.note} vs stored median; the machine anchors agree"
+        if judged.verdict == INCONCLUSIVE:
+            note += "; inconclusive: " + ("the machine was not quiet" if busy else "too noisy to tell")
+        items.append(
+            CheckItem(
+                f"{metric}{where}",
+                round(getattr(stored, metric), 2),
+                round(judged.ratio * getattr(stored, metric), 2),
+                judged.verdict != REGRESSION,
+                note,
+                inconclusive=judged.verdict == INCONCLUSIVE,
+            )
+        )
+    return items
+
+
+def needs_confirmation(stored: Any, measured: Any, tolerance: float, judge_rates: bool = False) -> bool:
+    """Measure again? When the speedup (or, judged, a tokens/s) did not clearly pass."""
+    if judge_measured(stored, measured, None, tolerance).verdict != PASS:
+        return True
+    return judge_rates and any(
+        judge_rate(stored, measured, None, metric, tolerance).verdict != PASS for metric in RATES
+    )
 
 
 def confirm_repeats(measured: Any, repeats: int) -> int:

@@ -234,7 +234,8 @@ def _run_table(p: Profile) -> Table:
         rows.append(
             (
                 "anchors",
-                f"plain {a.plain_tokens_per_s:.1f} tokens/s, copy {unit(a.copy_bandwidth_gbps, 'GB/s')}",
+                f"plain {a.plain_tokens_per_s:.1f} tokens/s, copy {unit(a.copy_bandwidth_gbps, 'GB/s')}, "
+                f"matmul {unit(a.matmul_gflops, 'GFLOP/s')}",
             )
         )
     return kv_table("Run", rows)

@@ -120,6 +120,9 @@ def _validate(p: Profile) -> None:
         _at_least(p.noise.repeats_needed, 1, "noise.repeats_needed")
     if p.anchors is not None:
         _positive(p.anchors.plain_tokens_per_s, "anchors.plain_tokens_per_s")
+        for name in ("copy_bandwidth_gbps", "matmul_gflops"):
+            if getattr(p.anchors, name) is not None:
+                _positive(getattr(p.anchors, name), f"anchors.{name}")
 
 
 def validate_costs(c: Costs, path: str = "costs") -> None:

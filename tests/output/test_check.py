@@ -139,20 +139,27 @@ def test_missing_profile_is_exit_2(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output
 
 
-def _fake(speedups):
+def _fake(speedups, rates=(), baseline_rates=()):
     from specdec_tune.domain import Metrics
     from specdec_tune.measure.bench import Measurement
 
     metrics = Metrics(
-        tokens_per_s=100.0,
-        baseline_tokens_per_s=80.0,
+        tokens_per_s=statistics.median(rates) if rates else 100.0,
+        baseline_tokens_per_s=statistics.median(baseline_rates) if baseline_rates else 80.0,
         speedup=sorted(speedups)[len(speedups) // 2],
         speedup_spread=0.1,
         acceptance_rate=0.0,
         mean_accepted_len=1.0,
         repeats=len(speedups),
     )
-    return Measurement(metrics, tokens=10, mismatches=0, speedups=list(speedups))
+    return Measurement(
+        metrics,
+        tokens=10,
+        mismatches=0,
+        speedups=list(speedups),
+        rates=list(rates),
+        baseline_rates=list(baseline_rates),
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,6 +197,9 @@ def _edited(stored_profile, tmp_path, speedup=None, samples=None, anchors="drop"
     if speedup is not None:
         doc["best"]["metrics"]["speedup"] = speedup
         doc["best"]["metrics"]["speedup_samples"] = samples or [speedup]
+    # What `_fake` measures when nothing is slower.
+    doc["best"]["metrics"]["tokens_per_s"] = 100.0
+    doc["best"]["metrics"]["baseline_tokens_per_s"] = 80.0
     doc["best"]["metrics"]["acceptance_rate"] = 0.0
     if anchors == "drop":
         doc["anchors"] = None
@@ -241,8 +251,9 @@ def test_a_busy_machine_turns_a_marginal_regression_into_inconclusive(monkeypatc
 def test_slower_anchors_on_a_quiet_machine_are_other_hardware(monkeypatch, stored_profile, tmp_path):
     from specdec_tune.measure import bench
 
-    # The profile's machine decoded 1.8x faster than this one (the fake measures 80 tokens/s).
-    anchors = {"plain_tokens_per_s": 144.0, "copy_bandwidth_gbps": 20.0}
+    # An older profile (no machine anchors): its machine decoded 1.8x faster than this one (the
+    # fake measures 80 tokens/s), and plain decoding decides.
+    anchors = {"plain_tokens_per_s": 144.0}
     edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=anchors)
     monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([0.7, 0.72, 0.71]))
     _quiet(monkeypatch)
@@ -255,3 +266,95 @@ def test_slower_anchors_on_a_quiet_machine_are_other_hardware(monkeypatch, store
     _quiet(monkeypatch, busy=True, others=0.5)
     r = invoke("check", edited, "--repeats", "3", "--json")
     assert r.exit_code in (1, 6) and json.loads(r.stdout)["anchors"]["slowdown"] == pytest.approx(1.8)
+
+
+# ------------------------------------------------- machine anchors: other hardware or a regression
+
+MACHINE = {"plain_tokens_per_s": 80.0, "copy_bandwidth_gbps": 20.0, "matmul_gflops": 100.0}
+SLOWER_TARGET = {  # the target forward 15 % slower: both rates drop, the speedup holds
+    "rates": [85.0, 86.0, 84.5],
+    "baseline_rates": [68.0, 68.5, 67.6],
+}
+
+
+def _machine(monkeypatch, copy=20.0, matmul=100.0):
+    """What the machine anchors measure here (copy GB/s, matmul GFLOP/s)."""
+    from specdec_tune.measure import anchors
+
+    monkeypatch.setattr(anchors, "machine_speed", lambda device: anchors.MachineSpeed(copy, matmul, 0.02))
+
+
+def _slower_target(monkeypatch):
+    from specdec_tune.measure import bench
+
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **SLOWER_TARGET))
+
+
+def test_same_machine_anchors_and_a_slower_target_is_a_regression(monkeypatch, stored_profile, tmp_path):
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=MACHINE)
+    _machine(monkeypatch)
+    _slower_target(monkeypatch)
+    _quiet(monkeypatch)
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 1, r.output
+    res = json.loads(r.stdout)
+    bad = {i["metric"] for i in res["items"] if not i["ok"]}
+    assert bad == {"tokens_per_s", "baseline_tokens_per_s"}  # the speedup itself still passes
+    assert res["anchors"]["by"] == "machine anchors" and res["anchors"]["slowdown"] == pytest.approx(1.0)
+    assert res["anchors"]["rates_judged"] is True
+    # Unchanged rates on the same machine pass, now as judged items.
+    from specdec_tune.measure import bench
+
+    same = {"rates": [100.0, 101.0, 99.0], "baseline_rates": [80.0, 80.5, 79.5]}
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **same))
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    notes = {i["metric"]: i["note"] for i in json.loads(r.stdout)["items"]}
+    assert "anchors agree" in notes["baseline_tokens_per_s"]
+
+
+def test_slower_machine_anchors_are_other_hardware(monkeypatch, stored_profile, tmp_path):
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=MACHINE)
+    _machine(monkeypatch, copy=20.0 / 1.8, matmul=100.0 / 1.8)  # the whole machine 1.8x slower
+    _slower_target(monkeypatch)
+    _quiet(monkeypatch)
+    r = invoke("check", edited, "--repeats", "3")
+    assert r.exit_code == 3, r.output
+    assert "other hardware (measured 1.80× slower" in r.stderr and "matmul" in r.stderr
+    # Judged anyway, tokens/s on other hardware is information only: the speedup decides (passes).
+    r = invoke("check", edited, "--repeats", "3", "--allow-other-hardware", "--json")
+    assert r.exit_code == 0, r.output
+    notes = {i["metric"]: i["note"] for i in json.loads(r.stdout)["items"]}
+    assert notes["tokens_per_s"] == "information only"
+
+
+def test_a_slower_target_on_a_busy_machine_is_inconclusive(monkeypatch, stored_profile, tmp_path):
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=MACHINE)
+    _slower_target(monkeypatch)
+    # The load slows the machine anchors too: not other hardware, and not a regression either.
+    _machine(monkeypatch, copy=20.0 / 1.8, matmul=100.0 / 1.8)
+    _quiet(monkeypatch, busy=True, others=0.5)
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 6, r.output
+    items = {i["metric"]: i for i in json.loads(r.stdout)["items"]}
+    assert items["baseline_tokens_per_s"]["inconclusive"] and items["baseline_tokens_per_s"]["ok"]
+    assert "not quiet" in items["baseline_tokens_per_s"]["note"]
+    # Other processes' share below "busy" but above what absolute rates tolerate: inconclusive too.
+    _machine(monkeypatch)
+    _quiet(monkeypatch, busy=False, others=0.2)
+    r = invoke("check", edited, "--repeats", "3")
+    assert r.exit_code == 6, r.output
+
+
+def test_an_older_profile_without_machine_anchors_keeps_the_older_rule(monkeypatch, stored_profile, tmp_path):
+    # Plain tokens/s decides other hardware, and tokens/s is information only: a 15 % slower
+    # target passes (its speedup holds), whatever the machine anchors measure here.
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors={"plain_tokens_per_s": 80.0})
+    _machine(monkeypatch, copy=5.0, matmul=10.0)
+    _slower_target(monkeypatch)
+    _quiet(monkeypatch)
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["anchors"]["by"] == "plain tokens/s" and res["anchors"]["rates_judged"] is False
+    assert {i["note"] for i in res["items"] if "tokens_per_s" in i["metric"]} == {"information only"}

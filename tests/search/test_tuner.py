@@ -155,6 +155,7 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     assert p.search.finalists >= 2 and p.search.final_repeats >= 4
     assert p.noise.plain_passes == 3 and p.noise.plain_pass_s > 0 and p.noise.cpus >= 1
     assert p.anchors.plain_tokens_per_s > 0 and p.anchors.copy_bandwidth_gbps > 0
+    assert p.anchors.matmul_gflops > 0
     assert p.search.final_verdict in ("resolved", "tie within noise") and len(p.search.final_margin) == 3
     final = [a for a in p.alternatives if a.metrics.search_speedup is not None]
     # The best beats every finalist head to head, unless the round was a tie (the simplest won).

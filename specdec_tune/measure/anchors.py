@@ -1,0 +1,80 @@
+"""Machine anchors: how fast this machine is, independent of any model (copy bandwidth and a small
+matmul rate), so `check` can tell a slower machine of the same slug from a slower target.
+
+Both are cheap (about 0.2 s and 0.15 s on a 2-core CPU, far less on a GPU) and measured the same way
+in `run` and in `check`. Other work on the machine only ever slows them, so where two measurements
+exist the faster of each is kept (`faster`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..limits import check_count
+from .timing import median, spread, time_repeated
+
+COPY_MIB = 256  # the costs profile's copy too: past any cache, so it reads memory
+MATMUL_N = {"cpu": 512, "cuda": 2048}  # float32; a block of calls per sample (forward.MIN_BLOCK_MS)
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """Medians of REPEATS samples each, and the larger relative spread (max - min) / median of the two."""
+
+    copy_bandwidth_gbps: float
+    matmul_gflops: float
+    spread: float = 0.0
+
+
+def measure_matmul_gflops(device: str, n: int | None = None, repeats: int = REPEATS) -> tuple[float, float]:
+    """Float32 matmul rate 2n³ / time in GFLOP/s over blocks of calls: (median, relative spread)."""
+    import torch
+
+    from .forward import calls_per_block, no_gc, repeat_block
+
+    check_count(repeats, "repeats")
+    if n is None:
+        n = MATMUL_N["cuda" if str(device).startswith("cuda") else "cpu"]
+    check_count(n, "n")
+    with torch.inference_mode():
+        g = torch.Generator().manual_seed(0)
+        a = torch.rand(n, n, generator=g).to(device)
+        b = torch.rand(n, n, generator=g).to(device)
+        out = torch.empty(n, n, device=device)
+
+        def one() -> None:
+            torch.matmul(a, b, out=out)
+
+        with no_gc():
+            calls = calls_per_block(median(time_repeated(one, device, 3, warmup=1)))
+            times_ms = time_repeated(repeat_block(one, calls), device, repeats, warmup=0)
+    rates = [2 * n**3 * calls / (ms / 1e3) / 1e9 for ms in times_ms]
+    return median(rates), spread(rates)
+
+
+def machine_speed(device: str) -> MachineSpeed:
+    """This machine's anchors now: copy bandwidth (COPY_MIB) and the small matmul rate."""
+    from .forward import measure_copy_bandwidth_gbps
+
+    copy, copy_spread = measure_copy_bandwidth_gbps(device, mib=COPY_MIB, repeats=REPEATS)
+    flops, flops_spread = measure_matmul_gflops(device)
+    return MachineSpeed(round(copy, 3), round(flops, 3), round(max(copy_spread, flops_spread), 4))
+
+
+def faster(a: MachineSpeed, b: MachineSpeed) -> MachineSpeed:
+    """Per anchor the faster of two measurements (load only slows a machine), the smaller spread."""
+    return MachineSpeed(
+        max(a.copy_bandwidth_gbps, b.copy_bandwidth_gbps),
+        max(a.matmul_gflops, b.matmul_gflops),
+        min(a.spread, b.spread),
+    )
+
+
+def measure_twice(device: str, work: Callable[[], Any]) -> tuple[MachineSpeed, Any]:
+    """The anchors measured before and after `work()` (kept: the faster of each), and its result."""
+    before = machine_speed(device)
+    result = work()
+    return faster(before, machine_speed(device)), result

@@ -1,0 +1,143 @@
+"""Other hardware or a regression? `check` compares the profile's anchors with this machine's before
+judging anything.
+
+The machine anchors (copy bandwidth and a small matmul rate, measure.anchors) depend on the
+machine alone: their geometric mean of stored / measured beyond ANCHOR_TOLERANCE (or their own
+noise) on a quiet machine is other hardware (CLI exit 3). Within it, the machine is the profile's, so
+a slower target is the target's: `check` then judges the tokens/s as well. A profile without machine
+anchors (written before them) keeps the older rule: the target's plain tokens/s decides other
+hardware, and tokens/s stays information only (a slower target reads as other hardware there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..measure.stats import geometric_mean
+from ..store.schema import Profile
+
+# Anchors this much slower (or faster) than the profile's, on a machine the OS says is quiet, are
+# other hardware, not a regression (a regression of the target itself moves no machine anchor).
+ANCHOR_TOLERANCE = 0.3
+MACHINE_ANCHORS = {"copy_bandwidth_gbps": "copy", "matmul_gflops": "matmul"}
+# Absolute tokens/s moves with any other work on the machine (a ratio timed in one run far less):
+# they are judged only while other processes took at most this share of all CPUs and steal this
+# little; otherwise a drop of them is inconclusive.
+RATE_QUIET_OTHERS = 0.10
+RATE_QUIET_STEAL = 0.05
+
+
+@dataclass
+class AnchorVerdict:
+    """What the anchors say: this machine measured `slowdown` times slower than the profile's (< 1:
+    faster), by the machine anchors or (older profiles) plain decoding, and what follows."""
+
+    slowdown: float | None  # None: nothing to compare
+    by: str  # "machine anchors", "plain tokens/s" or ""
+    tolerance: float
+    other_hardware: bool  # beyond the tolerance on a quiet machine
+    judge_rates: bool  # the tokens/s are judged items (the machine anchors agree, or load explains them)
+    compared: dict[str, list[float]] = field(default_factory=dict)  # anchor: [stored, measured]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.compared,
+            "slowdown": None if self.slowdown is None else round(self.slowdown, 3),
+            "by": self.by,
+            "tolerance": round(self.tolerance, 3),
+            "other_hardware": self.other_hardware,
+            "rates_judged": self.judge_rates,
+        }
+
+
+def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None:
+    """How many times slower plain decoding runs here than where the profile was made (None:
+    the profile has no anchors)."""
+    a = profile.anchors
+    if a is None or not plain_tokens_per_s > 0:
+        return None
+    return a.plain_tokens_per_s / plain_tokens_per_s
+
+
+def other_hardware(slowdown: float | None, machine_busy: bool, profile: Profile | None = None) -> bool:
+    """Plain decoding (older profiles) differs beyond the noise: a different machine, unless other
+    work explains it. Beyond the noise: more than ANCHOR_TOLERANCE, or four times the plain passes'
+    variation the profile recorded when that was larger (short passes of a small model vary a lot)."""
+    if slowdown is None or machine_busy:
+        return False
+    cv = profile.noise.plain_pass_cv if profile is not None and profile.noise is not None else 0.0
+    return beyond(slowdown, max(ANCHOR_TOLERANCE, 4 * cv))
+
+
+def beyond(slowdown: float, tolerance: float) -> bool:
+    return slowdown > 1 + tolerance or slowdown < 1 / (1 + tolerance)
+
+
+def machine_slowdown(profile: Profile, machine: Any) -> tuple[float | None, dict[str, list[float]]]:
+    """Geometric mean of stored / measured over the machine anchors both have, and those pairs."""
+    a = profile.anchors
+    if a is None or machine is None:
+        return None, {}
+    pairs = {
+        name: [getattr(a, name), getattr(machine, name)]
+        for name in MACHINE_ANCHORS
+        if getattr(a, name, None) and (getattr(machine, name, None) or 0) > 0
+    }
+    if not pairs:
+        return None, {}
+    slowdown = geometric_mean([stored / now for stored, now in pairs.values()])
+    return slowdown, {k: [stored, round(now, 3)] for k, (stored, now) in pairs.items()}
+
+
+def anchor_verdict(
+    profile: Profile, plain_tokens_per_s: float, machine: Any, machine_busy: bool
+) -> AnchorVerdict:
+    """Other hardware or not, from the machine anchors (`machine`: measure.anchors.MachineSpeed, or
+    None) when the profile has them, else from plain decoding (older profiles)."""
+    plain = {}
+    if profile.anchors is not None and plain_tokens_per_s > 0:
+        plain = {"plain_tokens_per_s": [profile.anchors.plain_tokens_per_s, round(plain_tokens_per_s, 3)]}
+    slow, pairs = machine_slowdown(profile, machine)
+    if slow is not None:
+        tolerance = max(ANCHOR_TOLERANCE, getattr(machine, "spread", 0.0))
+        other = beyond(slow, tolerance) and not machine_busy
+        # Anchors apart on a busy machine: the load explains them, and judged rates say inconclusive.
+        return AnchorVerdict(slow, "machine anchors", tolerance, other, not other, {**plain, **pairs})
+    slow = anchor_slowdown(profile, plain_tokens_per_s)
+    if slow is None:
+        return AnchorVerdict(None, "", ANCHOR_TOLERANCE, False, False)
+    cv = profile.noise.plain_pass_cv if profile.noise is not None else 0.0
+    tolerance = max(ANCHOR_TOLERANCE, 4 * cv)
+    return AnchorVerdict(
+        slow, "plain tokens/s", tolerance, other_hardware(slow, machine_busy, profile), False, plain
+    )
+
+
+def other_hardware_message(path: Any, verdict: AnchorVerdict) -> str:
+    """The one line of exit 3: how many times slower (or faster) this machine measured, and on what."""
+    n = verdict.slowdown or 1.0
+    words = f"{n:.2f}× slower" if n >= 1 else f"{1 / n:.2f}× faster"
+    if verdict.by == "machine anchors":
+        units = {"copy_bandwidth_gbps": "GB/s", "matmul_gflops": "GFLOP/s"}
+        what = ", ".join(
+            f"{MACHINE_ANCHORS[k]} {v[1]:.1f} {units[k]} against the profile's {v[0]:.1f}"
+            for k, v in verdict.compared.items()
+            if k in MACHINE_ANCHORS
+        )
+    else:
+        stored, now = verdict.compared["plain_tokens_per_s"]
+        what = f"plain decoding {now:.1f} tokens/s against the profile's {stored:.1f}"
+    return (
+        f"{path}: other hardware (measured {words}: {what}) on a quiet machine, though the slug is "
+        "the same; re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
+    )
+
+
+def rates_busy(os_noise: dict[str, Any], machine_busy: bool) -> bool:
+    """Too much other work for absolute tokens/s to be judged (see RATE_QUIET_OTHERS)."""
+    return (
+        machine_busy
+        or (os_noise.get("others_cpu_share") or 0.0) > RATE_QUIET_OTHERS
+        or (os_noise.get("steal_share") or 0.0) > RATE_QUIET_STEAL
+    )

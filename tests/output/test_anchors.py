@@ -1,0 +1,111 @@
+"""Other hardware or a regression: the anchors' verdict and the judged tokens/s (no models, no timing)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specdec_tune.domain import Anchors, Metrics
+from specdec_tune.measure.anchors import MachineSpeed, faster
+from specdec_tune.output.anchors import anchor_verdict, other_hardware_message, rates_busy
+from specdec_tune.output.check import needs_confirmation, rate_items
+
+
+def _profile(**anchors):
+    return SimpleNamespace(anchors=Anchors(**{"plain_tokens_per_s": 80.0, **anchors}), noise=None)
+
+
+def _metrics(tokens=100.0, baseline=80.0, speedup=1.25):
+    return Metrics(tokens, baseline, speedup, 0.02, 0.5, 2.0, speedup_samples=[speedup])
+
+
+def _measured(rates, baseline_rates, speedups=(1.25, 1.26, 1.24)):
+    return SimpleNamespace(
+        metrics=_metrics(sorted(rates)[1], sorted(baseline_rates)[1], sorted(speedups)[1]),
+        speedups=list(speedups),
+        rates=list(rates),
+        baseline_rates=list(baseline_rates),
+    )
+
+
+MACHINE = {"copy_bandwidth_gbps": 20.0, "matmul_gflops": 100.0}
+
+
+def test_the_machine_anchors_decide_by_their_geometric_mean():
+    p = _profile(**MACHINE)
+    same = anchor_verdict(p, 68.0, MachineSpeed(21.0, 95.0, 0.05), machine_busy=False)
+    assert same.by == "machine anchors" and not same.other_hardware and same.judge_rates
+    assert same.slowdown == pytest.approx((20 / 21 * 100 / 95) ** 0.5)
+    slower = anchor_verdict(p, 80.0, MachineSpeed(20 / 1.8, 100 / 1.8, 0.05), machine_busy=False)
+    assert slower.other_hardware and not slower.judge_rates and slower.slowdown == pytest.approx(1.8)
+    assert "other hardware (measured 1.80× slower: copy 11.1 GB/s" in other_hardware_message("p.yaml", slower)
+    quicker = anchor_verdict(p, 80.0, MachineSpeed(40.0, 200.0, 0.05), machine_busy=False)
+    assert quicker.other_hardware and "2.00× faster" in other_hardware_message("p.yaml", quicker)
+    # Only one machine anchor on each side in common (an older copy-only profile): it decides alone.
+    copy_only = anchor_verdict(_profile(copy_bandwidth_gbps=20.0), 80.0, MachineSpeed(10.0, 100.0), False)
+    assert copy_only.slowdown == pytest.approx(2.0) and set(copy_only.compared) >= {"copy_bandwidth_gbps"}
+
+
+def test_load_explains_slow_anchors_and_their_own_noise_widens_the_tolerance():
+    p = _profile(**MACHINE)
+    busy = anchor_verdict(p, 40.0, MachineSpeed(10.0, 50.0, 0.05), machine_busy=True)
+    assert not busy.other_hardware and busy.judge_rates  # judged, and a drop is inconclusive
+    noisy = anchor_verdict(p, 80.0, MachineSpeed(20 / 1.5, 100 / 1.5, 0.6), machine_busy=False)
+    assert noisy.tolerance == pytest.approx(0.6) and not noisy.other_hardware
+
+
+def test_without_machine_anchors_plain_decoding_decides_and_rates_are_not_judged():
+    p = _profile()
+    v = anchor_verdict(p, 80 / 1.8, MachineSpeed(20.0, 100.0), machine_busy=False)
+    assert v.by == "plain tokens/s" and v.other_hardware and not v.judge_rates
+    assert "plain decoding 44.4 tokens/s" in other_hardware_message("p.yaml", v)
+    v = anchor_verdict(p, 68.0, MachineSpeed(20.0, 100.0), machine_busy=False)  # 15 % slower target
+    assert not v.other_hardware and not v.judge_rates
+    none = anchor_verdict(SimpleNamespace(anchors=None, noise=None), 68.0, MachineSpeed(20.0, 100.0), False)
+    assert none.slowdown is None and not none.other_hardware and not none.judge_rates
+
+
+def test_a_clearly_lower_rate_is_a_regression_and_inconclusive_when_not_quiet():
+    stored = _metrics()
+    slower = _measured([85.0, 86.0, 84.5], [68.0, 68.5, 67.6])
+    items = {i.metric: i for i in rate_items(stored, slower, None, 0.10, busy=False)}
+    assert not items["tokens_per_s"].ok and not items["baseline_tokens_per_s"].ok
+    assert items["baseline_tokens_per_s"].measured == pytest.approx(68.0)
+    items = rate_items(stored, slower, None, 0.10, busy=True)
+    assert all(i.ok and i.inconclusive for i in items)
+    same = _measured([99.0, 101.0, 100.0], [79.0, 81.0, 80.0])
+    assert all(i.ok and not i.inconclusive for i in rate_items(stored, same, None, 0.10, busy=False))
+    # Judged rates ask for the confirming measurement; the speedup alone would not.
+    assert needs_confirmation(stored, slower, 0.10, judge_rates=True)
+    assert not needs_confirmation(stored, slower, 0.10, judge_rates=False)
+
+
+def test_rates_busy_and_the_faster_of_two_measurements():
+    assert not rates_busy({"others_cpu_share": 0.05, "steal_share": 0.0}, False)
+    assert rates_busy({"others_cpu_share": 0.2, "steal_share": 0.0}, False)
+    assert rates_busy({"others_cpu_share": None, "steal_share": 0.2}, False)
+    assert rates_busy({}, True)
+    assert faster(MachineSpeed(10.0, 90.0, 0.3), MachineSpeed(12.0, 80.0, 0.1)) == MachineSpeed(
+        12.0, 90.0, 0.1
+    )
+
+
+def test_the_profile_keeps_matmul_gflops_and_older_profiles_load_without_it(tmp_path):
+    import yaml
+    from helpers import make_sample_profile
+
+    from specdec_tune.errors import SpecDecError
+    from specdec_tune.store.yamlio import load_profile, profile_to_dict, save_profile
+
+    p = make_sample_profile()
+    p.anchors = Anchors(80.0, 20.0, 150.0)
+    assert load_profile(save_profile(p, tmp_path / "p.yaml")).anchors == p.anchors
+    data = profile_to_dict(p)
+    data["anchors"] = {"plain_tokens_per_s": 80.0, "copy_bandwidth_gbps": 20.0}  # written before
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_profile(tmp_path / "old.yaml").anchors.matmul_gflops is None
+    data["anchors"]["matmul_gflops"] = -1.0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecDecError, match=r"anchors\.matmul_gflops"):
+        load_profile(tmp_path / "bad.yaml")
