@@ -170,6 +170,7 @@ def test_imports_point_down_the_stages():
 DEFERRED = {
     "specdec_tune.measure.bench": "torch (timing loops)",
     "specdec_tune.measure.costs": "torch (micro-benchmarks)",
+    "specdec_tune.measure.forward": "torch (the machine anchors' copy and matmul)",
     "specdec_tune.measure.hfcompare": "torch, transformers (assisted generation)",
     "specdec_tune.measure.serving": "torch (serving replay)",
     "specdec_tune.measure.surface": "torch (batch surface)",
