@@ -234,8 +234,10 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
         _out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     study = optuna.load_study(study_name="shared", storage=storage)
-    # Every trial, surplus ones included: the slot lock lets no worker start a seventh.
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6 and counted(study) == 6
+    # Every trial, surplus ones included: the slot lock lets no worker start a seventh (a trial
+    # the pruner stopped early is finished and counts).
+    states = [t.state.name for t in study.trials]
+    assert len(states) == 6 and set(states) <= {"COMPLETE", "PRUNED"} and counted(study) == 6
     modes = {yaml.safe_load((tmp_path / f"p{i}.yaml").read_text())["engine_mode"] for i in range(2)}
     assert modes == {study.user_attrs["engine_mode"]}
 
