@@ -47,7 +47,7 @@ def run_args(tiny_dirs, storage, trials=12):
     )
 
 
-def start(args, out, marks, hang="", until_go=False, grace_s=3):
+def start(args, out, marks, hang="", until_go=False, grace_s=3, together=0):
     """`specdec-tune run ARGS --out OUT --json`; `hang` (e.g. "trial:2", "slot:2", "final") makes
     the first process of the test to get there stop there (see worker_hooks/sitecustomize.py)."""
     env = {
@@ -58,6 +58,7 @@ def start(args, out, marks, hang="", until_go=False, grace_s=3):
         "MARKS": str(marks),
         "HANG": hang,
         "HANG_UNTIL_GO": "1" if until_go else "",
+        "TOGETHER": str(together or ""),
         "SPECDEC_HEARTBEAT_S": "1",
         "SPECDEC_GRACE_S": str(grace_s),
         "SPECDEC_THREADS": "1",

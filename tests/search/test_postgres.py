@@ -49,7 +49,9 @@ def pg_url():
 @pytest.mark.slow
 def test_two_workers_fill_a_study_exactly_and_run_one_final_round(pg_url, tiny_dirs, tmp_path):
     began = time.monotonic()
-    procs = [start(run_args(tiny_dirs, pg_url), tmp_path / f"p{i}.yaml", tmp_path) for i in range(2)]
+    procs = [
+        start(run_args(tiny_dirs, pg_url), tmp_path / f"p{i}.yaml", tmp_path, together=2) for i in range(2)
+    ]
     for p in procs:
         _out, err = p.communicate(timeout=400)
         assert p.returncode == 0, err
@@ -70,8 +72,10 @@ def test_two_workers_fill_a_study_exactly_and_run_one_final_round(pg_url, tiny_d
 @pytest.mark.slow
 def test_a_worker_killed_mid_trial_costs_one_trial(pg_url, tiny_dirs, tmp_path):
     began = time.monotonic()
-    victim = start(run_args(tiny_dirs, pg_url), tmp_path / "victim.yaml", tmp_path, hang="trial:2")
-    other = start(run_args(tiny_dirs, pg_url), tmp_path / "other.yaml", tmp_path)
+    victim = start(
+        run_args(tiny_dirs, pg_url), tmp_path / "victim.yaml", tmp_path, hang="trial:2", together=2
+    )
+    other = start(run_args(tiny_dirs, pg_url), tmp_path / "other.yaml", tmp_path, together=2)
     deadline = time.monotonic() + 300
     while not (tmp_path / "hanging").exists():
         assert victim.poll() is None, victim.stderr.read()

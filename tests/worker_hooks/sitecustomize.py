@@ -8,6 +8,8 @@ start-up. Inert unless MARKS (a folder) is set.
   created exclusively, holds its pid) stops there: at its N-th measured trial, right after its
   N-th acquisition of the slot lock (still holding it), or inside the final round (holding the
   final-round lock). It sleeps until killed, or with HANG_UNTIL_GO=1 until MARKS/go exists.
+- TOGETHER=N: before its first trial a process waits (at most 120 s) until N processes of the
+  test are that far, so a fast worker cannot finish a tiny study before a slow one has started.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ def _install(marks: Path) -> None:
     (marks / f"pid-{os.getpid()}").write_text(json.dumps({"pgid": os.getpgid(0), "argv": sys.argv}))
     kind, _, at = os.environ.get("HANG", "").partition(":")
     counts = {"trial": 0, "slot": 0}
+    together = int(os.environ.get("TOGETHER") or 0)
+    waited: list[bool] = []
+
+    def start_together() -> None:
+        if not together or waited:
+            return
+        waited.append(True)
+        (marks / f"ready-{os.getpid()}").write_text("")
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("ready-*"))) < together and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def hang_here() -> None:
         try:
@@ -63,6 +76,8 @@ def _install(marks: Path) -> None:
         return real_measure(self, *a, **k)
 
     def acquire(self, *a, **k):
+        if self.name.endswith(":trials"):
+            start_together()
         got = real_acquire(self, *a, **k)
         if got and self.name.endswith(":trials"):
             count("slot")
