@@ -282,6 +282,9 @@ def tiny_args(d, *extra):
 
 
 def one_red_line(result) -> None:
+    # CliRunner catches a traceback into result.exception (it never reaches result.output): only
+    # the SystemExit of the error handler may end the command
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2, result.output
     err = result.stderr.strip()
     assert err.startswith("error:") and "\n" not in err, err

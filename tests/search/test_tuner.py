@@ -8,7 +8,7 @@ import sys
 
 import optuna
 import pytest
-from helpers import invoke, tiny_args
+from helpers import invoke, one_red_line, tiny_args
 
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
 from specdec_tune.errors import SpecDecError
@@ -182,8 +182,7 @@ def test_corrupted_profile_is_exit_2(tiny_dirs, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 1\nhardware: {slug: x}\nbest: [")
     for cmd in (["show", bad], ["export", bad], ["check", bad]):
-        r = invoke(*cmd)
-        assert r.exit_code == 2 and "Traceback" not in r.output
+        one_red_line(invoke(*cmd))
 
 
 WORKER = """
@@ -234,9 +233,11 @@ def test_two_processes_share_one_study(tiny_dirs, tmp_path):
         _out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     study = optuna.load_study(study_name="shared", storage=storage)
-    finished = [t for t in study.trials if not t.user_attrs.get("surplus") and t.state.name != "RUNNING"]
-    assert counted(study) == 6 and len(finished) == 6
-    assert len({t.number for t in finished}) == 6
+    # SQLite has the slot lock: no trial is surplus, none is left running, and exactly 6 exist (a
+    # broken lock shows up as a 7th trial, surplus or not)
+    assert not [t.number for t in study.trials if t.user_attrs.get("surplus")]
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
+    assert counted(study) == 6 and sorted(t.number for t in study.trials) == list(range(6))
 
 
 @pytest.mark.slow
