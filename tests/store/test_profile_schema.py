@@ -13,9 +13,10 @@ from helpers import make_sample_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_tune import atomic
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.store import atomic, yamlio
+from specdec_tune.store import yamlio
 from specdec_tune.store.atomic import atomic_write_text
 from specdec_tune.store.schema import SCHEMA_VERSION, Profile, profile_from_dict
 from specdec_tune.store.yamlio import load_profile, profile_to_dict, profile_to_yaml, save_profile
@@ -60,7 +61,7 @@ def test_round_trip_without_costs(tmp_path):
 def test_yaml_is_readable_header_field_order_and_inline_number_lists(tmp_path):
     text = save_profile(make_sample_profile(), tmp_path / "p.yaml").read_text(encoding="utf-8")
     assert text.startswith("# specdec-tune profile — meta-llama/Llama-3.1-8B-Instruct on nvidia-h200")
-    top_keys = [line.split(":")[0] for line in text.splitlines() if re.match(r"^[a-z_]+:", line)]
+    top_keys = [line.split(":")[0] for line in text.splitlines() if re.match(r"^[a-z0-9_]+:", line)]
     assert top_keys == [f.name for f in dataclasses.fields(Profile)]
     assert "verify_ms: [7.1, 7.2, 7.3, 7.4, 7.6, 7.7, 7.9, 8.1]" in text
     # strings that YAML would otherwise read as numbers or dates stay quoted
