@@ -284,6 +284,9 @@ def tiny_args(d, *extra):
 def one_red_line(result) -> None:
     """Exit 2 and exactly one error line (a yellow warning the run printed before, e.g. about a
     noisy machine, is not part of the error)."""
+    # CliRunner catches a traceback into result.exception (it never reaches result.output): only
+    # the SystemExit of the error handler may end the command
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     err = "\n".join(line for line in lines if not line.startswith("warning:"))

@@ -193,7 +193,8 @@ def tune_engine(
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:
-        out = out or Path("profiles") / hw["slug"] / f"{profile_file_slug(s.target.name)}.llamacpp.yaml"
+        slug = profile_file_slug(models.target or s.target.name)  # a GGUF file by path, not its stem
+        out = out or Path("profiles") / hw["slug"] / f"{slug}.llamacpp.yaml"
         check_writable(out)
         check_replaceable(out, s.target.content_hash, settings.force)
         info = s.backend.info()

@@ -31,15 +31,16 @@ _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def profile_file_slug(name: str) -> str:
-    """The default profile file name of a target, unique per model reference: a demo name as it is
-    (profiles/<hw>/demo.yaml), an HF id with its org ("org--model"), a folder with a short hash of
-    its absolute path, so org-a/X and org-b/X, or /models/a/hf and /models/b/hf, never collide."""
+    """The default profile file name of a target, unique per model reference: a name as it is
+    (profiles/<hw>/demo.yaml), an HF id with its org ("org--model"), a folder or a file with a
+    short hash of its absolute path, so org-a/X and org-b/X, or /models/a/hf and /models/b/hf, or
+    /models/a/m.gguf and /models/b/m.gguf, never collide."""
     import hashlib
 
     text = name.strip()
-    if is_demo_name(text):
-        return slugify(text)
     p = Path(text).expanduser()
+    if is_demo_name(text) or ("/" not in text and not text.startswith("~") and not p.exists()):
+        return slugify(text)  # a name (demo, a built-in model, an HF id without org): unique as it is
     if _HF_ID.match(text) and ".." not in text and not p.exists():
         org, model = text.split("/")
         return f"{slugify(org)}--{slugify(model)}"

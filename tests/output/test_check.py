@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
-from helpers import invoke, tiny_args
+from helpers import invoke, one_red_line, tiny_args
 
 from specdec_tune.runtime.drafting import drafters
 
@@ -135,8 +135,7 @@ def test_other_hardware_is_exit_3(stored_profile, tmp_path):
 
 
 def test_missing_profile_is_exit_2(tmp_path):
-    r = invoke("check", tmp_path / "nope.yaml")
-    assert r.exit_code == 2 and "Traceback" not in r.output
+    one_red_line(invoke("check", tmp_path / "nope.yaml"))
 
 
 def _fake(speedups, rates=(), baseline_rates=()):

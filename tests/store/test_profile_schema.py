@@ -13,7 +13,6 @@ from helpers import make_sample_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_tune import atomic as shared_atomic
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.store import yamlio
@@ -62,9 +61,8 @@ def test_round_trip_without_costs(tmp_path):
 def test_yaml_is_readable_header_field_order_and_inline_number_lists(tmp_path):
     text = save_profile(make_sample_profile(), tmp_path / "p.yaml").read_text(encoding="utf-8")
     assert text.startswith("# specdec-tune profile — meta-llama/Llama-3.1-8B-Instruct on nvidia-h200")
-    top_keys = [line.split(":")[0] for line in text.splitlines() if re.match(r"^[a-z_]+:", line)]
-    # trials_sha256 is written only with a trials CSV beside the profile (store.runfiles)
-    assert top_keys == [f.name for f in dataclasses.fields(Profile) if f.name != "trials_sha256"]
+    top_keys = [line.split(":")[0] for line in text.splitlines() if re.match(r"^[a-z0-9_]+:", line)]
+    assert top_keys == [f.name for f in dataclasses.fields(Profile)]
     assert "verify_ms: [7.1, 7.2, 7.3, 7.4, 7.6, 7.7, 7.9, 8.1]" in text
     # strings that YAML would otherwise read as numbers or dates stay quoted
     assert "created: '2025-11-29T10:00:00Z'" in text
@@ -141,7 +139,7 @@ def test_failing_write_midway_leaves_old_file_and_no_temp(tmp_path, monkeypatch)
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shared_atomic.os, "replace", broken_replace)
+    monkeypatch.setattr(atomic.os, "replace", broken_replace)
     with pytest.raises(SpecDecError, match="No space left on device"):
         save_profile(make_sample_profile(gamma=6), path)
     assert path.read_bytes() == before
