@@ -13,6 +13,7 @@ from helpers import make_sample_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_tune import atomic
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.store import yamlio
