@@ -127,16 +127,30 @@ def claim_identity(study: Any, identity: dict[str, Any], seeds: list[dict[str, A
 def counted(study: Any) -> int:
     """Finished trials that count toward the requested number: completed, pruned, or failed with
     an error of their own (not interrupted, not surplus, not lost with a dead worker)."""
+    return _counted(study.get_trials(deepcopy=False))
+
+
+def _counted(trials: Any) -> int:
     from optuna.trial import TrialState
 
     n = 0
-    for t in study.get_trials(deepcopy=False):
+    for t in trials:
         if t.user_attrs.get(SURPLUS):
             continue
         failed_here = t.state == TrialState.FAIL and "error" in t.user_attrs
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or failed_here:
             n += 1
     return n
+
+
+def slot_counts(study: Any) -> tuple[int, int]:
+    """(counted, running) from ONE read of the trials: two reads could miss a trial that finished
+    in between (running in neither, finished in neither), and a worker would start a surplus one."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    busy = sum(1 for t in trials if t.state == TrialState.RUNNING)
+    return _counted(trials), busy
 
 
 def running(study: Any, before: int | None = None) -> int:

@@ -44,6 +44,7 @@ from .study import (
     open_study,
     redact,
     running,
+    slot_counts,
     study_name_for,
 )
 
@@ -163,10 +164,10 @@ def tune(
             # A holder that hangs without dying must not stall the others for ever.
             slots.acquire(timeout_s=3 * settings.grace_s)
             try:
-                done = counted(study)
+                done, busy = slot_counts(study)
                 if done >= total:
                     break
-                if done + running(study) >= total:
+                if done + busy >= total:
                     # Other workers hold the last slots: wait for them, or for their heartbeat to
                     # go stale.
                     slots.release()
