@@ -9,6 +9,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ class GgufTarget:
     dtype: str = "gguf"
     num_params: int = 0
 
-    @property
+    @cached_property  # the GGUF is read once: the key, the replace check and the profile all ask
     def content_hash(self) -> str:
         h = hashlib.sha256()
         with open(self.path, "rb") as f:
