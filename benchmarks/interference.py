@@ -12,23 +12,38 @@
     duration; the in-process patch of `planted_regression.py`, applied to the target instead of
     the draft): M checks, catches (exit 1) and inconclusives counted.
 
+(d) A slower machine of the same slug, emulated (root and the cgroup-v1 freezer needed, else
+    skipped and said): the check's processes are frozen for --slower-frozen of every
+    --slower-period seconds, so everything they do, the machine anchors included, runs about
+    1 / (1 - frozen / period) times slower while the OS sees no other work. Expected: exit 3.
+
 Loads: `busy` (one process spinning one core), `bursts` (spinning --burst-on s, idle --burst-off s),
 `both` (runs alternate, checks under load alternate). Results to results/interference.json and
 a printed table.
 
+Every finished step is kept in --work (the studies, the profiles, state.json), and the results file
+is rewritten after each (`"complete": false` until the end), so an interrupted benchmark resumes
+where it stopped when started again with the same --work. --lock PATH holds an exclusive file lock
+around each measured step (a run, a check, the comparison), so other jobs on a shared box that take
+the same lock wait between steps instead of interfering.
+
     python benchmarks/interference.py                       # N=10, M=20: several hours on 2 cores
     python benchmarks/interference.py --quick --runs 1 --checks 1   # end to end in ~10 min
+    python benchmarks/interference.py --lock /tmp/cpu.lock            # resumes from --work
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -63,6 +78,7 @@ from specdec_tune.cli import main
 sys.argv = ["specdec-tune", *sys.argv[1:]]
 main()
 """
+FREEZER = Path("/sys/fs/cgroup/freezer/specdec-interference")
 CLI = "import sys\nfrom specdec_tune.cli import main\nsys.argv = ['specdec-tune', *sys.argv[1:]]\nmain()\n"
 
 
@@ -86,14 +102,74 @@ class Load:
             self.proc.wait()
 
 
+class Slower:
+    """An emulated slower machine: processes started with `enter` as preexec_fn sit in a freezer
+    cgroup that a thread freezes for `frozen` of every `period` seconds while inside the block."""
+
+    def __init__(self, period: float, frozen: float) -> None:
+        self.period, self.frozen = period, frozen
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            FREEZER.mkdir(exist_ok=True)
+            return (FREEZER / "freezer.state").exists()
+        except OSError:
+            return False
+
+    @staticmethod
+    def enter() -> None:
+        (FREEZER / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _toggle(self) -> None:
+        with open(FREEZER / "freezer.state", "w", buffering=1) as state:
+            while not self.stop.is_set():
+                state.write("FROZEN\n")
+                time.sleep(self.frozen)
+                state.write("THAWED\n")
+                time.sleep(self.period - self.frozen)
+            state.write("THAWED\n")
+
+    def __enter__(self) -> Slower:
+        self.stop.clear()
+        self.thread = threading.Thread(target=self._toggle, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+@contextlib.contextmanager
+def locked(path: Path | None) -> Iterator[None]:
+    """An exclusive flock on `path` for the block (nothing without a path)."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def cli(
-    args: list[str], env: dict[str, str], planted: bool = False, timeout: float = 3600
+    args: list[str],
+    env: dict[str, str],
+    planted: bool = False,
+    timeout: float = 3600,
+    preexec: object = None,
 ) -> tuple[int, str, float]:
     """Run the CLI in a fresh process: (exit code, stdout, seconds)."""
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", PLANTED if planted else CLI, *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec,
     )  # fmt: skip
     if done.returncode == 2:
         raise SystemExit(f"specdec-tune {' '.join(args[:2])} failed: {done.stderr.strip()[-1500:]}")
@@ -195,16 +271,31 @@ def check_detail(stdout: str) -> dict:
 
 
 def checks(
-    profile: Path, m: int, load: str | None, args: argparse.Namespace, env: dict, planted: bool = False
+    profile: Path,
+    m: int,
+    load: str | None,
+    args: argparse.Namespace,
+    env: dict,
+    state: State,
+    name: str,
+    planted: bool = False,
+    slower: Slower | None = None,
 ) -> dict:
-    codes, details = [], []
-    for i in range(m):
+    done = state.data.setdefault("checks_partial", {}).setdefault(name, {"codes": [], "details": []})
+    codes, details = done["codes"], done["details"]
+    for i in range(len(codes), m):
         pattern = None if load is None else (load if load != "both" else ("busy", "bursts")[i % 2])
-        with Load(pattern, args.burst_on, args.burst_off):
-            code, out, _ = cli(["check", str(profile), "--device", "cpu", "--format", "json"], env, planted)
+        with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
+            argv = ["check", str(profile), "--device", "cpu", "--format", "json"]
+            if slower is None:
+                code, out, secs = cli(argv, env, planted)
+            else:
+                with slower:
+                    code, out, secs = cli(argv, env, planted, preexec=Slower.enter)
         codes.append(code)
-        details.append(check_detail(out))
-        print(f"  check {i + 1}/{m} load={pattern or 'none'} planted={planted}: exit {code} {details[-1]}", flush=True)  # fmt: skip
+        details.append(check_detail(out) | {"seconds": round(secs, 1)})
+        state.save()
+        print(f"  {name} check {i + 1}/{m} load={pattern or 'none'}: exit {code} {details[-1]}", flush=True)  # fmt: skip
     return {
         "exit_codes": codes,
         "details": details,
@@ -215,72 +306,127 @@ def checks(
     }
 
 
+class State:
+    """What is done so far (state.json in --work): rewritten atomically after every step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict = json.loads(path.read_text()) if path.exists() else {}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="N default runs under load")
     ap.add_argument("--checks", type=int, default=20, help="M checks per condition")
+    ap.add_argument("--slower-checks", type=int, default=3, help="checks on the emulated slower machine")
+    ap.add_argument("--slower-period", type=float, default=0.010)
+    ap.add_argument("--slower-frozen", type=float, default=0.0045)
     ap.add_argument("--load", choices=["busy", "bursts", "both"], default="both")
     ap.add_argument("--burst-on", type=float, default=2.0)
     ap.add_argument("--burst-off", type=float, default=2.0)
     ap.add_argument("--budget", type=float, default=None, help="--budget of each run (default: run's own)")
     ap.add_argument("--compare-repeats", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="4 prompts x 24 tokens, 90 s budget: a smoke test")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-interference"), help="kept for resuming")
+    ap.add_argument("--lock", type=Path, default=None, help="flock this file around each measured step")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/interference.json")
     args = ap.parse_args()
     if args.quick and args.budget is None:
         args.budget = 90.0
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        # Fresh studies: their own storage, never the user's.
-        env = {**os.environ, "SPECDEC_STORAGE": f"sqlite:///{folder / 'studies.db'}"}
+    args.work.mkdir(parents=True, exist_ok=True)
+    state = State(args.work / "state.json")
+    state.data.setdefault("started", time.time())
+    # Fresh studies: their own storage, never the user's.
+    env = {**os.environ, "SPECDEC_STORAGE": f"sqlite:///{args.work / 'studies.db'}"}
+    quiet = args.work / "quiet.yaml"
+    if "quiet_run" not in state.data:
         print("quiet run (the quiet best and the profile to check)", flush=True)
-        quiet = folder / "quiet.yaml"
-        _, _, secs = cli(run_args(quiet, "quiet", args), env)
-        quiet_summary = profile_summary(quiet) | {"seconds": round(secs, 1), "load": None}
-        runs = []
-        for i in range(args.runs):
-            pattern = args.load if args.load != "both" else ("busy", "bursts")[i % 2]
-            out = folder / f"run{i}.yaml"
-            with Load(pattern, args.burst_on, args.burst_off):
-                _, _, secs = cli(run_args(out, f"loaded-{i}", args), env)
-            runs.append(profile_summary(out) | {"seconds": round(secs, 1), "load": pattern})
-            print(
-                f"run {i + 1}/{args.runs} ({pattern}): {runs[-1]['best']} {runs[-1]['speedup']:.3f}x",
-                flush=True,
-            )
+        with locked(args.lock):
+            _, _, secs = cli(run_args(quiet, "quiet", args), env)
+        state.data["quiet_run"] = profile_summary(quiet) | {"seconds": round(secs, 1), "load": None}
+        state.save()
+    q = state.data["quiet_run"]
+    print(f"quiet run: {q['best']} {q['speedup']:.3f}x in {q['seconds']} s", flush=True)
+    write(state, args)
+    checks_done = state.data.setdefault("checks", {})
+    plan: list[tuple[str, dict]] = [
+        ("quiet", {"load": None}),
+        ("loaded", {"load": args.load}),
+        ("planted_15pct_target", {"load": None, "planted": True}),
+    ]
+    if args.slower_checks and Slower.available():
+        slower = Slower(args.slower_period, args.slower_frozen)
+        plan.append(("slower_machine_emulated", {"load": None, "slower": slower}))
+    elif args.slower_checks:
+        state.data["slower_machine_skipped"] = "no writable cgroup-v1 freezer (root needed)"
+    for name, how in plan:
+        if name in checks_done:
+            continue
+        m = args.slower_checks if name.startswith("slower") else args.checks
+        print(f"checks of the quiet profile: {name}", flush=True)
+        checks_done[name] = checks(quiet, m, how.pop("load"), args, env, state, name, **how)
+        state.save()
+        write(state, args)
+    runs = state.data.setdefault("runs", [])
+    for i in range(len(runs), args.runs):
+        pattern = args.load if args.load != "both" else ("busy", "bursts")[i % 2]
+        out = args.work / f"run{i}.yaml"
+        with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
+            _, _, secs = cli(run_args(out, f"loaded-{i}", args), env)
+        runs.append(profile_summary(out) | {"seconds": round(secs, 1), "load": pattern})
+        state.save()
+        write(state, args)
+        r = runs[-1]
+        print(f"run {i + 1}/{args.runs} ({pattern}): {r['best']} {r['speedup']:.3f}x in {r['seconds']} s", flush=True)  # fmt: skip
+    if "quiet_comparison" not in state.data:
         print("quiet interleaved comparison", flush=True)
-        speedups = compare_quiet([quiet_summary, *runs], quiet_summary["best"], args)
-        ref = max(speedups.values())  # the quiet comparison's best of what anyone chose
-        quiet_best = speedups[quiet_summary["best"]]
-        for r in runs:
-            r["quiet_speedup"] = speedups[r["best"]]
-            r["within_5pct_of_quiet_best"] = speedups[r["best"]] >= 0.95 * quiet_best
-            r["within_5pct_of_best_compared"] = speedups[r["best"]] >= 0.95 * ref
-        print("checks of the quiet profile", flush=True)
-        check_results = {
-            "quiet": checks(quiet, args.checks, None, args, env),
-            "loaded": checks(quiet, args.checks, args.load, args, env),
-            "planted_15pct_target": checks(quiet, args.checks, None, args, env, planted=True),
-        }
+        with locked(args.lock):
+            state.data["quiet_comparison"] = compare_quiet([q, *runs], q["best"], args)
+        state.save()
+    speedups = state.data["quiet_comparison"]
+    ref = max(speedups.values())  # the quiet comparison's best of what anyone chose
+    for r in runs:
+        r["quiet_speedup"] = speedups[r["best"]]
+        r["within_5pct_of_quiet_best"] = speedups[r["best"]] >= 0.95 * speedups[q["best"]]
+        r["within_5pct_of_best_compared"] = speedups[r["best"]] >= 0.95 * ref
+    state.data["complete"] = True
+    state.save()
+    print_table(write(state, args))
+
+
+def write(state: State, args: argparse.Namespace) -> dict:
+    """The results file from what is done so far ("complete": false until the end)."""
+    d = state.data
+    runs = d.get("runs", [])
+    q = d.get("quiet_run", {})
     result = {
+        "complete": bool(d.get("complete")),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "quiet_run": quiet_summary,
-        "runs": runs,
-        "quiet_comparison": speedups,
+        "quiet_run": {k: v for k, v in q.items() if k != "config"},
+        "runs": [{k: v for k, v in r.items() if k != "config"} for r in runs],
+        "quiet_comparison": d.get("quiet_comparison"),
         "selection": {
-            "within_5pct": sum(r["within_5pct_of_quiet_best"] for r in runs),
+            "within_5pct": sum(bool(r.get("within_5pct_of_quiet_best")) for r in runs),
             "runs": len(runs),
-            "best_below_alternative": sum(bool(r["best_below_alternative"]) for r in [quiet_summary, *runs]),
+            "best_below_alternative": sum(bool(r["best_below_alternative"]) for r in [q, *runs] if r),
         },
-        "checks": check_results,
-        "seconds": round(time.monotonic() - started, 1),
+        "checks": {name: c for name, c in d.get("checks", {}).items()},
+        "checks_in_progress": {
+            k: v for k, v in d.get("checks_partial", {}).items() if k not in d.get("checks", {})
+        },
+        "slower_machine_skipped": d.get("slower_machine_skipped"),
+        "seconds": round(time.time() - d["started"], 1),
     }
-    for r in [quiet_summary, *runs]:
-        r.pop("config", None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print_table(result)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, args.out)
+    return result
 
 
 def print_table(r: dict) -> None:
