@@ -156,6 +156,7 @@ def locked(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+    time.sleep(2.0)  # a job waiting for the lock gets it before our next step takes it again
 
 
 def cli(
