@@ -17,7 +17,7 @@ ENGINE_ONLY_KINDS = ("ngram_mod",)
 THRESHOLD_KINDS = ("model", "layer_skip", "hybrid")
 # How gamma is chosen per step (runtime/drafting/policies.py): fixed, transformers' heuristic, the cost model.
 GAMMA_POLICIES = ("fixed", "heuristic", "costmodel")
-# Engine policies a drafter can be measured with (see engines.py). Prompt lookup: which earlier
+# Engine policies a drafter can be measured with (see serving/capabilities.py). Prompt lookup: which earlier
 # occurrence of the n-gram is continued; confidence stop: which probability the threshold compares.
 LOOKUP_MATCHES = ("latest", "earliest")  # latest: this tool's default and llama.cpp; earliest: HF, vLLM
 THRESHOLD_MODES = ("hf", "topk10")  # hf: p(token) of the full softmax; topk10: llama.cpp's p-min

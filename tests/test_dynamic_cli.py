@@ -13,11 +13,11 @@ from helpers import VOCAB, invoke, make_result, make_sample_profile, one_red_lin
 
 from specdec_tune.domain import Config, DraftCosts, DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.output.export import export
 from specdec_tune.runtime.session import open_session, parse_draft
 from specdec_tune.search.costmodel import CostModel
 from specdec_tune.search.policymodel import gamma_table, heuristic_distribution, predict_policy
 from specdec_tune.search.space import TuneSettings, config_of_params, search_space, seed_configs
+from specdec_tune.serving.export import export
 from specdec_tune.store.schema import CategoryRow
 from specdec_tune.store.yamlio import load_profile, save_profile
 

@@ -1,9 +1,15 @@
 """The package's import graph (module-level imports of its own modules, read with `ast`) is acyclic
 and layered as DESIGN.md says: a stage imports only itself, the stages before it
-(runtime → measure → search → store → output → app → cli) and the shared leaves (domain, errors,
-limits); `store` imports no stage at all (profiles are read without torch); no cycle, not even
-through imports inside functions; the package's own modules are imported inside a function only
-when they load a heavy library (`DEFERRED`)."""
+(runtime → measure → search → store → serving → output → app → cli) and the shared leaves (domain,
+errors, limits, serving.capabilities, ...); `store` imports no stage at all (profiles are read without
+torch); no cycle, not even through imports inside functions; the package's own modules are imported
+inside a function only when they load a heavy library (`DEFERRED`).
+
+`serving` holds what is about the serving engines (HF, vLLM, llama.cpp, SGLang, TensorRT-LLM): their
+capabilities, flag sets and the export. Its `capabilities` module is a shared leaf (it imports only
+domain and errors), since the search space (`run --for`) and the profile schema both name the
+engines; the rest of `serving` is a stage after `store`, as export reads a profile. `cli` is a package
+(the typer commands and the terminal) and the last stage."""
 
 from __future__ import annotations
 
@@ -12,11 +18,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specdec_tune"
 PACKAGE = "specdec_tune"
-STAGES = ["runtime", "measure", "search", "store", "output", "app", "cli"]
-# Shared leaves: plain data and checks every stage may use (engines: the serving engines'
-# capabilities, which the search space and the profile schema both name; demo: the shipped models;
-# atomic: the one atomic writer and file lock, which runtime's caches and the store both write through).
-LEAVES = {"domain", "errors", "limits", "engines", "demo", "atomic"}
+STAGES = ["runtime", "measure", "search", "store", "serving", "output", "app", "cli"]
+# Shared leaves (dotted names under the package): plain data and checks every stage may use
+# (serving.capabilities: what each serving engine runs, which the search space and the profile schema
+# both name; demo: the shipped models; atomic: the one atomic writer and file lock, which runtime's
+# caches and the store both write through). A leaf inside a stage folder imports that folder's
+# `__init__` too, which therefore imports nothing of the package.
+LEAVES = {"domain", "errors", "limits", "demo", "atomic", "serving.capabilities"}
 # Modules outside the stage folders and the stage they belong to.
 LOOSE = {"cli": "cli", "cli_gguf": "cli", "cli_options": "cli", "cli_profiles": "cli", "cli_run": "cli",
          "cli_studies": "cli", "terminal": "cli",
@@ -106,9 +114,9 @@ def stage_of(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) < 2:
         return None
+    if ".".join(parts[1:]) in LEAVES:
+        return "leaf"
     if len(parts) == 2:
-        if parts[1] in LEAVES:
-            return "leaf"
         return LOOSE.get(parts[1], parts[1] if parts[1] in STAGES else None)
     return parts[1] if parts[1] in STAGES else None
 
@@ -144,6 +152,18 @@ def test_the_graph_covers_every_module_including_the_llamacpp_backend():
     assert any(m.startswith("specdec_tune.measure.llamacpp") for m in graph)
     assert "specdec_tune.runtime.session" in graph and "specdec_tune.cli" in graph
     assert {stage_of(m) for m in graph} - {None} == {*STAGES, "leaf"}
+
+
+def test_a_leaf_inside_a_stage_folder_stays_a_leaf():
+    """Importing `serving.capabilities` runs `serving/__init__.py` first: it must import nothing of
+    the package, or `search` and `store` would load the export with the engines' capabilities."""
+    graph = import_graph()
+    nested = [leaf for leaf in LEAVES if "." in leaf]
+    assert f"{PACKAGE}.serving.capabilities" in graph and nested
+    for leaf in nested:
+        parent = f"{PACKAGE}.{leaf.rsplit('.', 1)[0]}"
+        assert parent in graph and not graph[parent], f"{parent} imports {sorted(graph[parent])}"
+        assert all(stage_of(m) == "leaf" for m in graph[f"{PACKAGE}.{leaf}"]), graph[f"{PACKAGE}.{leaf}"]
 
 
 def test_the_import_graph_is_acyclic():

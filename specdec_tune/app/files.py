@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from ..output.categories import write_category_plot
-from ..output.export import Export as ExportResult
-from ..output.export import export as export_config
 from ..output.plots import write_plots
 from ..output.trials import read_trials
+from ..serving.export import Export as ExportResult
+from ..serving.export import export as export_config
 from ..store.refs import engine_path
 from ..store.runfiles import trials_beside
 from ..store.schema import Profile

@@ -11,7 +11,6 @@ from typing import Any
 
 from .. import __version__
 from ..domain import Anchors, DraftSpec
-from ..engines import restrict
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.anchors import measure_twice
@@ -23,6 +22,7 @@ from ..measure.stats import MIN_PAIRS
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
+from ..serving.capabilities import restrict
 from ..store.refs import make_portable, profile_file_slug
 from ..store.runfiles import check_replaceable, save_run
 from ..store.schema import Profile, TargetInfo

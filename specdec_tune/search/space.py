@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..domain import GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
-from ..engines import engine_info, gamma_policies_for, tunes_threshold
 from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, MAX_TRIALS, check_count, check_gamma, threshold_ok
+from ..serving.capabilities import engine_info, gamma_policies_for, tunes_threshold
 from .costmodel import CostModel
 
 THRESHOLD_STEP = 0.05
@@ -44,7 +44,7 @@ class TuneSettings:
     final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
     storage: str | None = None
     study_name: str | None = None
-    engine: str | None = None  # `run --for`: only configs this serving engine can run (engines.py)
+    engine: str | None = None  # `run --for`: only configs this serving engine runs (serving/capabilities)
     # A worker writes a heartbeat this often; a trial whose heartbeat is older than the grace
     # period belongs to a dead worker (on any host) and is failed, so the study goes on.
     heartbeat_s: int = 5

@@ -19,7 +19,6 @@ from ..domain import (
     Metrics,
     Result,
 )
-from ..engines import ENGINES
 from ..errors import SpecDecError
 from ..limits import (
     MAX_BATCH_SIZE,
@@ -34,6 +33,7 @@ from ..limits import (
     THRESHOLD_RANGE,
     threshold_ok,
 )
+from ..serving.capabilities import ENGINES
 from .fields import MAX_ITEMS, READABLE_VERSIONS, SCHEMA_VERSION, check_plain, convert, describe, field_error
 from .schema import COSTS_MODES, MEASURED_MODES, Profile
 

@@ -10,7 +10,7 @@ import shlex
 import pytest
 from helpers import make_sample_profile
 
-from specdec_tune.output.export import export
+from specdec_tune.serving.export import export
 
 TARGET = "/srv/my models/llama 8b; touch pwned"
 DRAFT = "/srv/my models/draft 1b;rm -rf ~ $(id)"

@@ -2,7 +2,7 @@
 lookup policy, what its confidence threshold compares. One place for these facts: `run --for`
 restricts the search with them and `export` decides with them what it can hand over. Pure Python.
 
-Read from the engines' own sources (commits in output/flagsets.py, details in docs/export.md).
+Read from the engines' own sources (commits in serving/flagsets.py, details in docs/export.md).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .domain import Config, DraftSpec
-from .errors import SpecDecError
+from ..domain import Config, DraftSpec
+from ..errors import SpecDecError
 
 ENGINES = ("hf", "vllm", "llamacpp", "sglang", "trtllm")
 

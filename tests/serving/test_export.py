@@ -4,7 +4,7 @@ in the engine's recorded flag set, a config the engine cannot run as measured fa
 Golden files hold the exact stdout per engine, version and sample profile (a complete command or
 snippet), and the `--format flags` stdout of the committed profiles, which must stay what round 2
 printed; regenerate the first after an intended change with
-`UPDATE_GOLDEN=1 pytest tests/output/test_export.py` and review the diff (never the flags goldens).
+`UPDATE_GOLDEN=1 pytest tests/serving/test_export.py` and review the diff (never the flags goldens).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 from helpers import invoke, make_result, make_sample_profile
 
 from specdec_tune.errors import SpecDecError
-from specdec_tune.output.export import ENGINES, NO_SPECULATION, export, export_profile, export_settings
-from specdec_tune.output.flagcheck import problems
-from specdec_tune.output.flagsets import FLAGSETS, flagset
+from specdec_tune.serving.export import ENGINES, NO_SPECULATION, export, export_profile, export_settings
+from specdec_tune.serving.flagcheck import problems
+from specdec_tune.serving.flagsets import FLAGSETS, flagset
 
 GOLDEN = Path(__file__).parent / "golden"
 PROFILES = Path(__file__).parents[2] / "profiles"

@@ -138,7 +138,7 @@ def _llamacpp(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str
 
 
 def _sglang(p: Profile, cfg: Config, fs: FlagSet, path: str) -> tuple[list[str], list[str]]:
-    # only draft models reach here (engines.blockers); SGLang counts the last verified token as
+    # only draft models reach here (capabilities.blockers); SGLang counts the last verified token as
     # the root of the draft tree, so a chain of gamma drafts is gamma + 1 draft tokens
     args = [
         "--speculative-algorithm", "STANDALONE",

@@ -4,9 +4,9 @@ TensorRT-LLM), per engine version, exporting only a config the engine runs the w
 The default output is ready to run: the engine's command (or a Python snippet for HF and
 TensorRT-LLM) with the target and draft resolved, the measured operating point, and the batch
 settings from the profile's batch table (`-np`, `--max-running-requests`, a batch-size schedule made
-safe by output/schedule.py). `--format flags` keeps the round-2 fragment byte for byte.
+safe by serving/schedule.py). `--format flags` keeps the round-2 fragment byte for byte.
 
-When the best config cannot run there as measured (engines.blockers), the best measured alternative
+When the best config cannot run there as measured (capabilities.blockers), the best measured alternative
 that can is exported and the warnings say which; when nothing can, nothing is exported (exit 5).
 Every emitted option is checked against the engine version's flag set. Plain data in, text out.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain import Config, Result
-from ..engines import ENGINES, blockers, engine_info
 from ..errors import SpecDecError
 from ..store.schema import Profile
+from .capabilities import ENGINES, blockers, engine_info
 from .commands import command_argv, python_snippet
 from .flagcheck import problems
 from .flagsets import FlagSet, flagset

@@ -12,10 +12,10 @@ import pytest
 from helpers import invoke, make_sample_profile
 
 from specdec_tune.domain import NO_DRAFT, Config, Result
-from specdec_tune.output.export import export
-from specdec_tune.output.flagcheck import problems
-from specdec_tune.output.flagsets import flagset
-from specdec_tune.output.llamacpp_args import llamacpp_args, measured_llamacpp_args
+from specdec_tune.serving.export import export
+from specdec_tune.serving.flagcheck import problems
+from specdec_tune.serving.flagsets import flagset
+from specdec_tune.serving.llamacpp_args import llamacpp_args, measured_llamacpp_args
 from specdec_tune.store.schema import BatchRow
 
 EPYC = Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml"
