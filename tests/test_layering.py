@@ -26,9 +26,7 @@ STAGES = ["runtime", "measure", "search", "store", "serving", "output", "app", "
 # `__init__` too, which therefore imports nothing of the package.
 LEAVES = {"domain", "errors", "limits", "demo", "atomic", "serving.capabilities"}
 # Modules outside the stage folders and the stage they belong to.
-LOOSE = {"cli": "cli", "cli_gguf": "cli", "cli_options": "cli", "cli_profiles": "cli", "cli_run": "cli",
-         "cli_studies": "cli", "terminal": "cli",
-         "__init__": None}  # fmt: skip
+LOOSE = {"__init__": None}
 # Stages that import no other stage (only the shared leaves): store's profiles load without torch.
 SELF_CONTAINED = {"store"}
 HEAVY = {"torch", "transformers", "optuna", "matplotlib", "pandas", "numpy", "huggingface_hub", "yaml",

@@ -14,7 +14,7 @@ from ..domain import Config, Metrics
 from .bench import Entry, measure_many
 from .serving import BatchEntry, measure_batched_many
 
-BACKENDS = ("native", "llamacpp")  # also in cli_options, which must not import torch
+BACKENDS = ("native", "llamacpp")  # also in cli/options.py, which must not import torch
 
 
 class Measured(Protocol):

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 from helpers import invoke, make_sample_profile
 
+from specdec_tune.cli.terminal import user_errors
 from specdec_tune.errors import SpecDecError
 from specdec_tune.store.yamlio import save_profile
-from specdec_tune.terminal import user_errors
 
 HOSTILE = ["[/x]", "[bold red]x[/]", "[link=file:///etc/passwd]y[/link]", ":skull: [/]", "a\x1b]0;pwned\x07b"]
 

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .app import Models
-from .errors import SpecDecError
+from ..app import Models
+from ..errors import SpecDecError
 
 # Options shared by the commands that load models.
 Target = Annotated[

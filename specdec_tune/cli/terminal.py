@@ -16,8 +16,8 @@ from typing import Any
 
 import typer
 
-from .errors import OtherHardwareError, SpecDecError
-from .output.fmt import plain, styled
+from ..errors import OtherHardwareError, SpecDecError
+from ..output.fmt import plain, styled
 
 
 @functools.cache

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .app.ggufs import gguf_cut, gguf_demo
-from .cli_options import JsonOut
+from ..app.ggufs import gguf_cut, gguf_demo
+from .options import JsonOut
 from .terminal import console, print_json, user_errors
 
 gguf_app = typer.Typer(

@@ -1,4 +1,4 @@
-"""The `specdec-tune` command line: parse, call one `app` use case, render with rich (`terminal`).
+"""The `specdec-tune` typer app: parse, call one `app` use case, render with rich (`terminal`).
 
 Heavy imports (torch, transformers, optuna) happen inside the commands so `--help` is instant.
 A user mistake (SpecDecError) is one red line and exit code 2; other hardware is exit code 3;
@@ -12,11 +12,16 @@ from typing import Annotated
 
 import typer
 
-from . import __version__
-from . import app as api
-from .app.acceptance import parse_given
-from .cli_gguf import gguf_app
-from .cli_options import (
+from .. import __version__
+from .. import app as api
+from ..app.acceptance import parse_given
+from ..errors import SpecDecError
+from ..output.benchmark_action import benchmark_action_entries
+from ..output.categories import bench_categories_table, per_source_table
+from ..output.reports import bench_table, check_table, costs_report
+from ..store.yamlio import profile_to_dict
+from .gguf import gguf_app
+from .options import (
     AcceptanceFrom,
     AcceptanceVectors,
     BackendOpt,
@@ -36,14 +41,9 @@ from .cli_options import (
     WorkloadOpt,
     models_from,
 )
-from .cli_profiles import export, show
-from .cli_run import run
-from .cli_studies import studies_app
-from .errors import SpecDecError
-from .output.benchmark_action import benchmark_action_entries
-from .output.categories import bench_categories_table, per_source_table
-from .output.reports import bench_table, check_table, costs_report
-from .store.yamlio import profile_to_dict
+from .profiles import export, show
+from .run import run
+from .studies import studies_app
 from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
 
 app = typer.Typer(
@@ -358,7 +358,3 @@ app.command()(run)
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """The commands that read a stored profile and measure nothing: `export` (a ready-to-run
-deployment) and `show` (tables, trials, plots, two profiles side by side). `cli` registers them."""
+deployment) and `show` (tables, trials, plots, two profiles side by side). `cli.main` registers them."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
-from . import app as api
-from .cli_options import JsonOut
-from .output import tables
-from .output.categories import category_table, per_source_table
-from .output.compare import render_compare
-from .output.fmt import plain
-from .output.trials import trials_tables
-from .store.yamlio import profile_to_dict
+from .. import app as api
+from ..output import tables
+from ..output.categories import category_table, per_source_table
+from ..output.compare import render_compare
+from ..output.fmt import plain
+from ..output.trials import trials_tables
+from ..store.yamlio import profile_to_dict
+from .options import JsonOut
 from .terminal import console, error_line, print_json, user_errors
 
 

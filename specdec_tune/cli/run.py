@@ -7,11 +7,17 @@ from typing import Annotated
 
 import typer
 
-from . import app as api
-from .app.categories import check_categories
-from .app.categories import per_category as measure_categories
-from .app.workers import tune_workers
-from .cli_options import (
+from .. import app as api
+from ..app.categories import check_categories
+from ..app.categories import per_category as measure_categories
+from ..app.workers import tune_workers
+from ..errors import SpecDecError
+from ..limits import parse_batch_sizes
+from ..measure.llamacpp.args import ENGINE_MAX_GAMMA
+from ..output.categories import category_table
+from ..output.reports import run_summary
+from ..store.yamlio import profile_to_dict
+from .options import (
     BackendOpt,
     Device,
     Drafts,
@@ -27,12 +33,6 @@ from .cli_options import (
     WorkloadOpt,
     models_from,
 )
-from .errors import SpecDecError
-from .limits import parse_batch_sizes
-from .measure.llamacpp.args import ENGINE_MAX_GAMMA
-from .output.categories import category_table
-from .output.reports import run_summary
-from .store.yamlio import profile_to_dict
 from .terminal import CliProgress, console, print_json, quiet_libraries, user_errors
 
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from .app.studies import delete_studies, list_studies, show_study
-from .cli_options import JsonOut, StorageUrl
-from .errors import SpecDecError
-from .output.studies import studies_table, study_tables
+from ..app.studies import delete_studies, list_studies, show_study
+from ..errors import SpecDecError
+from ..output.studies import studies_table, study_tables
+from .options import JsonOut, StorageUrl
 from .terminal import console, print_json, user_errors
 
 studies_app = typer.Typer(no_args_is_help=True, help="Inspect and prune the Optuna studies in a storage.")
