@@ -232,12 +232,24 @@ class Costs:
     # those of that architecture at its real size, no acceptance was measured against it.
     weights: str = "trained"
     shape: str | None = None  # the target's shape name when its weights are random
+    # The compiled engine's graph builds while these were measured, apart from every timing; None
+    # under eager and in older files.
+    compile: CompileTime | None = None
 
     def at_batch(self, batch_size: int) -> BatchCosts | None:
         return next((b for b in self.batch if b.batch_size == batch_size), None)
 
     def draft(self, name: str) -> DraftCosts | None:
         return next((d for d in self.drafts if d.name == name), None)
+
+
+@dataclass
+class CompileTime:
+    """What building the engine's graphs cost (runtime.caches.modes: one graph per model, row count
+    and input width), measured apart from the timings, which never include it. Static engine: 0."""
+
+    graphs: int
+    compile_s: float
 
 
 @dataclass

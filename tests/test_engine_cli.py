@@ -9,8 +9,12 @@ import json
 import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
+from rich.console import Console
 
+from specdec_tune.domain import CompileTime
+from specdec_tune.output.tables import render_profile
 from specdec_tune.runtime import session as session_mod
+from specdec_tune.runtime.caches import slots
 from specdec_tune.store.yamlio import load_profile
 
 
@@ -33,6 +37,7 @@ def test_a_static_run_records_its_mode_and_check_re_measures_under_it(tiny_dirs,
     assert r.exit_code == 0, r.output
     p = load_profile(out)
     assert p.engine_mode == "static" and p.compile_fallbacks == [] and p.engine_choice is None
+    assert p.compile == CompileTime(0, 0.0)  # static: recorded, and nothing was compiled
     seen = []
     real_open = session_mod.open_session
 
@@ -63,3 +68,31 @@ def test_bench_and_profile_run_in_every_mode(tiny_dirs, mode):
                                      "-n", "4", "--engine", mode, "--json"))  # fmt: skip
     assert p.exit_code == 0, p.output
     assert json.loads(p.stdout)["costs"]["engine_mode"] == mode
+
+
+@pytest.mark.slow
+def test_compiled_profile_and_run_record_their_graph_builds_apart(tiny_dirs, tmp_path, monkeypatch):
+    # No inductor in a unit test: the compiled caches run their step eagerly, so each new input
+    # width's first call is what the context counts and times as a graph build.
+    monkeypatch.setattr(slots, "_compile", lambda fn, device: fn)
+    p = invoke("profile", *tiny_args(tiny_dirs, "--draft", "prompt-lookup", "--max-gamma", "2", "--repeats", "1",
+                                     "-n", "4", "--engine", "compiled", "--json"))  # fmt: skip
+    assert p.exit_code == 0, p.output
+    built = json.loads(p.stdout)["costs"]["compile"]
+    assert built["graphs"] >= 3 and built["compile_s"] > 0  # the target's curve: widths 1..3 at least
+    out = tmp_path / "compiled.yaml"
+    r = invoke(
+        "run",
+        *tiny_args(
+            tiny_dirs, "--draft", "prompt-lookup", "--engine", "compiled", "--trials", "2", "--max-gamma", "2",
+            "-n", "4", "--repeats", "1", "--finalists", "0", "--no-profile",
+            "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", out,
+        ),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    prof = load_profile(out)
+    assert prof.engine_mode == "compiled" and prof.compile.graphs >= 2 and prof.compile.compile_s > 0
+    console = Console(width=200, record=True)
+    render_profile(prof, console)
+    shown = [line for line in console.export_text().splitlines() if "graphs built in" in line]
+    assert len(shown) == 1 and f"{prof.compile.graphs} graphs built" in shown[0]

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
+from ..runtime.graphs import compile_time
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
 
@@ -139,6 +140,7 @@ def measure_costs(
             ctx=s.ctx,
         )
     costs.compile_fallbacks = list(s.ctx.fallbacks)
+    costs.compile = compile_time(s.ctx)  # graph builds so far, never inside a timing
     costs.engine_choice = s.ctx.auto.summary() if s.ctx.auto else None
     return costs
 

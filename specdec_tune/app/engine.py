@@ -240,7 +240,7 @@ def tune_engine(
                     backend=s.backend,
                 )  # fmt: skip
                 costs_b = with_acceptance(costs, _acceptance(probe), settings.max_gamma)
-                _enqueue_predictions(probe, s.specs, costs_b, settings_b)
+                _enqueue_predictions(probe, s.specs, costs_b, settings_b, s.case.max_new_tokens)
             results[b] = run_search(
                 None,
                 s.specs,
@@ -300,13 +300,15 @@ def _acceptance(result: Any) -> dict[str, tuple[float, float, float]]:
     return out
 
 
-def _enqueue_predictions(result: Any, specs: list[DraftSpec], costs: Any, settings: TuneSettings) -> None:
-    """The cost model's best predictions (fed with the engine's costs and measured acceptance) are
-    the study's next trials."""
+def _enqueue_predictions(
+    result: Any, specs: list[DraftSpec], costs: Any, settings: TuneSettings, budgets: list[int]
+) -> None:
+    """The cost model's best predictions (fed with the engine's costs and measured acceptance, and
+    the workload's per-request `budgets`) are the study's next trials."""
     import optuna
 
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
-    for params in seed_configs(specs, CostModel(costs), settings)[1:]:
+    for params in seed_configs(specs, CostModel(costs, budgets), settings)[1:]:
         study.enqueue_trial(params, skip_if_exists=True)
 
 

@@ -51,9 +51,10 @@ def bench_engine(
 
 def profile_engine(
     models: Models, max_gamma: int, repeats: int, progress: Progress
-) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+) -> tuple[dict[str, Any], Any, dict[str, Any], list[int]]:
     """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
-    each draft's acceptance (and in-loop step cost) from one pass at a middle γ."""
+    each draft's acceptance (and in-loop step cost) from one pass at a middle γ. Also returns the
+    workload's per-request token budgets (the cost model counts their cut)."""
     hw = hardware_info("cpu")
     s = open_engine(models)
     try:
@@ -79,7 +80,7 @@ def profile_engine(
         target["backend"] = s.backend.info()
     finally:
         s.close()
-    return hw, costs, target
+    return hw, costs, target, list(s.case.max_new_tokens)
 
 
 def check_engine(

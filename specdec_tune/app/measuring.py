@@ -156,8 +156,8 @@ def profile_costs(
     progress = progress or Progress()
     if models.backend == "llamacpp":
         with servers_die_with_us():
-            hw, costs, target = profile_engine(models, max_gamma, repeats, progress)
-        model = CostModel(costs)
+            hw, costs, target, budgets = profile_engine(models, max_gamma, repeats, progress)
+        model = CostModel(costs, budgets)
         per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
         if out is not None:
             atomic_write_text(out, costs_to_yaml(costs, hw, target))
@@ -172,7 +172,7 @@ def profile_costs(
     apply_acceptance(costs, plan, max_gamma)
     for note in notes:
         progress.note(note)
-    model = CostModel(costs)
+    model = CostModel(costs, s.case.max_new_tokens if s.case is not None else None)
     per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
     t = s.target
     target = {"name": t.name, "dtype": t.dtype, "num_params": t.num_params, "weights": t.weights}

@@ -19,6 +19,7 @@ from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.noise import measure_noise, noise_line
 from ..measure.stats import MIN_PAIRS
+from ..runtime.graphs import compile_time
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
@@ -168,11 +169,12 @@ def tune(
     first = results[batch_sizes[0]]
     profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
     profile.noise, profile.anchors = noise, anchors
+    profile.compile = compile_time(s.ctx)  # the whole run's graph builds, apart from the timings
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)
     if batch_sizes != [1]:
-        model = CostModel(costs) if costs is not None else None
+        model = CostModel(costs, s.case.max_new_tokens) if costs is not None else None
         profile.batch_table = [batch_row(b, results[b], model, settings.max_gamma) for b in batch_sizes]
         losing = [row.batch_size for row in profile.batch_table if row.best.config.gamma == 0]
         profile.b_star = min(losing) if losing else None

@@ -20,6 +20,7 @@ from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats
 from ..runtime.drafting.drafters import Drafter
 from ..runtime.drafting.hybrid import reset_sources, source_stats
+from ..runtime.graphs import prebuild
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .forward import (
@@ -105,6 +106,12 @@ def acceptance_vector(
         if max_steps is not None and stats.target_forwards >= max_steps:
             break
     return _pad(stats.effective_acceptance, max_gamma), stats.acceptance_rate, stats
+
+
+def _models_of(drafter: Drafter) -> list[Any]:
+    """The models a drafter runs (a hybrid's through its model part), whose caches it fills."""
+    parts = [drafter, getattr(drafter, "drafter", None)]
+    return [m for m in (getattr(x, "model", None) for x in parts) if m is not None]
 
 
 def default_context_len(case: Case) -> int:
@@ -225,7 +232,10 @@ def measure_costs(
             continue
         next_stage()
         reset_sources(drafter)
-        with LoopClock(target, drafter, device) as clock:
+        # The graphs this pass reaches (verification at max_gamma + 1, every draft width up to it)
+        # are built first: the loop clocks below never time a compile.
+        prebuild(ctx, target, [max_gamma], only=[target, *_models_of(drafter)])
+        with LoopClock(target, drafter, device, ctx is not None and ctx.compiled) as clock:
             vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps, ctx)
         if hybrid:
             share = source_stats(drafter)[drafter.drafter.name]["share"]

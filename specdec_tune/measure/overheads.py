@@ -13,6 +13,7 @@ import torch
 
 from ..limits import check_count, check_gamma
 from ..runtime.caches.modes import ExecutionContext
+from ..runtime.caches.slots import SlotCache
 from ..runtime.decode import autoregressive_generate, speculative_generate
 from ..runtime.drafting.drafters import Drafter
 from ..runtime.models.devices import synchronize
@@ -46,13 +47,61 @@ class OracleDrafter(Drafter):
         return self.full[len(seq) : len(seq) + gamma], None
 
 
-class ForwardClock:
-    """Wraps `model.forward` to add up the wall time spent inside it (device synchronised)."""
+class SlotClock:
+    """Clocks `model`'s calls of the static slot cache (`SlotCache.forward`, `SlotCache.prefill`)
+    instead of the model's forward: under the compiled engine that forward runs inside a compiled
+    graph, and a clock patched onto it would be traced by dynamo, recompiling every graph inside
+    the timed region (and breaking the graph at the clock). `on_call(ms, tokens, prefill)` after
+    each call (as `surface._BatchLoopClock` does at B > 1)."""
 
-    def __init__(self, model: Any, device: str):
+    def __init__(self, model: Any, device: str, on_call: Callable[[float, int, bool], None]) -> None:
+        self.model, self.device, self.on_call = model, device, on_call
+
+    def __enter__(self) -> SlotClock:
+        forward, prefill = self._saved = SlotCache.forward, SlotCache.prefill
+        model, device, on_call = self.model, self.device, self.on_call
+
+        def timed(fn: Callable[[], Any], tokens: int, is_prefill: bool) -> Any:
+            synchronize(device)
+            t0 = time.perf_counter()
+            out = fn()
+            synchronize(device)
+            on_call((time.perf_counter() - t0) * 1e3, tokens, is_prefill)
+            return out
+
+        def clocked_forward(kv: Any, tokens: Any, counts: Any) -> Any:
+            if kv.model is not model:
+                return forward(kv, tokens, counts)
+            return timed(lambda: forward(kv, tokens, counts), int(tokens.shape[-1]), False)
+
+        def clocked_prefill(kv: Any, row: int, ids: list[int]) -> Any:
+            if kv.model is not model:
+                return prefill(kv, row, ids)
+            return timed(lambda: prefill(kv, row, ids), len(ids), True)
+
+        SlotCache.forward, SlotCache.prefill = clocked_forward, clocked_prefill  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        SlotCache.forward, SlotCache.prefill = self._saved  # type: ignore[method-assign]
+
+
+class ForwardClock:
+    """Wraps `model.forward` to add up the wall time spent inside it (device synchronised); with
+    `compiled`, the model's calls of its slot caches (`SlotClock`)."""
+
+    def __init__(self, model: Any, device: str, compiled: bool = False):
         self.model, self.device, self.ms, self.calls = model, device, 0.0, 0
+        self.slots = SlotClock(model, device, self._count) if compiled else None
+
+    def _count(self, ms: float, tokens: int, prefill: bool) -> None:
+        self.ms += ms
+        self.calls += 1
 
     def __enter__(self) -> ForwardClock:
+        if self.slots is not None:
+            self.slots.__enter__()
+            return self
         inner = self.model.forward
 
         def clocked(*args: Any, **kwargs: Any) -> Any:
@@ -68,6 +117,9 @@ class ForwardClock:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.slots is not None:
+            self.slots.__exit__()
+            return
         del self.model.forward  # the class's forward is visible again
 
 
@@ -79,10 +131,18 @@ class LoopClock:
     they cost more than in a micro-benchmark that calls one of them hot and repeatedly.
     """
 
-    def __init__(self, target: Any, drafter: Any, device: str) -> None:
+    def __init__(self, target: Any, drafter: Any, device: str, compiled: bool = False) -> None:
         self.target, self.drafter, self.device = target, drafter, device
         self.verify_ms = self.draft_ms = 0.0
         self.verifies = self.verify_tokens = self.proposed = 0
+        # compiled: the target's slot-cache calls are clocked, not its forward (see SlotClock)
+        self.slots = SlotClock(target, device, self._verified) if compiled else None
+
+    def _verified(self, ms: float, tokens: int, prefill: bool) -> None:
+        if not prefill:
+            self.verify_ms += ms
+            self.verifies += 1
+            self.verify_tokens += tokens
 
     @property
     def mean_verify_ms(self) -> float | None:
@@ -120,11 +180,18 @@ class LoopClock:
             self.proposed += int(out[0].numel())
             return out
 
-        self.target.forward, self.drafter.propose = clocked_forward, clocked_propose
+        self.drafter.propose = clocked_propose
+        if self.slots is not None:
+            self.slots.__enter__()
+        else:
+            self.target.forward = clocked_forward
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.target.forward  # the classes' methods are visible again
+        if self.slots is not None:
+            self.slots.__exit__()
+        else:
+            del self.target.forward  # the classes' methods are visible again
         del self.drafter.propose
 
 
@@ -154,11 +221,12 @@ def measure_loop_overheads_ms(
     prompt = context_ids(vocab_size(target), prompt_len)
     device = model_device(target)
     full = prompt + autoregressive_generate(target, prompt, new_tokens, ctx=ctx).tokens
+    compiled = ctx is not None and ctx.compiled
     oracle = OracleDrafter(full, device)
 
     def clocked(generate: Callable[[], Any]) -> Callable[[int], tuple[int, float]]:
         def run(_r: int) -> tuple[int, float]:
-            with ForwardClock(target, device) as clock:
+            with ForwardClock(target, device, compiled) as clock:
                 steps = generate().stats.target_forwards
             return steps, clock.ms
 

@@ -86,3 +86,10 @@ def noise_words(n: Any) -> str:
     if n.steal_share:
         parts.append(f"steal {n.steal_share:.0%}")
     return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"
+
+
+def compile_words(c: Any) -> str:
+    """A profile's or costs file's `compile` (domain.CompileTime) in one line."""
+    if not c.graphs:
+        return "no graphs built (static engine)"
+    return f"{c.graphs} graphs built in {c.compile_s:.1f} s, before and apart from every timing"

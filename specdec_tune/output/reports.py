@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..domain import Costs
 from ..store.schema import Profile
-from .fmt import final_verdict, kv_table, num, styled, times, unit, vec
+from .fmt import compile_words, final_verdict, kv_table, num, styled, times, unit, vec
 from .tables import batch_table
 
 
@@ -86,6 +86,7 @@ def costs_report(
             "bandwidth and throughput",
             [
                 ("engine mode", costs.engine_mode + _fallbacks(costs.compile_fallbacks)),
+                *([("compile (not timed)", compile_words(costs.compile))] if costs.compile else []),
                 ("copy bandwidth", unit(costs.copy_bandwidth_gbps, "GB/s")),
                 ("target decode bandwidth (weights × tok/s)", unit(costs.decode_bandwidth_gbps, "GB/s")),
                 ("roofline share (decode / copy)", num(costs.roofline_share)),

@@ -16,6 +16,7 @@ from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from .fmt import (
     add_columns,
+    compile_words,
     final_verdict,
     interval,
     kv_table,
@@ -227,6 +228,8 @@ def _run_table(p: Profile) -> Table:
         ),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
     ]
+    if p.compile is not None:
+        rows.append(("compile", compile_words(p.compile)))
     if p.noise is not None:
         rows.append(("machine noise", noise_words(p.noise)))
     if p.anchors is not None:

@@ -10,7 +10,9 @@ graphs would compile inside the timed region (a 0.18x "speedup" on a GPT-2 pair,
 and gamma + 1 (verification, always padded); any other compiled cache (a draft, a layer-skip view)
 needs every width 1..gamma + 1. `GraphBuild` carries what it cost (graphs, seconds), recorded apart
 from the timing, and how many graphs still appeared inside a timed region (`in_timing`, 0 when
-the prebuild covered everything; the measuring code re-times a pass that saw one).
+the prebuild covered everything; the measuring code re-times a pass that saw one). The session's
+`ExecutionContext` adds up every graph its caches build and their seconds (`compile_time`): a
+profile and a costs file record them apart from the measurements.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..domain import CompileTime
 from .caches.modes import ExecutionContext
 from .caches.slots import compile_events
 
@@ -41,6 +44,14 @@ class GraphBuild:
         }
 
 
+def compile_time(ctx: ExecutionContext | None) -> CompileTime | None:
+    """What a session's graph builds cost so far (a profile records it apart from the timings);
+    None under the eager engine, 0 graphs under static."""
+    if ctx is None or not ctx.static:
+        return None
+    return CompileTime(ctx.graphs_built, round(ctx.compile_s, 3))
+
+
 def widths_for(is_target: bool, gammas: list[int]) -> list[int]:
     """The input widths a compiled cache can see in a pass at these gammas (0 = plain decoding)."""
     top = max([0, *gammas])
@@ -49,13 +60,16 @@ def widths_for(is_target: bool, gammas: list[int]) -> list[int]:
     return list(range(1, top + 2))
 
 
-def prebuild(ctx: ExecutionContext | None, target: Any, gammas: list[int]) -> int:
-    """Build every graph the compiled caches of `ctx` can need at `gammas`; returns how many were
-    built. Every row of those caches is emptied (call it between passes, never inside one)."""
+def prebuild(ctx: ExecutionContext | None, target: Any, gammas: list[int], only: Any = None) -> int:
+    """Build every graph the compiled caches of `ctx` can need at `gammas` (with `only`, a
+    collection of models: only theirs); returns how many were built. Every row of those caches is
+    emptied (call it between passes, never inside one)."""
     if ctx is None or not ctx.compiled:
         return 0
     before = compile_events()
     for model, per_rows in list(ctx.caches.items()):
+        if only is not None and not any(model is m for m in only):
+            continue
         for kv in list(per_rows.values()):
             if getattr(kv, "compiled", False):
                 kv.warm(widths_for(model is target, gammas))

@@ -136,7 +136,8 @@ def tune(
         pool = pool or DrafterPool(specs, target)
         pool.costs = pool.costs or costs
         backend = NativeBackend(pool)
-    model = CostModel(costs) if costs is not None else None
+    # The workload's budgets: the prediction counts the cut near each request's end.
+    model = CostModel(costs, case.max_new_tokens) if costs is not None else None
     storage_url = settings.storage or default_storage()
     name = study_name(specs, settings, study_key)
     sampler = (

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..domain import (
     Anchors,
+    CompileTime,
     Costs,
     Metrics,
     Noise,
@@ -115,6 +116,9 @@ class Profile:
     # in older profiles.
     noise: Noise | None = None
     anchors: Anchors | None = None
+    # The graphs the engine built over the whole run and the seconds that took, apart from every
+    # timing (None under eager, and in older profiles).
+    compile: CompileTime | None = None
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     trials_sha256: str | None = None  # of the trials CSV written with it (store.runfiles); None: older
     created: str = ""  # ISO 8601 UTC

@@ -15,6 +15,7 @@ from ..domain import (
     LOOKUP_MATCHES,
     THRESHOLD_MODES,
     WEIGHTS,
+    CompileTime,
     Costs,
     Metrics,
     Result,
@@ -118,6 +119,8 @@ def _validate(p: Profile) -> None:
         _at_least(p.noise.plain_pass_s, 0.0, "noise.plain_pass_s")
         _at_least(p.noise.plain_pass_cv, 0.0, "noise.plain_pass_cv")
         _at_least(p.noise.repeats_needed, 1, "noise.repeats_needed")
+    if p.compile is not None:
+        validate_compile(p.compile, "compile")
     if p.anchors is not None:
         _positive(p.anchors.plain_tokens_per_s, "anchors.plain_tokens_per_s")
         for name in ("copy_bandwidth_gbps", "matmul_gflops"):
@@ -139,6 +142,8 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
         if getattr(c, name) is not None:
             _at_least(getattr(c, name), 0.0, f"{path}.{name}")
     _one_of(c.engine_mode, COSTS_MODES, f"{path}.engine_mode")
+    if c.compile is not None:
+        validate_compile(c.compile, f"{path}.compile")
     _one_of(c.weights, WEIGHTS, f"{path}.weights")
     if c.weights == "random" and not c.shape:
         raise field_error(f"{path}.shape", "must name the shape random weights were built from", c.shape)
@@ -159,6 +164,11 @@ def validate_costs(c: Costs, path: str = "costs") -> None:
                 f"must be one of {', '.join(ACCEPTANCE_SOURCES)} or {ACCEPTANCE_FROM}<file>",
                 source,
             )
+
+
+def validate_compile(c: CompileTime, path: str) -> None:
+    _at_least(c.graphs, 0, f"{path}.graphs")
+    _at_least(c.compile_s, 0.0, f"{path}.compile_s")
 
 
 def _one_of(value: str, allowed: tuple[str, ...], path: str) -> None:

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from specdec_tune.domain import DraftSpec
-from specdec_tune.measure import bench, serving
+from specdec_tune.measure import bench, overheads, serving
 from specdec_tune.runtime.caches import slots
 from specdec_tune.runtime.caches.modes import ExecutionContext
+from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
 from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
+from specdec_tune.runtime.drafting.drafters import PromptLookupDrafter
 from specdec_tune.runtime.graphs import GraphBuild, timed_without_compiles, widths_for
 from specdec_tune.runtime.workloads import Case
 
@@ -94,3 +96,37 @@ def test_no_compile_inside_a_timed_pass_compiled_gpt2(monkeypatch):
     mb = serving.measure_batched(target, make, GAMMA, 0.0, case, 2, repeats=2, ctx=ctx)
     assert seen_b == [0]
     assert mb.build.in_timing == 0 and mb.mismatches == 0
+
+
+def test_the_loop_clock_of_a_compiled_target_times_its_slot_calls_not_its_forward():
+    # Static caches with the compiled engine's clock: the target's forward is never patched (a
+    # compiled graph would trace the patch and recompile), its slot-cache calls are clocked.
+    target = tiny_gpt2(0)
+    ctx = ExecutionContext("static", 64)
+    saved = (slots.SlotCache.forward, slots.SlotCache.prefill)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    drafter = PromptLookupDrafter(1, 3)
+    with overheads.LoopClock(target, drafter, "cpu", compiled=True) as clock:
+        assert "forward" not in vars(target)
+        gen = speculative_generate(target, drafter, prompt, GAMMA, max_new_tokens=12, ctx=ctx)
+    assert clock.verifies == gen.stats.target_forwards and clock.verify_ms > 0  # prefill left out
+    assert clock.verify_tokens >= clock.verifies  # each verification fed at least one token
+    with overheads.ForwardClock(target, "cpu", compiled=True) as fclock:
+        autoregressive_generate(target, prompt, 5, ctx=ctx)
+    with overheads.ForwardClock(target, "cpu") as eager:  # the model's forward, eager engine
+        autoregressive_generate(target, prompt, 5)
+    assert fclock.calls == eager.calls > 1 and fclock.ms > 0  # the prefill and every decode step
+    assert (slots.SlotCache.forward, slots.SlotCache.prefill) == saved
+
+
+@pytest.mark.slow
+def test_the_loop_overheads_never_recompile_a_compiled_target(monkeypatch):
+    """A clock patched onto the target's forward made dynamo recompile every graph inside the
+    timed region on each repeat (`profile --engine compiled` ran for many minutes)."""
+    target = tiny_gpt2(0)
+    ctx = ExecutionContext("compiled", 64)
+    seen = _watch_timing(monkeypatch, overheads)
+    loop, step = overheads.measure_loop_overheads_ms(target, 16, 2, repeats=2, new_tokens=6, ctx=ctx)
+    assert ctx.fallbacks == [] and seen == [0]  # no graph built inside the timed region
+    assert loop >= 0 and step >= 0 and "forward" not in vars(target)
+    assert ctx.graphs_built == 2 and ctx.compile_s > 0  # widths 1 (decode) and 3 (verify), once each

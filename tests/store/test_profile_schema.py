@@ -340,3 +340,23 @@ def test_intervals_and_the_final_verdict_round_trip_and_are_optional(tmp_path):
     assert old.best.metrics.speedup_interval is None and old.search.final_verdict == ""
     bad = _write_modified(tmp_path, lambda d: d["best"]["metrics"].update(speedup_interval=[1.4, 1.2]))
     assert "best.metrics.speedup_interval" in _load_error(bad)
+
+
+def test_compile_time_round_trips_in_profile_and_costs_and_is_optional(tmp_path):
+    from specdec_tune.domain import CompileTime
+    from specdec_tune.store.yamlio import costs_to_yaml, load_costs
+
+    p = make_sample_profile()
+    p.engine_mode = "compiled"
+    p.compile = CompileTime(graphs=17, compile_s=41.25)
+    p.costs.compile = CompileTime(graphs=12, compile_s=30.5)
+    again = load_profile(save_profile(p, tmp_path / "p.yaml"))
+    assert again == p and again.compile == CompileTime(17, 41.25)
+    (tmp_path / "c.yaml").write_text(costs_to_yaml(p.costs, p.hardware), encoding="utf-8")
+    assert load_costs(tmp_path / "c.yaml")[0].compile == CompileTime(12, 30.5)
+    # A profile written before the field (no `compile` key at all) loads with None.
+    old = _write_modified(tmp_path, lambda d: (d.pop("compile"), d["costs"].pop("compile")))
+    loaded = load_profile(old)
+    assert loaded.compile is None and loaded.costs.compile is None
+    bad = _write_modified(tmp_path, lambda d: d.__setitem__("compile", {"graphs": 3, "compile_s": -1.0}))
+    assert "'compile.compile_s' must be a number >= 0.0" in _load_error(bad)

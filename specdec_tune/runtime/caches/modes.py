@@ -83,6 +83,10 @@ class ExecutionContext:
     dtype: str = "auto"
     fallbacks: list[str] = field(default_factory=list)  # compile failures, each a one-line reason
     auto: AutoChoice | None = None  # set when the mode came from `auto`
+    # Compiled: the graphs its caches built (one per model, row count and input width) and the
+    # seconds their first calls took, all outside any timed region (`runtime.graphs`).
+    graphs_built: int = 0
+    compile_s: float = 0.0
     caches: weakref.WeakKeyDictionary = field(
         default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
     )
@@ -112,6 +116,11 @@ class ExecutionContext:
             self.fallbacks.append(line)
             warnings.warn(f"torch.compile failed, falling back to the static engine: {line}", stacklevel=2)
 
+    def graph_built(self, seconds: float) -> None:
+        """A compiled cache built a graph for a new input width in `seconds`."""
+        self.graphs_built += 1
+        self.compile_s += seconds
+
     def row_kv(self, model: Any, rows: int, capacity: int | None = None) -> Any:
         """The batch cache of `model` for `rows` rows under this mode, every row emptied."""
         if not self.static:
@@ -122,7 +131,9 @@ class ExecutionContext:
         per_model = self.caches.setdefault(model, {})
         kv = per_model.get(rows)
         if kv is None or kv.capacity < need:
-            kv = SlotCache(model, rows, round_up(need, 64), self.compiled, self.compile_failed)
+            kv = SlotCache(
+                model, rows, round_up(need, 64), self.compiled, self.compile_failed, self.graph_built
+            )
             per_model[rows] = kv
         kv.reset()
         return kv

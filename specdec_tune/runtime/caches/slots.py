@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -135,6 +136,7 @@ class SlotCache:
         capacity: int,
         compiled: bool = False,
         on_compile_failure: Callable[[str], None] | None = None,
+        on_graph_built: Callable[[float], None] | None = None,
     ) -> None:
         if rows < 1:
             raise SpecDecError(f"batch size must be >= 1, got {rows}")
@@ -154,6 +156,7 @@ class SlotCache:
         self.visible = capacity  # key columns attended to by this forward
         self.compiled = compiled
         self.on_compile_failure = on_compile_failure  # the execution context records the reason
+        self.on_graph_built = on_graph_built  # and the seconds each new width's first call took
         self.compiles = 0  # compiled graphs built (one per input width), for recompile accounting
         self._graphs: set[int] = set()
         self._fn = self._step
@@ -226,6 +229,7 @@ class SlotCache:
         if self.compiled and width not in self._graphs:
             self._graphs.add(width)
             self.compiles += 1
+            t0 = time.perf_counter()
             try:
                 logits = self._fn(tokens, pos)
             except Exception as exc:  # a compiler bug or a missing toolchain: stay exact, go static
@@ -233,6 +237,8 @@ class SlotCache:
                     self.on_compile_failure(f"{type(self.model).__name__}: {type(exc).__name__}: {exc}")
                 self.compiled, self._fn = False, self._step
                 logits = self._step(tokens, pos)
+            if self.compiled and self.on_graph_built is not None:  # the compile and one forward
+                self.on_graph_built(time.perf_counter() - t0)
         else:
             logits = self._fn(tokens, pos)
         if self.compiled and self.device.type == "cuda":
