@@ -196,10 +196,7 @@ def speculative_generate(
         logits = tgt.forward(torch.cat((last, draft)).view(1, k + 1), gamma + 1)
         forwards += 1
         if temperature == 0.0:
-            best = logits.argmax(-1)
-            n = int((best[:k] == draft).cumprod(0).sum()) if k else 0
-            new = draft[:n].tolist()
-            new.append(int(best[n]))
+            n, new = accept_greedy(logits[None], [draft.tolist()])[0]
         else:
             n, new = verify_sampling(logits, draft, q, temperature, generator)
         if k > n:
@@ -213,6 +210,21 @@ def speculative_generate(
         drafter.commit(before + n)
         last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
     return Generation(out, SpecStats.from_steps(steps, forwards, len(out)))
+
+
+def accept_greedy(logits: torch.Tensor, proposed: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """Greedy verification, one row per proposal (both engines use it): `logits` (rows, T, vocab)
+    score each row's [last, d_1..d_k] (k < T; columns past k + 1 are padding). A row keeps the
+    longest prefix of its drafts equal to the target's argmax, then adds the target's own token
+    after it: (n, [d_1..d_n, t]) per row."""
+    best = logits.argmax(-1).tolist()
+    out = []
+    for top, drafts in zip(best, proposed, strict=True):
+        n = 0
+        while n < len(drafts) and drafts[n] == top[n]:
+            n += 1
+        out.append((n, [*drafts[:n], top[n]]))
+    return out
 
 
 def verify_sampling(
