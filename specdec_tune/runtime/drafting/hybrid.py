@@ -4,7 +4,7 @@ where the lookup's match runs out or there is none, all within the same gamma.
 Exactness: the lookup's tokens are a deterministic function of the committed sequence, so their
 proposal distribution is a point mass; the model's tokens have the model's q, conditioned on the
 sequence plus the lookup's tokens. Under sampling the verifier gets one q row per position: one-hot
-rows for lookup positions, the model's q for the rest (`engine.verify_sampling` then accepts a
+rows for lookup positions, the model's q for the rest (`decode.verify_sampling` then accepts a
 lookup token with probability p(x), like plain prompt lookup). Counters per source say who
 proposed what and how much of it was accepted.
 """
