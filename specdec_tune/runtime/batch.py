@@ -22,7 +22,7 @@ import torch
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
 from .caches.modes import ExecutionContext
-from .decode import SpecStats, accept_greedy, verify_sampling
+from .decode import SpecStats, accept_greedy, append_tokens, verify_sampling
 from .drafting.leandraft import LeanLlamaRows
 from .drafting.leandraft import supports as lean_supports
 from .drafting.rows import BatchDrafter
@@ -248,13 +248,8 @@ def batch_generate(
             emitted_before = len(row.out)
             keep[r] = held[r] + n + 1  # last + the accepted drafts; the new last token is not cached
             before = len(row.seq)
-            done = False
-            for t in new:
-                row.out.append(t)
-                row.seq.append(t)
-                if t in eos or len(row.out) >= row.budget:
-                    done = True
-                    break
+            done = append_tokens(row.out, new, eos, row.budget)
+            row.seq.extend(new)
             emitted += len(row.out) - emitted_before
             if done:
                 finish(r, row)

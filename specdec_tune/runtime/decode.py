@@ -117,8 +117,8 @@ def _start(target: Any, prompt_ids: list[int], capacity: int, ctx: ExecutionCont
     return seq
 
 
-def _append(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
-    """Append tokens up to EOS or `limit`; True when generation is finished."""
+def append_tokens(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
+    """Append tokens up to EOS or `limit`; True when generation is finished (both engines use it)."""
     for t in new:
         out.append(t)
         if t in eos or len(out) >= limit:
@@ -203,7 +203,7 @@ def speculative_generate(
             tgt.crop(k - n)  # keep [last, d_1..d_n] in the target's cache
         steps.append((g, k, n))
         before = len(seq)
-        done = _append(out, new, eos_set, max_new_tokens)
+        done = append_tokens(out, new, eos_set, max_new_tokens)
         seq.extend(new)
         if done:
             break
