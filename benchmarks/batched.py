@@ -24,7 +24,7 @@ from specdec_tune.measure.serving import BatchEntry, measure_batched_many
 from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
 from specdec_tune.runtime.batch import batch_generate
-from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.session import open_session
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import CostModel
@@ -63,7 +63,7 @@ def main() -> None:
     # 1. The batched engine at B = 1 against the batch-1 engine (plain and draft-1l γ4).
     one = case.head(8)
     d1 = build_drafter(specs["draft-1l"], target, s.draft_modules)
-    b1 = build_batch_drafter(specs["draft-1l"], target, s.draft_modules, 1)
+    b1 = build_drafter(specs["draft-1l"], target, s.draft_modules, rows=1)
     runs = {
         "engine plain": lambda r: run_pass(target, None, 0, 0.0, one)[0],
         "batched plain": lambda r: batch_generate(target, None, one, 1, 0).outputs,
@@ -86,7 +86,7 @@ def main() -> None:
     drafters = {n: build_drafter(spec, target, s.draft_modules) for n, spec in specs.items()}
     costs = measure_costs(target, drafters, s.case.head(8), "cpu", max_gamma=6, repeats=5)
     makers = {
-        n: (lambda b, spec=spec: build_batch_drafter(spec, target, s.draft_modules, b))
+        n: (lambda b, spec=spec: build_drafter(spec, target, s.draft_modules, rows=b))
         for n, spec in specs.items()
     }
     costs.batch, costs.memory_bound_until = measure_surface(
@@ -112,7 +112,7 @@ def main() -> None:
     for b in sizes:
         t0 = time.monotonic()
         entries = [
-            BatchEntry(lambda n=n, b=b: build_batch_drafter(specs[n], target, s.draft_modules, b), g)
+            BatchEntry(lambda n=n, b=b: build_drafter(specs[n], target, s.draft_modules, rows=b), g)
             for n, g in CONFIGS
         ]
         ms = measure_batched_many(target, entries, case, b, args.repeats)

@@ -12,7 +12,7 @@ import json
 
 from specdec_tune.measure import surface
 from specdec_tune.measure.forward import context_ids, vocab_size
-from specdec_tune.runtime.batch import build_batch_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.session import open_session, parse_draft
 from specdec_tune.runtime.workloads import Case
 
@@ -39,7 +39,7 @@ def main() -> None:
     surface._prefill_rows = ragged
     out["micro_ragged_ms"] = surface.verify_surface_ms(target, b, args.context_len, 6, 3)
     surface._prefill_rows = dense
-    make = {"draft-1l": lambda rows: build_batch_drafter(spec, target, s.draft_modules, rows)}
+    make = {"draft-1l": lambda rows: build_drafter(spec, target, s.draft_modules, rows=rows)}
     out["micro_t_draft_ms"] = surface.draft_cost_ms(
         make["draft-1l"](b), vocab_size(target), args.context_len, 3, 4
     )

@@ -210,7 +210,7 @@ def judge_batch_rows(
     named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
     from ..measure.bench import measure
     from ..measure.serving import measure_batched
-    from ..runtime.drafting.build import build_batch_drafter, build_drafter
+    from ..runtime.drafting.build import build_drafter
 
     report = CheckReport(profile=path, config="")
     if with_weights:
@@ -230,7 +230,7 @@ def judge_batch_rows(
                     s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed, ctx=s.ctx
                 )
             make = lambda: policy_drafter(  # noqa: E731
-                build_batch_drafter(spec, s.target.model, s.draft_modules, b, s.ctx), cfg, p.costs, b
+                build_drafter(spec, s.target.model, s.draft_modules, s.ctx, rows=b), cfg, p.costs, b
             )
             return measure_batched(
                 s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx

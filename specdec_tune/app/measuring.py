@@ -81,10 +81,10 @@ def bench(
             categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
         from ..measure.serving import measure_batched
-        from ..runtime.drafting.build import build_batch_drafter
+        from ..runtime.drafting.build import build_drafter
 
         def make() -> Any:
-            return build_batch_drafter(spec, s.target.model, s.draft_modules, batch_size, s.ctx)
+            return build_drafter(spec, s.target.model, s.draft_modules, s.ctx, rows=batch_size)
 
         m = measure_batched(
             s.target.model, make, gamma, threshold, s.case, batch_size, repeats, seed=seed, ctx=s.ctx

@@ -76,7 +76,7 @@ def draft_cost_ms(drafter: BatchDrafter, vocab: int, context_len: int, repeats: 
     """ms per draft position for all rows of a batched drafter (one `propose` of gamma tokens per
     row, rolled back after every cycle so each sees the same context)."""
     kv = getattr(drafter, "kv", None)
-    rows = kv.rows if kv is not None else len(getattr(drafter, "lookups", [None]))
+    rows = drafter.rows
     seqs = {r: context_ids(vocab, context_len, seed=1234 + r) for r in range(rows)}
     for r, seq in seqs.items():
         drafter.start(r, seq)

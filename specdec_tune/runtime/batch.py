@@ -4,9 +4,10 @@ Each step every active row's drafter proposes up to gamma tokens (a draft model 
 forward per draft position, prompt lookup works per row, layer-skip is a batched model draft),
 the target verifies all rows' [last, d1..dk] in ONE forward over a `RowCache`, and each row keeps
 its own accepted length: greedy takes the longest prefix equal to the target's argmax, sampling
-uses rejection sampling per row (`engine.verify_sampling`). A row that finishes (EOS or its
-budget) is refilled at once with the next prompt of the queue. gamma 0 is plain batched decoding
-with the same cache and refill: the baseline at the same batch size.
+uses rejection sampling per row (`decode.accept_greedy` and `decode.verify_sampling`, the batch-1
+loop's own). A row that finishes (EOS or its budget) is refilled at once with the next prompt of
+the queue. gamma 0 is plain batched decoding with the same cache and refill: the baseline at the
+same batch size. The drafters are row-keyed (`drafting.rows.BatchDrafter`).
 """
 
 from __future__ import annotations
@@ -21,35 +22,11 @@ import torch
 from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
 from .caches.modes import ExecutionContext
-from .decode import SpecStats, verify_sampling
-from .drafting.drafters import PromptLookupDrafter
+from .decode import SpecStats, accept_greedy, append_tokens, verify_sampling
 from .drafting.leandraft import LeanLlamaRows
 from .drafting.leandraft import supports as lean_supports
+from .drafting.rows import BatchDrafter
 from .workloads import Case
-
-
-class BatchDrafter:
-    """Interface: `start` a row on a new prompt, `propose` for several rows, `commit` a row."""
-
-    name = "drafter"
-
-    def start(self, row: int, prompt_ids: list[int]) -> None:
-        """Row `row` now decodes `prompt_ids` (its previous sequence is forgotten)."""
-
-    def propose(
-        self,
-        seqs: dict[int, list[int]],
-        gammas: dict[int, int],
-        threshold: float,
-        temperature: float,
-        generator: torch.Generator | None,
-    ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
-        """Per row: up to gammas[row] draft ids after seqs[row], and their distributions q (or None
-        for a point mass)."""
-        raise NotImplementedError
-
-    def commit(self, row: int, valid_len: int) -> None:
-        """The row's first `valid_len` tokens of seq + proposal are committed."""
 
 
 class BatchModelDrafter(BatchDrafter):
@@ -67,7 +44,7 @@ class BatchModelDrafter(BatchDrafter):
         ctx = ctx or ExecutionContext()
         # Llama-family drafts skip transformers' per-call machinery (see leandraft).
         self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else ctx.row_kv(model, rows)
-        self.name = name
+        self.name, self.rows, self.device = name, rows, self.kv.device
         # "hf": the unsure token is proposed, drafting stops after it; "topk10": llama.cpp's p-min,
         # the unsure token is not proposed (see drafters.ModelDrafter).
         self.threshold_mode = threshold_mode or "hf"
@@ -145,30 +122,6 @@ class BatchModelDrafter(BatchDrafter):
             lengths = self.kv.lengths.clone()
             lengths[row] = valid_len
             self.kv.truncate(lengths)
-
-
-class BatchLookupDrafter(BatchDrafter):
-    """Prompt lookup, one n-gram index per row (no model, nothing to batch)."""
-
-    def __init__(
-        self,
-        rows: int,
-        ngram_min: int,
-        ngram_max: int,
-        device: Any,
-        name: str = "prompt-lookup",
-        match: str | None = None,
-    ):
-        self.lookups = [PromptLookupDrafter(ngram_min, ngram_max, device, name, match) for _ in range(rows)]
-        self.name = name
-
-    def start(self, row: int, prompt_ids: list[int]) -> None:
-        self.lookups[row].start(prompt_ids)
-
-    def propose(self, seqs, gammas, threshold, temperature, generator):
-        return {
-            r: self.lookups[r].propose(seqs[r], gammas[r], threshold, temperature, generator) for r in seqs
-        }
 
 
 @dataclass
@@ -282,16 +235,12 @@ def batch_generate(
         logits = kv.forward(tokens, counts)
         steps += 1
         if temperature == 0.0:
-            best = logits.argmax(-1)
-            if width > 1:
-                accepted = (best[:, : width - 1] == tokens[:, 1:]).long().cumprod(1).sum(1).tolist()
-            best_list = best.tolist()
+            greedy = accept_greedy(logits, [proposed.get(r, []) for r in range(batch_size)])
         keep = list(held)
         for r, row in active.items():
             k = sizes[r] - 1
             if temperature == 0.0:
-                n = min(accepted[r], k) if width > 1 else 0
-                new = [*rows_in[r][1 : n + 1], best_list[r][n]]
+                n, new = greedy[r]
             else:
                 draft, q = drafts[r] if speculate else (tokens[r, 1:1], None)
                 n, new = verify_sampling(logits[r, : k + 1], draft, q, temperature, generator)
@@ -299,13 +248,8 @@ def batch_generate(
             emitted_before = len(row.out)
             keep[r] = held[r] + n + 1  # last + the accepted drafts; the new last token is not cached
             before = len(row.seq)
-            done = False
-            for t in new:
-                row.out.append(t)
-                row.seq.append(t)
-                if t in eos or len(row.out) >= row.budget:
-                    done = True
-                    break
+            done = append_tokens(row.out, new, eos, row.budget)
+            row.seq.extend(new)
             emitted += len(row.out) - emitted_before
             if done:
                 finish(r, row)

@@ -117,8 +117,8 @@ def _start(target: Any, prompt_ids: list[int], capacity: int, ctx: ExecutionCont
     return seq
 
 
-def _append(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
-    """Append tokens up to EOS or `limit`; True when generation is finished."""
+def append_tokens(out: list[int], new: list[int], eos: set[int], limit: int) -> bool:
+    """Append tokens up to EOS or `limit`; True when generation is finished (both engines use it)."""
     for t in new:
         out.append(t)
         if t in eos or len(out) >= limit:
@@ -196,23 +196,35 @@ def speculative_generate(
         logits = tgt.forward(torch.cat((last, draft)).view(1, k + 1), gamma + 1)
         forwards += 1
         if temperature == 0.0:
-            best = logits.argmax(-1)
-            n = int((best[:k] == draft).cumprod(0).sum()) if k else 0
-            new = draft[:n].tolist()
-            new.append(int(best[n]))
+            n, new = accept_greedy(logits[None], [draft.tolist()])[0]
         else:
             n, new = verify_sampling(logits, draft, q, temperature, generator)
         if k > n:
             tgt.crop(k - n)  # keep [last, d_1..d_n] in the target's cache
         steps.append((g, k, n))
         before = len(seq)
-        done = _append(out, new, eos_set, max_new_tokens)
+        done = append_tokens(out, new, eos_set, max_new_tokens)
         seq.extend(new)
         if done:
             break
         drafter.commit(before + n)
         last = torch.tensor([seq[-1]], dtype=torch.long, device=device)
     return Generation(out, SpecStats.from_steps(steps, forwards, len(out)))
+
+
+def accept_greedy(logits: torch.Tensor, proposed: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """Greedy verification, one row per proposal (both engines use it): `logits` (rows, T, vocab)
+    score each row's [last, d_1..d_k] (k < T; columns past k + 1 are padding). A row keeps the
+    longest prefix of its drafts equal to the target's argmax, then adds the target's own token
+    after it: (n, [d_1..d_n, t]) per row."""
+    best = logits.argmax(-1).tolist()
+    out = []
+    for top, drafts in zip(best, proposed, strict=True):
+        n = 0
+        while n < len(drafts) and drafts[n] == top[n]:
+            n += 1
+        out.append((n, [*drafts[:n], top[n]]))
+    return out
 
 
 def verify_sampling(

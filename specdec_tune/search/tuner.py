@@ -23,7 +23,7 @@ from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
 from ..measure.stats import speedup_interval
 from ..runtime.caches.modes import ExecutionContext
-from ..runtime.drafting.build import build_batch_drafter, build_drafter
+from ..runtime.drafting.build import build_drafter
 from ..runtime.session import model_part
 from ..runtime.workloads import Case
 from .costmodel import CostModel
@@ -76,10 +76,7 @@ class DrafterPool:
                 spec = self.specs[name]
                 part = model_part(spec)
                 models = {part.name: self.load(part)} if part is not None and self.load else {}
-                if batch_size is None:
-                    self._built[key] = build_drafter(spec, self.target, models, self.ctx)
-                else:
-                    self._built[key] = build_batch_drafter(spec, self.target, models, batch_size, self.ctx)
+                self._built[key] = build_drafter(spec, self.target, models, self.ctx, rows=batch_size)
             except Exception as exc:  # recorded, and re-raised for every trial of this draft
                 self._built[key] = exc
         built = self._built[key]

@@ -15,7 +15,7 @@ from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime.batch import batch_generate
 from specdec_tune.runtime.caches.rowcache import RowCache
-from specdec_tune.runtime.drafting.build import build_batch_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.workloads import Case
 
 DRAFTS = {
@@ -69,7 +69,7 @@ def test_speculative_rows_equal_generate(tiny_target, tiny_draft, workload, refe
     ties = 0
     for gamma in (1, 2, 3, 5, 8):
         for threshold in thresholds:
-            drafter = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size, ctx)
+            drafter = build_drafter(spec, tiny_target, {"draft": tiny_draft}, ctx, rows=batch_size)
             run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold, ctx=ctx)
             ties += check_rows(tiny_target, workload, run.outputs, reference)
             assert run.stats.proposed > 0 or kind.startswith("prompt_lookup")
@@ -82,7 +82,7 @@ def test_more_rows_than_prompts_and_a_one_token_prompt(tiny_target, tiny_draft):
     want = [
         hf_greedy(tiny_target, p, b, None) for p, b in zip(case.prompts, case.max_new_tokens, strict=True)
     ]
-    drafter = build_batch_drafter(DRAFTS["model"], tiny_target, {"draft": tiny_draft}, 5)
+    drafter = build_drafter(DRAFTS["model"], tiny_target, {"draft": tiny_draft}, rows=5)
     assert batch_generate(tiny_target, drafter, case, 5, 3).outputs == want
 
 
@@ -130,7 +130,7 @@ def _first_two_tokens(n: int = 3000, ctx=None):
         )
     probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(vocab) for b in range(vocab)}
     case = Case([prompt] * n, [3] * n, [], 1.0)  # a budget of 3 lets the first step draft 2
-    drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 4, ctx)
+    drafter = build_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, ctx, rows=4)
     run = batch_generate(target, drafter, case, 4, 2, seed=11, ctx=ctx)
     assert 0.1 < run.stats.acceptance_rate < 0.95  # both branches of the verifier are taken
     return Counter(tuple(o[:2]) for o in run.outputs), probs

@@ -25,7 +25,7 @@ from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime import decode as engine
 from specdec_tune.runtime.batch import batch_generate
 from specdec_tune.runtime.decode import speculative_generate
-from specdec_tune.runtime.drafting.build import build_batch_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.drafting.hybrid import HybridDrafter, hybrid_parts, mixed_q, source_stats
 from specdec_tune.runtime.drafting.policies import (
@@ -178,7 +178,7 @@ def test_batched_hybrid_and_policies_equal_generate(
 ):
     for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
         for make in policies(gamma):
-            inner = build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, batch_size, ctx)
+            inner = build_drafter(spec, tiny_target, {"draft": tiny_draft}, ctx, rows=batch_size)
             drafter = BatchPolicyDrafter(inner, make, batch_size)
             run = batch_generate(tiny_target, drafter, workload, batch_size, gamma, threshold, ctx=ctx)
             assert check_rows(tiny_target, workload, run.outputs, reference) == 0
@@ -220,7 +220,7 @@ def test_adaptive_gamma_sampling_is_exact(pair, policy):
     target = pair["target"]
     # one policy for all samples (start() resets it per generation, so keep it running instead)
     d = PolicyDrafter(ModelDrafter(pair["noisy"], "noisy"), make_policy(policy, 2, TABLE, 0.5))
-    d.start = d.inner.start  # the policy state carries over between generations: still exact
+    d.start = lambda prompt: d.inner.inner.start(0, prompt)  # the policy state carries over: still exact
     counts, _ = sample_speculative(target, d, [1], 2, 0.0, 1.0, seed=22)
     assert chi2_p_value(counts, exact_joint(target, [1], 1.0, DEPTH)) > P_PASS
 
@@ -245,7 +245,7 @@ def _batched_first_two(n: int = 3000):
         )
     probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(vocab) for b in range(vocab)}
     case = Case([prompt] * n, [3] * n, [], 1.0)
-    inner = build_batch_drafter(HYBRID, target, {"draft": draft}, 4)
+    inner = build_drafter(HYBRID, target, {"draft": draft}, rows=4)
     drafter = BatchPolicyDrafter(inner, make_policy("heuristic", 2), 4)
     run = batch_generate(target, drafter, case, 4, 2, seed=11)
     s = source_stats(drafter)

@@ -11,7 +11,7 @@ from specdec_tune.measure import bench, overheads, serving
 from specdec_tune.runtime.caches import slots
 from specdec_tune.runtime.caches.modes import ExecutionContext
 from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
-from specdec_tune.runtime.drafting.build import build_batch_drafter, build_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.drafters import PromptLookupDrafter
 from specdec_tune.runtime.graphs import GraphBuild, timed_without_compiles, widths_for
 from specdec_tune.runtime.workloads import Case
@@ -91,7 +91,7 @@ def test_no_compile_inside_a_timed_pass_compiled_gpt2(monkeypatch):
     seen_b = _watch_timing(monkeypatch, serving)
 
     def make():
-        return build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 2, ctx)
+        return build_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, ctx, rows=2)
 
     mb = serving.measure_batched(target, make, GAMMA, 0.0, case, 2, repeats=2, ctx=ctx)
     assert seen_b == [0]

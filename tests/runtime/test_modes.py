@@ -16,7 +16,7 @@ from specdec_tune.runtime.caches import modes, slots
 from specdec_tune.runtime.caches.auto import resolve_auto
 from specdec_tune.runtime.caches.modes import ExecutionContext
 from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
-from specdec_tune.runtime.drafting.build import build_batch_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_tune.runtime.workloads import Case
 
@@ -103,7 +103,7 @@ def test_static_mode_is_exact_for_every_architecture_and_drafter(pair, mode):
             if kind == "layer_skip" and arch == "gpt2":
                 continue  # GPT-2 keeps its layers at transformer.h: layer-skip refuses it
             for gamma, threshold in ((1, 0.0), (3, 0.5), (6, 0.0)):
-                drafter = build_batch_drafter(spec, target, {"draft": draft}, b, ctx)
+                drafter = build_drafter(spec, target, {"draft": draft}, ctx, rows=b)
                 run = batch_generate(target, drafter, case, b, gamma, threshold, ctx=ctx)
                 ties += check_rows(target, case, run.outputs, reference)
                 assert run.stats.emitted == sum(map(len, run.outputs))
@@ -124,7 +124,7 @@ def test_compiled_mode_is_exact_and_builds_each_graph_once():
     case = _case(target)
     reference = _reference(target, case)
     mode = ExecutionContext("compiled", 64)
-    drafter = build_batch_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, 2, mode)
+    drafter = build_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, mode, rows=2)
     first = batch_generate(target, drafter, case, 2, 3, ctx=mode)
     plain = batch_generate(target, None, case, 2, 0, ctx=mode)
     built = slots.compile_events()
@@ -267,7 +267,7 @@ def test_loop_clocks_time_the_target_in_static_mode(tiny_target, tiny_draft, pro
     case = Case(prompts[:3], [6, 6, 6], [], 0.0)
     spec = DraftSpec("draft", "model")
     ctx = ExecutionContext("static", 64)
-    make = {"draft": lambda b: build_batch_drafter(spec, tiny_target, {"draft": tiny_draft}, b, ctx)}
+    make = {"draft": lambda b: build_drafter(spec, tiny_target, {"draft": tiny_draft}, ctx, rows=b)}
     original = slots.SlotCache.forward
     out = loop_costs(tiny_target, make, case, 2, 2, repeats=1, ctx=ctx)
     assert slots.SlotCache.forward is original  # the clock is taken off again

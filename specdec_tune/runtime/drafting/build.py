@@ -1,4 +1,5 @@
-"""The drafter factories: a `DraftSpec` and an execution context -> the drafter that spec describes.
+"""The drafter factory: a `DraftSpec`, an execution context and a row count -> the drafter that
+spec describes, for the batch-1 engine (`rows` None) or the batched engine (`rows` rows).
 
 Kept apart from the drafter classes so those stay leaves (drafters, hybrid and batch import no
 factory, the factory imports them all), and every drafter is built under the context it is given.
@@ -10,63 +11,65 @@ from typing import Any
 
 from ...domain import DraftSpec
 from ...errors import SpecDecError
-from ..batch import BatchDrafter, BatchLookupDrafter, BatchModelDrafter
+from ..batch import BatchModelDrafter
 from ..caches.modes import ExecutionContext
-from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
-from .hybrid import LOOKUP, BatchHybridDrafter, HybridDrafter, hybrid_parts
+from .drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
+from .hybrid import BatchHybridDrafter, HybridDrafter, hybrid_parts
+from .rows import PerRow
 
 
 def build_drafter(
-    spec: DraftSpec, target: Any, draft_models: dict[str, Any], ctx: ExecutionContext | None = None
-) -> Drafter | None:
-    """The batch-1 drafter `spec` describes (None for kind "none", the plain target).
+    spec: DraftSpec,
+    target: Any,
+    draft_models: dict[str, Any],
+    ctx: ExecutionContext | None = None,
+    rows: int | None = None,
+) -> Any:
+    """The drafter `spec` describes (None for kind "none", the plain target): a batch-1 `Drafter`
+    when `rows` is None, else a `BatchDrafter` for `rows` rows.
 
     `draft_models` maps a draft's name to its loaded model (transformers module); the drafter's
     caches are built under `ctx` (default: eager).
     """
     if spec.kind == "none":
         return None
-    if spec.kind == "model":
-        return ModelDrafter(
-            _model(spec, draft_models), spec.name, threshold_mode=spec.threshold_mode, ctx=ctx
-        )
-    if spec.kind == "prompt_lookup":
-        device = next(target.parameters()).device
-        return PromptLookupDrafter(
-            spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
-        )
-    if spec.kind == "layer_skip":
-        return LayerSkipDrafter(target, int(spec.layers or 1), spec.name, spec.threshold_mode, ctx=ctx)
     if spec.kind == "hybrid":
-        return _hybrid(spec, target, draft_models, ctx)
+        lookup_spec, model_spec = hybrid_parts(spec)
+        lookup = _part(lookup_spec, target, draft_models, ctx, rows, spec)
+        model = _part(model_spec, target, draft_models, ctx, rows, spec)
+        if rows is None:
+            return HybridDrafter(lookup, model, spec.name)
+        return BatchHybridDrafter(lookup, model, spec.name)
+    if spec.kind in ("model", "prompt_lookup", "layer_skip"):
+        return _part(spec, target, draft_models, ctx, rows)
     raise SpecDecError(f"unknown draft kind '{spec.kind}'")
 
 
-def build_batch_drafter(
+def _part(
     spec: DraftSpec,
     target: Any,
     draft_models: dict[str, Any],
-    rows: int,
-    ctx: ExecutionContext | None = None,
-) -> BatchDrafter | None:
-    """The batched drafter `spec` describes for `rows` rows (None for kind "none")."""
-    if spec.kind == "none":
-        return None
-    if spec.kind == "model":
-        return BatchModelDrafter(
-            _model(spec, draft_models), rows, spec.name, threshold_mode=spec.threshold_mode, ctx=ctx
-        )
+    ctx: ExecutionContext | None,
+    rows: int | None,
+    whole: DraftSpec | None = None,
+) -> Any:
+    """A single-source drafter; `whole` is the hybrid it is part of (its threshold mode rules)."""
+    threshold_mode = (whole or spec).threshold_mode
     if spec.kind == "prompt_lookup":
         device = next(target.parameters()).device
-        return BatchLookupDrafter(
-            rows, spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match
-        )
-    if spec.kind == "layer_skip":
-        view = truncated_view(target, int(spec.layers or 1))
-        return BatchModelDrafter(view, rows, spec.name, threshold_mode=spec.threshold_mode, ctx=ctx)
-    if spec.kind == "hybrid":
-        return _batch_hybrid(spec, target, draft_models, rows, ctx)
-    raise SpecDecError(f"unknown draft kind '{spec.kind}'")
+        args = (spec.ngram_min or 1, spec.ngram_max or 3, device, spec.name, spec.lookup_match)
+        if rows is None:
+            return PromptLookupDrafter(*args)
+        return PerRow([PromptLookupDrafter(*args) for _ in range(rows)])
+    layers = int(spec.layers or 1)
+    if spec.kind == "layer_skip" and rows is None:
+        return LayerSkipDrafter(target, layers, spec.name, threshold_mode, ctx=ctx)
+    module = (
+        truncated_view(target, layers) if spec.kind == "layer_skip" else _model(spec, draft_models, whole)
+    )
+    if rows is None:
+        return ModelDrafter(module, spec.name, threshold_mode=threshold_mode, ctx=ctx)
+    return BatchModelDrafter(module, rows, spec.name, threshold_mode=threshold_mode, ctx=ctx)
 
 
 def _model(spec: DraftSpec, draft_models: dict[str, Any], whole: DraftSpec | None = None) -> Any:
@@ -75,37 +78,3 @@ def _model(spec: DraftSpec, draft_models: dict[str, Any], whole: DraftSpec | Non
             raise SpecDecError(f"draft '{spec.name}' of '{whole.name}' is not loaded")
         raise SpecDecError(f"draft '{spec.name}' is not loaded; pass it with --draft")
     return draft_models[spec.name]
-
-
-def _hybrid(
-    spec: DraftSpec, target: Any, draft_models: dict[str, Any], ctx: ExecutionContext | None
-) -> HybridDrafter:
-    lookup_spec, model_spec = hybrid_parts(spec)
-    device = next(target.parameters()).device
-    lookup = PromptLookupDrafter(
-        lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
-    )
-    if model_spec.kind == "layer_skip":
-        model: ModelDrafter = LayerSkipDrafter(
-            target, int(model_spec.layers or 1), model_spec.name, spec.threshold_mode, ctx=ctx
-        )
-    else:
-        module = _model(model_spec, draft_models, spec)
-        model = ModelDrafter(module, model_spec.name, threshold_mode=spec.threshold_mode, ctx=ctx)
-    return HybridDrafter(lookup, model, spec.name)
-
-
-def _batch_hybrid(
-    spec: DraftSpec, target: Any, draft_models: dict[str, Any], rows: int, ctx: ExecutionContext | None
-) -> BatchHybridDrafter:
-    lookup_spec, model_spec = hybrid_parts(spec)
-    device = next(target.parameters()).device
-    lookup = BatchLookupDrafter(
-        rows, lookup_spec.ngram_min, lookup_spec.ngram_max, device, LOOKUP, lookup_spec.lookup_match
-    )
-    if model_spec.kind == "layer_skip":
-        module = truncated_view(target, int(model_spec.layers or 1))
-    else:
-        module = _model(model_spec, draft_models, spec)
-    model = BatchModelDrafter(module, rows, model_spec.name, threshold_mode=spec.threshold_mode, ctx=ctx)
-    return BatchHybridDrafter(lookup, model, rows, spec.name, model_spec.name)

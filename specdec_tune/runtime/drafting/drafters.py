@@ -4,6 +4,8 @@ Three kinds: a separate draft model (with a confidence-threshold early stop), pr
 (n-gram match in prompt + output, no model), and layer-skip self-speculation (the target's first
 k layers with its final norm and LM head). Each keeps its own state between `propose` calls and
 is told by `commit` how much of what it saw was accepted.
+These drafters work one sequence at a time (`Drafter`); `rows` has the row-keyed interface of the
+batched engine and the adapters between the two.
 """
 
 from __future__ import annotations

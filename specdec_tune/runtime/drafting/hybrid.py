@@ -4,7 +4,7 @@ where the lookup's match runs out or there is none, all within the same gamma.
 Exactness: the lookup's tokens are a deterministic function of the committed sequence, so their
 proposal distribution is a point mass; the model's tokens have the model's q, conditioned on the
 sequence plus the lookup's tokens. Under sampling the verifier gets one q row per position: one-hot
-rows for lookup positions, the model's q for the rest (`engine.verify_sampling` then accepts a
+rows for lookup positions, the model's q for the rest (`decode.verify_sampling` then accepts a
 lookup token with probability p(x), like plain prompt lookup). Counters per source say who
 proposed what and how much of it was accepted.
 """
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from ...domain import DraftSpec
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters import ModelDrafter, PromptLookupDrafter
+from .rows import BatchDrafter, OneRow, PerRow
 
 LOOKUP = "prompt-lookup"
 
@@ -92,59 +93,17 @@ def mixed_q(lookup: torch.Tensor, q: torch.Tensor | None, temperature: float) ->
     return torch.cat((onehot, q))
 
 
-class HybridDrafter(Drafter):
-    """Batch-1 hybrid: `lookup` first, `drafter` (a model or layer-skip drafter) fills the rest."""
+class BatchHybridDrafter(BatchDrafter):
+    """The hybrid, keyed by row: per-row lookup, then one batched model draft for the rows whose
+    lookup left room (batch 1 is its row 0, `HybridDrafter`)."""
 
-    kind = "hybrid"
-
-    def __init__(self, lookup: PromptLookupDrafter, drafter: ModelDrafter, name: str) -> None:
+    def __init__(self, lookup: BatchDrafter, drafter: BatchDrafter, name: str) -> None:
         self.lookup, self.drafter, self.name = lookup, drafter, name
-        self.device = drafter.device
+        self.rows, self.device = drafter.rows, drafter.device
+        # the model part's rows (measure.surface sizes its probe by them)
+        self.kv = getattr(drafter, "kv", None)
         self.counts = SourceCounts()
-        self._pending: tuple[int, int, int] | None = None  # (len(seq), lookup k, model k)
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.lookup.start(prompt_ids)
-        self.drafter.start(prompt_ids)
-        self._pending = None
-
-    def propose(self, seq, gamma, threshold, temperature, generator):
-        look, _ = self.lookup.propose(seq, gamma, threshold, temperature, generator)
-        look = look.to(self.device)
-        m = look.numel()
-        cont, q = look[:0], None
-        if gamma > m:  # the model drafts on from the lookup's last token, or from seq without a match
-            ext = seq + look.tolist() if m else seq
-            cont, q = self.drafter.propose(ext, gamma - m, threshold, temperature, generator)
-        self._pending = (len(seq), m, cont.numel())
-        return torch.cat((look, cont)), mixed_q(look, q, temperature)
-
-    def commit(self, valid_len: int) -> None:
-        self.drafter.commit(valid_len)
-        if self._pending is not None:
-            before, m, k = self._pending
-            self.counts.record(m, k, valid_len - before)
-            self._pending = None
-
-    def source_stats(self) -> dict[str, dict[str, float]]:
-        return self.counts.as_dict(self.drafter.name)
-
-    def reset_sources(self) -> None:
-        self.counts = SourceCounts()
-
-
-# ------------------------------------------------------------------------------------- batched
-
-
-class BatchHybridDrafter:
-    """The hybrid for the batched engine: per-row lookup, then one batched model draft for the rows
-    whose lookup left room."""
-
-    def __init__(self, lookup: Any, drafter: Any, rows: int, name: str, model_name: str) -> None:
-        self.lookup, self.drafter, self.name, self.model_name = lookup, drafter, name, model_name
-        self.kv = drafter.kv  # the model part's rows (measure.surface sizes its probe by it)
-        self.counts = SourceCounts()
-        self._pending: dict[int, tuple[int, int, int]] = {}
+        self._pending: dict[int, tuple[int, int, int]] = {}  # row: (len(seq), lookup k, model k)
 
     def start(self, row: int, prompt_ids: list[int]) -> None:
         self.lookup.start(row, prompt_ids)
@@ -153,16 +112,16 @@ class BatchHybridDrafter:
 
     def propose(self, seqs, gammas, threshold, temperature, generator):
         looks = self.lookup.propose(seqs, gammas, threshold, temperature, generator)
-        device = self.drafter.kv.device
         ext, rest = {}, {}
         for r, seq in seqs.items():
             look = looks[r][0]
+            # the model drafts on from the lookup's last token, or from seq without a match
             ext[r] = seq + look.tolist() if look.numel() else seq
             rest[r] = gammas[r] - look.numel()
         conts = self.drafter.propose(ext, rest, threshold, temperature, generator)
         out = {}
         for r in seqs:
-            look = looks[r][0].to(device)
+            look = looks[r][0].to(self.device)
             cont, q = conts[r]
             self._pending[r] = (len(seqs[r]), look.numel(), cont.numel())
             out[r] = (torch.cat((look, cont)), mixed_q(look, q, temperature))
@@ -176,21 +135,37 @@ class BatchHybridDrafter:
             self.counts.record(m, k, valid_len - before)
 
     def source_stats(self) -> dict[str, dict[str, float]]:
-        return self.counts.as_dict(self.model_name)
+        return self.counts.as_dict(self.drafter.name)
 
     def reset_sources(self) -> None:
         self.counts = SourceCounts()
 
 
+class HybridDrafter(OneRow):
+    """Batch-1 hybrid: `lookup` first, `drafter` (a model or layer-skip drafter) fills the rest."""
+
+    def __init__(self, lookup: PromptLookupDrafter, drafter: ModelDrafter, name: str) -> None:
+        super().__init__(BatchHybridDrafter(PerRow([lookup]), PerRow([drafter]), name), "hybrid")
+        self.lookup, self.drafter = lookup, drafter  # the parts (measure.costs times each alone)
+
+
+def _inner_with(drafter: Any, method: str) -> Any:
+    """`drafter`'s own `method`, or that of the first drafter it wraps (policies, row adapters)."""
+    while drafter is not None:
+        found = getattr(drafter, method, None)
+        if found is not None:
+            return found
+        drafter = getattr(drafter, "inner", None)
+    return None
+
+
 def source_stats(drafter: Any) -> dict[str, dict[str, float]]:
-    """Per-source counters of a drafter (through a gamma-policy wrapper); {} for single-source ones."""
-    inner = getattr(drafter, "inner", drafter)
-    get = getattr(inner, "source_stats", None)
+    """Per-source counters of a drafter (through its wrappers); {} for single-source ones."""
+    get = _inner_with(drafter, "source_stats")
     return get() if get is not None else {}
 
 
 def reset_sources(drafter: Any) -> None:
-    inner = getattr(drafter, "inner", drafter)
-    reset = getattr(inner, "reset_sources", None)
+    reset = _inner_with(drafter, "reset_sources")
     if reset is not None:
         reset()

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...domain import GAMMA_POLICIES
 from ...errors import SpecDecError
+from .rows import BatchDrafter, OneRow, as_rows
 
 
 class GammaPolicy:
@@ -94,41 +95,16 @@ def make_policy(
     return lambda: GammaPolicy(gamma_max)
 
 
-class PolicyDrafter:
-    """A batch-1 drafter whose per-step gamma a policy caps (the engine's gamma is the maximum)."""
+class BatchPolicyDrafter(BatchDrafter):
+    """A row-keyed drafter whose per-step gamma a policy per row caps (the engine's gamma is the
+    maximum): the one policy bookkeeping, batch 1 included (`PolicyDrafter` is its row 0)."""
 
-    def __init__(self, inner: Any, make: Callable[[], GammaPolicy]) -> None:
-        self.inner, self.policy = inner, make()
-        self.name, self.kind = inner.name, inner.kind
-        self.device = getattr(inner, "device", "cpu")
-        self._pending: tuple[int, int, int] | None = None
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.inner.start(prompt_ids)
-        self.policy.reset()
-        self._pending = None
-
-    def propose(self, seq, gamma, threshold, temperature, generator):
-        cap = min(gamma, self.policy.gamma())
-        draft, q = self.inner.propose(seq, cap, threshold, temperature, generator)
-        self._pending = (len(seq), cap, draft.numel())
-        return draft, q
-
-    def commit(self, valid_len: int) -> None:
-        self.inner.commit(valid_len)
-        if self._pending is not None:
-            before, cap, k = self._pending
-            self.policy.update(cap, k, valid_len - before)
-            self._pending = None
-
-
-class BatchPolicyDrafter:
-    """The same for the batched engine: one policy per row."""
-
-    def __init__(self, inner: Any, make: Callable[[], GammaPolicy], rows: int) -> None:
+    def __init__(self, inner: Any, make: Callable[[], GammaPolicy], rows: int | None = None) -> None:
         self.inner, self.name = inner, inner.name
-        self.policies = [make() for _ in range(rows)]
-        self._pending: dict[int, tuple[int, int, int]] = {}
+        self.rows = rows or inner.rows
+        self.device = getattr(inner, "device", "cpu")
+        self.policies = [make() for _ in range(self.rows)]
+        self._pending: dict[int, tuple[int, int, int]] = {}  # row: (len(seq), cap, proposed k)
 
     def start(self, row: int, prompt_ids: list[int]) -> None:
         self.inner.start(row, prompt_ids)
@@ -148,3 +124,10 @@ class BatchPolicyDrafter:
         if pending is not None:
             before, cap, k = pending
             self.policies[row].update(cap, k, valid_len - before)
+
+
+class PolicyDrafter(OneRow):
+    """A batch-1 drafter under a gamma policy: `BatchPolicyDrafter` at row 0."""
+
+    def __init__(self, inner: Any, make: Callable[[], GammaPolicy]) -> None:
+        super().__init__(BatchPolicyDrafter(as_rows(inner), make, 1), inner.kind)
