@@ -29,7 +29,8 @@ from specdec_tune.measure.forward import (
 )
 from specdec_tune.measure.timing import median
 from specdec_tune.runtime.caches import modes, slots
-from specdec_tune.runtime.drafting.drafters import ModelDrafter, build_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
+from specdec_tune.runtime.drafting.drafters import ModelDrafter
 from specdec_tune.runtime.session import open_session, parse_draft
 
 CONFIGS = [("draft-1l", 5), ("draft-1l", 3), ("prompt-lookup", 4), ("hybrid:prompt-lookup+draft-1l", 6)]

@@ -27,7 +27,7 @@ from specdec_tune.measure.bench import run_pass
 from specdec_tune.measure.costs import measure_costs
 from specdec_tune.measure.hfcompare import HFConfig, run_hf_pass
 from specdec_tune.measure.timing import median, spread, timed
-from specdec_tune.runtime.drafting.drafters import build_drafter
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.session import open_session
 from specdec_tune.search.space import TuneSettings, grid_size
 from specdec_tune.search.tuner import DrafterPool, tune
