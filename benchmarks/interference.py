@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -218,8 +219,6 @@ def profile_summary(path: Path) -> dict:
 
 def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespace) -> dict[str, float]:
     """Every chosen config and the quiet best in one quiet interleaved run: speedup per config."""
-    import dataclasses
-
     from specdec_tune.domain import Config, DraftSpec
     from specdec_tune.measure.bench import Entry, measure_many
     from specdec_tune.runtime.session import open_session
@@ -252,6 +251,18 @@ def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespac
         session.target.model, entries, session.case, args.compare_repeats, ctx=session.ctx
     )
     return {k: m.metrics.speedup for k, m in zip(keys, measured, strict=True)}
+
+
+def dynamic_best() -> dict:
+    """benchmarks/dynamic.py's best (its one interleaved comparison) as a profile summary."""
+    from specdec_tune.runtime.session import parse_draft
+
+    d = json.loads((ROOT / "benchmarks/results/dynamic.json").read_text())
+    best = max(d["interleaved"], key=lambda e: e["speedup"])["config"]  # "NAME γ=G t=T"
+    name, gamma, threshold = best.rsplit(" ", 2)
+    draft = dataclasses.asdict(parse_draft(name))
+    config = {"draft": draft, "gamma": int(gamma.split("=")[1]), "threshold": float(threshold.split("=")[1])}
+    return {"best": config_key(config), "config": config}
 
 
 def check_detail(stdout: str) -> dict:
@@ -335,6 +346,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 prompts x 24 tokens, 90 s budget: a smoke test")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-interference"), help="kept for resuming")
     ap.add_argument("--lock", type=Path, default=None, help="flock this file around each measured step")
+    ap.add_argument("--no-dynamic", dest="dynamic", action="store_false",
+                    help="leave benchmarks/dynamic.py's best out of the quiet comparison")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/interference.json")
     args = ap.parse_args()
     if args.quick and args.budget is None:
@@ -355,24 +368,33 @@ def main() -> None:
     print(f"quiet run: {q['best']} {q['speedup']:.3f}x in {q['seconds']} s", flush=True)
     write(state, args)
     checks_done = state.data.setdefault("checks", {})
-    plan: list[tuple[str, dict]] = [
-        ("quiet", {"load": None}),
-        ("loaded", {"load": args.load}),
-        ("planted_15pct_target", {"load": None, "planted": True}),
-    ]
+    plan: dict[str, dict] = {
+        "quiet": {"load": None},
+        "planted_15pct_target": {"load": None, "planted": True},
+        "loaded": {"load": args.load},
+    }
     if args.slower_checks and Slower.available():
-        slower = Slower(args.slower_period, args.slower_frozen)
-        plan.append(("slower_machine_emulated", {"load": None, "slower": slower}))
+        plan["slower_machine_emulated"] = {
+            "load": None,
+            "slower": Slower(args.slower_period, args.slower_frozen),
+        }
     elif args.slower_checks:
         state.data["slower_machine_skipped"] = "no writable cgroup-v1 freezer (root needed)"
-    for name, how in plan:
-        if name in checks_done:
-            continue
-        m = args.slower_checks if name.startswith("slower") else args.checks
-        print(f"checks of the quiet profile: {name}", flush=True)
-        checks_done[name] = checks(quiet, m, how.pop("load"), args, env, state, name, **how)
-        state.save()
-        write(state, args)
+
+    def run_checks(names: list[str]) -> None:
+        for name in names:
+            if name in checks_done or name not in plan:
+                continue
+            how = dict(plan[name])
+            m = args.slower_checks if name.startswith("slower") else args.checks
+            print(f"checks of the quiet profile: {name}", flush=True)
+            checks_done[name] = checks(quiet, m, how.pop("load"), args, env, state, name, **how)
+            state.save()
+            write(state, args)
+
+    # The quick checks first, then the runs and their quiet comparison; the checks under load
+    # (each one adapts its repeats to the noise, so they take longest) last.
+    run_checks(["quiet", "planted_15pct_target", "slower_machine_emulated"])
     runs = state.data.setdefault("runs", [])
     for i in range(len(runs), args.runs):
         pattern = args.load if args.load != "both" else ("busy", "bursts")[i % 2]
@@ -386,8 +408,9 @@ def main() -> None:
         print(f"run {i + 1}/{args.runs} ({pattern}): {r['best']} {r['speedup']:.3f}x in {r['seconds']} s", flush=True)  # fmt: skip
     if "quiet_comparison" not in state.data:
         print("quiet interleaved comparison", flush=True)
+        extra = [dynamic_best()] if args.dynamic else []
         with locked(args.lock):
-            state.data["quiet_comparison"] = compare_quiet([q, *runs], q["best"], args)
+            state.data["quiet_comparison"] = compare_quiet([q, *runs, *extra], q["best"], args)
         state.save()
     speedups = state.data["quiet_comparison"]
     ref = max(speedups.values())  # the quiet comparison's best of what anyone chose
@@ -395,6 +418,15 @@ def main() -> None:
         r["quiet_speedup"] = speedups[r["best"]]
         r["within_5pct_of_quiet_best"] = speedups[r["best"]] >= 0.95 * speedups[q["best"]]
         r["within_5pct_of_best_compared"] = speedups[r["best"]] >= 0.95 * ref
+    if args.dynamic:
+        dyn = dynamic_best()["best"]
+        state.data["dynamic_best"] = {
+            "config": dyn,
+            "quiet_speedup": speedups[dyn],
+            "quiet_run_best_within_5pct": speedups[q["best"]] >= 0.95 * speedups[dyn],
+        }
+    write(state, args)
+    run_checks(["loaded"])
     state.data["complete"] = True
     state.save()
     print_table(write(state, args))
@@ -421,6 +453,7 @@ def write(state: State, args: argparse.Namespace) -> dict:
             k: v for k, v in d.get("checks_partial", {}).items() if k not in d.get("checks", {})
         },
         "slower_machine_skipped": d.get("slower_machine_skipped"),
+        "dynamic_best": d.get("dynamic_best"),
         "seconds": round(time.time() - d["started"], 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -441,6 +474,10 @@ def print_table(r: dict) -> None:
     s = r["selection"]
     print(f"selection: {s['within_5pct']}/{s['runs']} within 5 % of the quiet best; "
           f"{s['best_below_alternative']} profiles list a best below a head-to-head alternative")  # fmt: skip
+    if r.get("dynamic_best"):
+        d = r["dynamic_best"]
+        print(f"benchmarks/dynamic.py's best {d['config']}: {d['quiet_speedup']:.3f}x in the same comparison; "
+              f"the quiet run's best within 5 %: {'yes' if d['quiet_run_best_within_5pct'] else 'NO'}")  # fmt: skip
     for name, c in r["checks"].items():
         print(f"check {name:<22} pass {c['passed']}  regression {c['regression']}  "
               f"inconclusive {c['inconclusive']}  other hardware {c['other_hardware']}  (of {len(c['exit_codes'])})")  # fmt: skip
