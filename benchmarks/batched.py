@@ -48,7 +48,7 @@ def main() -> None:
     s = open_session(
         None, ["draft-1l", "draft-2l", "prompt-lookup"], "demo-code", args.max_new_tokens, 0.0, "cpu", "auto",
         lazy_drafts=False,
-        engine=args.engine,
+        engine_mode=args.engine,
     )  # fmt: skip
     target = s.target.model
     # The workload's prompts, repeated until there are enough requests to refill every slot.

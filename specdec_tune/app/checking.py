@@ -121,7 +121,7 @@ def check(
             temperature=p.workload.temperature,
             device=device,
             dtype=p.target.dtype,
-            engine=p.engine_mode,
+            engine_mode=p.engine_mode,
         )
     )
     hw = hardware_info(s.device)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
+from ..runtime.caches.modes import EngineMode
 from ..runtime.graphs import compile_time
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
@@ -33,7 +34,7 @@ class Models:
     temperature: float = 0.0
     device: str = "auto"
     dtype: str = "auto"
-    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.caches.modes)
+    engine_mode: EngineMode = "auto"  # `--engine`: auto, eager, static or compiled (runtime.caches.modes)
     backend: str = "native"  # where configs are measured: native (our engine) or llamacpp
     llama_server: str | None = None  # the llama-server binary (default: the [llamacpp] extra's)
     threads: int | None = None  # engine threads (default: every core)
@@ -53,7 +54,7 @@ class Models:
             self.prompts,
             self.prompt,
             lazy_drafts=lazy_drafts,
-            engine=self.engine,
+            engine_mode=self.engine_mode,
             allow_random=allow_random,
         )
 
@@ -240,7 +241,7 @@ def search_info(result: Any, settings: Any) -> Any:
         final_verdict=result.final_verdict,
         final_margin=list(result.final_margin),
         outliers=list(result.outliers),
-        engine=settings.engine,
+        engine=settings.serving_engine,
     )
 
 
