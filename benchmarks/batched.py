@@ -18,9 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
+from specdec_tune.measure.batched import BatchEntry, measure_batched_many
 from specdec_tune.measure.bench import run_pass
 from specdec_tune.measure.costs import measure_costs
-from specdec_tune.measure.serving import BatchEntry, measure_batched_many
 from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
 from specdec_tune.runtime.batch import batch_generate

@@ -208,8 +208,8 @@ def judge_batch_rows(
 ) -> CheckReport:
     """Each batch table row re-measured at its batch size (closed loop) and judged; items are
     named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
+    from ..measure.batched import measure_batched
     from ..measure.bench import measure
-    from ..measure.serving import measure_batched
     from ..runtime.drafting.build import build_drafter
 
     report = CheckReport(profile=path, config="")
