@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..runtime.caches.modes import EngineMode
 from ..runtime.graphs import compile_time
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
+
+if TYPE_CHECKING:  # a name for annotations only: the modes module loads torch
+    from ..runtime.caches.modes import EngineMode
 
 
 @dataclass
