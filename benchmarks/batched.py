@@ -18,9 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
+from specdec_tune.measure.batched import BatchEntry, measure_batched_many
 from specdec_tune.measure.bench import run_pass
 from specdec_tune.measure.costs import measure_costs
-from specdec_tune.measure.serving import BatchEntry, measure_batched_many
 from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
 from specdec_tune.runtime.batch import batch_generate
@@ -48,7 +48,7 @@ def main() -> None:
     s = open_session(
         None, ["draft-1l", "draft-2l", "prompt-lookup"], "demo-code", args.max_new_tokens, 0.0, "cpu", "auto",
         lazy_drafts=False,
-        engine=args.engine,
+        engine_mode=args.engine,
     )  # fmt: skip
     target = s.target.model
     # The workload's prompts, repeated until there are enough requests to refill every slot.

@@ -116,7 +116,7 @@ def per_category(args, configs: list[Config], costs, log) -> dict:
         "auto",
         args.category_prompts,
         lazy_drafts=False,
-        engine=args.engine,
+        engine_mode=args.engine,
     )
     pool = DrafterPool(s.specs, s.target.model, load=lambda spec: s.drafts[spec.name].model)
     pool.costs = costs  # the demo pair's costs: the costmodel policy's table
@@ -199,7 +199,7 @@ def main() -> None:
         "auto",
         args.prompts,
         lazy_drafts=False,
-        engine=args.engine,
+        engine_mode=args.engine,
     )
     pool = DrafterPool(s.specs, s.target.model, load=lambda spec: s.drafts[spec.name].model)
     costs = measure_costs(s, pool, args.max_gamma, 5, Progress())

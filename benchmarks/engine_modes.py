@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_modes.json"))
     args = ap.parse_args()
 
-    s = open_session(None, ["draft-1l", "prompt-lookup"], limit=args.prompts, engine="eager")
+    s = open_session(None, ["draft-1l", "prompt-lookup"], limit=args.prompts, engine_mode="eager")
     target, draft = s.target.model, s.draft_model(parse_draft("draft-1l"))
     context = default_context_len(s.case)
     longest = max(len(p) + b for p, b in zip(s.case.prompts, s.case.max_new_tokens, strict=True))

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--engine", default="eager")
     ap.add_argument("--context-len", type=int, default=70)
     args = ap.parse_args()
-    s = open_session(None, ["draft-1l"], "demo-code", 32, engine=args.engine, lazy_drafts=False)
+    s = open_session(None, ["draft-1l"], "demo-code", 32, engine_mode=args.engine, lazy_drafts=False)
     target, b = s.target.model, args.batch_size
     spec = parse_draft("draft-1l")
     prompts = (s.case.prompts * (2 * b // len(s.case.prompts) + 2))[: 2 * b]

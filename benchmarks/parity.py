@@ -47,7 +47,7 @@ def main() -> None:
 
     s = open_session(
         None, ["draft-1l", "prompt-lookup", DEMO_HYBRID], "demo-code", args.max_new_tokens, 0.0, "cpu",
-        "auto", limit=args.prompts, engine=args.engine,
+        "auto", limit=args.prompts, engine_mode=args.engine,
     )  # fmt: skip
     target, ctx, case = s.target.model, s.ctx, s.case.head(args.prompts)
     specs = {spec.name: spec for spec in s.specs}

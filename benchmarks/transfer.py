@@ -80,7 +80,7 @@ def main() -> None:
             args.max_new_tokens,
             limit=args.prompts,
             lazy_drafts=False,
-            engine="eager",
+            engine_mode="eager",
         )
         native_cfgs = [(spec, g) for spec in s.specs for g in gammas]
         entries = [

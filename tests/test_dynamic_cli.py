@@ -72,11 +72,10 @@ def test_gamma_policies_join_the_space_only_when_asked():
     ).gamma_policy == ("fixed")
     with pytest.raises(SpecDecError, match="gamma policy"):
         TuneSettings(gamma_policies=("sometimes",))
-    assert TuneSettings(engine="vllm", gamma_policies=("fixed", "heuristic")).gamma_policies == ("fixed",)
-    assert TuneSettings(engine="hf", gamma_policies=("fixed", "heuristic", "costmodel")).gamma_policies == (
-        "fixed",
-        "heuristic",
-    )
+    vllm = TuneSettings(serving_engine="vllm", gamma_policies=("fixed", "heuristic"))
+    assert vllm.gamma_policies == ("fixed",)
+    hf = TuneSettings(serving_engine="hf", gamma_policies=("fixed", "heuristic", "costmodel"))
+    assert hf.gamma_policies == ("fixed", "heuristic")
 
 
 def test_config_key_and_label_keep_fixed_configs_as_they_were():

@@ -121,7 +121,7 @@ def check(
             temperature=p.workload.temperature,
             device=device,
             dtype=p.target.dtype,
-            engine=p.engine_mode,
+            engine_mode=p.engine_mode,
         )
     )
     hw = hardware_info(s.device)
@@ -208,8 +208,8 @@ def judge_batch_rows(
 ) -> CheckReport:
     """Each batch table row re-measured at its batch size (closed loop) and judged; items are
     named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
+    from ..measure.batched import measure_batched
     from ..measure.bench import measure
-    from ..measure.serving import measure_batched
     from ..runtime.drafting.build import build_drafter
 
     report = CheckReport(profile=path, config="")

@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..runtime.graphs import compile_time
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
+
+if TYPE_CHECKING:  # a name for annotations only: the modes module loads torch
+    from ..runtime.caches.modes import EngineMode
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Models:
     temperature: float = 0.0
     device: str = "auto"
     dtype: str = "auto"
-    engine: str = "auto"  # engine mode: auto, eager, static or compiled (runtime.caches.modes)
+    engine_mode: EngineMode = "auto"  # `--engine`: auto, eager, static or compiled (runtime.caches.modes)
     backend: str = "native"  # where configs are measured: native (our engine) or llamacpp
     llama_server: str | None = None  # the llama-server binary (default: the [llamacpp] extra's)
     threads: int | None = None  # engine threads (default: every core)
@@ -53,7 +56,7 @@ class Models:
             self.prompts,
             self.prompt,
             lazy_drafts=lazy_drafts,
-            engine=self.engine,
+            engine_mode=self.engine_mode,
             allow_random=allow_random,
         )
 
@@ -240,7 +243,7 @@ def search_info(result: Any, settings: Any) -> Any:
         final_verdict=result.final_verdict,
         final_margin=list(result.final_margin),
         outliers=list(result.outliers),
-        engine=settings.engine,
+        engine=settings.serving_engine,
     )
 
 

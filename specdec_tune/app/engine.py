@@ -190,7 +190,7 @@ def tune_engine(
     started = time.monotonic()
     if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
         raise SpecDecError("llama.cpp drafts a fixed number of tokens: --gamma-policies must be fixed")
-    settings = replace(settings, engine="llamacpp")  # its threshold semantics (p-min after top-k 10)
+    settings = replace(settings, serving_engine="llamacpp")  # its threshold semantics (p-min after top-k 10)
     hw = hardware_info("cpu")
     s = open_engine(models, batch_sizes[0])
     try:

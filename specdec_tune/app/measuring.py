@@ -80,7 +80,7 @@ def bench(
         if per_category:
             categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
     else:
-        from ..measure.serving import measure_batched
+        from ..measure.batched import measure_batched
         from ..runtime.drafting.build import build_drafter
 
         def make() -> Any:

@@ -90,13 +90,13 @@ def tune(
         with servers_die_with_us():
             return tune_engine(models, settings, out, progress, batch_sizes, budget_s, no_profile)
     # `auto` is resolved once per study (app.shared_study), not by each worker on its own.
-    auto = models.engine == "auto"
-    s = (replace(models, engine="eager") if auto else models).open()
+    auto = models.engine_mode == "auto"
+    s = (replace(models, engine_mode="eager") if auto else models).open()
     specs = list(s.specs) + [
         DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in layer_skip or []
     ]
-    if settings.engine is not None:  # `run --for`: what that engine runs, with its policies
-        specs, notes = restrict(specs, settings.engine)
+    if settings.serving_engine is not None:  # `run --for`: what that engine runs, with its policies
+        specs, notes = restrict(specs, settings.serving_engine)
         s.specs = [x for x in specs if x.kind != "layer_skip"]  # the drafts the costs profile measures
         for n in notes:
             progress.note(n)

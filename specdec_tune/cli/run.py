@@ -125,7 +125,7 @@ def run(
     ] = 1,
     heartbeat: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_HEARTBEAT_S")] = 5,
     grace: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_GRACE_S")] = 20,
-    for_engine: Annotated[
+    serving_engine: Annotated[
         str | None,
         typer.Option(
             "--for",
@@ -150,7 +150,7 @@ def run(
     ] = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
-    engine: EngineOpt = "auto",
+    engine_mode: EngineOpt = "auto",
     backend: BackendOpt = "native",
     llama_server: LlamaServer = None,
     threads: Threads = None,
@@ -176,7 +176,7 @@ def run(
             study_name=study_name,
             heartbeat_s=heartbeat,
             grace_s=grace,
-            engine=for_engine,
+            serving_engine=serving_engine,
             gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
             force=force,
         )
@@ -189,7 +189,7 @@ def run(
             prompts,
             device,
             dtype,
-            engine=engine,
+            engine_mode=engine_mode,
             backend=backend,
             llama_server=llama_server,
             threads=threads,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..domain import Config, Metrics
+from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
-from .serving import BatchEntry, measure_batched_many
 
 BACKENDS = ("native", "llamacpp")  # also in cli/options.py, which must not import torch
 

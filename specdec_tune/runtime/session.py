@@ -14,7 +14,7 @@ from ..domain import DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_temperature
 from .caches.auto import resolve_auto
-from .caches.modes import DEFAULT_CAPACITY, ExecutionContext, check_engine_mode
+from .caches.modes import DEFAULT_CAPACITY, EngineMode, ExecutionContext, check_engine_mode
 from .drafting.hybrid import hybrid_parts
 from .models.devices import resolve_device
 from .models.loading import (
@@ -159,7 +159,7 @@ def open_session(
     prompt: str | None = None,
     default_drafts: bool = True,
     lazy_drafts: bool = False,
-    engine: str = "auto",
+    engine_mode: EngineMode = "auto",
     allow_random: bool = False,
     auto_path: str | Path | None = None,
 ) -> Session:
@@ -169,12 +169,12 @@ def open_session(
     the draft models are loaded on first use (`Session.draft_model`), so one that fails to load
     fails its trials instead of the whole run. Shapes (`shape:NAME`, random weights) are refused
     unless `allow_random`; a shape target has no tokenizer, so no workload is read and `case`
-    is None. `engine` "auto" is resolved here (remembered in `auto_path`, default
+    is None. `engine_mode` "auto" is resolved here (remembered in `auto_path`, default
     `auto.default_auto_path()`) and recorded in the session's context (`ctx.auto`).
     """
     check_count(max_new_tokens, "max_new_tokens")
     check_temperature(temperature)
-    check_engine_mode(engine)
+    check_engine_mode(engine_mode)
     dev = resolve_device(device)
     if drafts is None:
         demo = target is None and default_drafts
@@ -203,13 +203,13 @@ def open_session(
         ids = encode_prompts(wl, tgt.tokenizer)
         budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
         case = Case(ids, budgets, eos_ids(tgt), temperature)
-    auto = resolve_auto(dev, tgt.model, auto_path) if engine == "auto" else None
+    auto = resolve_auto(dev, tgt.model, auto_path) if engine_mode == "auto" else None
     # Room for the longest request and a gamma up to 16; a cache asked for more grows. A shape
     # target has no requests: the default capacity holds its default context.
     longest = DEFAULT_CAPACITY
     if case is not None:
         longest = max(len(p) + b for p, b in zip(case.prompts, case.max_new_tokens, strict=True)) + 18
-    ctx = ExecutionContext(auto.choice if auto else engine, longest, dev, dtype, auto=auto)
+    ctx = ExecutionContext(auto.choice if auto else engine_mode, longest, dev, dtype, auto=auto)
     session = Session(tgt, {}, specs, wl, case, dev, ctx)
     if not lazy_drafts:
         for spec in specs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.drafting.policies import BatchPolicyDrafter, PolicyDrafter, make_policy
+from ..runtime.drafting.policies import make_policy, with_policy
 from .formulas import expected_tokens, expected_tokens_iid, verify_cost_ms
 
 ALPHA_STEPS = 100  # the table has one gamma per alpha = 0, 0.01, ..., 1
@@ -95,7 +95,4 @@ def policy_drafter(drafter: Any, config: Any, costs: Any = None, batch_size: int
     if d is not None:
         table = gamma_table(costs, d.name, config.gamma, batch_size or 1)
         prior = d.acceptance_rate
-    make = make_policy(config.gamma_policy, config.gamma, table, prior)
-    return (
-        PolicyDrafter(drafter, make) if batch_size is None else BatchPolicyDrafter(drafter, make, batch_size)
-    )
+    return with_policy(drafter, make_policy(config.gamma_policy, config.gamma, table, prior), batch_size)

@@ -44,7 +44,7 @@ class TuneSettings:
     final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best
     storage: str | None = None
     study_name: str | None = None
-    engine: str | None = None  # `run --for`: only configs this serving engine runs (serving/capabilities)
+    serving_engine: str | None = None  # `run --for`: only configs this engine runs (serving/capabilities)
     # A worker writes a heartbeat this often; a trial whose heartbeat is older than the grace
     # period belongs to a dead worker (on any host) and is failed, so the study goes on.
     heartbeat_s: int = 5
@@ -76,9 +76,9 @@ class TuneSettings:
         bad = [p for p in self.gamma_policies if p not in GAMMA_POLICIES]
         if bad or not self.gamma_policies:
             raise SpecDecError(f"unknown gamma policy '{(bad or [''])[0]}': use {', '.join(GAMMA_POLICIES)}")
-        if self.engine is not None:
-            self.engine = engine_info(self.engine).key
-            self.gamma_policies = gamma_policies_for(self.engine, tuple(self.gamma_policies))
+        if self.serving_engine is not None:
+            self.serving_engine = engine_info(self.serving_engine).key
+            self.gamma_policies = gamma_policies_for(self.serving_engine, tuple(self.gamma_policies))
         check_count(self.heartbeat_s, "heartbeat interval")
         if self.grace_s <= self.heartbeat_s:
             raise SpecDecError("the heartbeat grace period must be longer than the heartbeat interval")
@@ -96,10 +96,10 @@ def search_space(specs: list[DraftSpec], settings: TuneSettings) -> dict[str, An
         "drafts": ["none", *[s.name for s in specs]],
         "gamma": [1, settings.max_gamma],
         "threshold": [0.0, settings.threshold_max, THRESHOLD_STEP],
-        "threshold_drafts": [s.name for s in specs if tunes_threshold(s, settings.engine)],
+        "threshold_drafts": [s.name for s in specs if tunes_threshold(s, settings.serving_engine)],
     }
-    if settings.engine is not None:  # also keeps a restricted study apart from an unrestricted one
-        space["engine"] = settings.engine
+    if settings.serving_engine is not None:  # also keeps a restricted study apart from an unrestricted one
+        space["engine"] = settings.serving_engine
     if tuple(settings.gamma_policies) != ("fixed",):  # a fixed-only space stays as it always was
         space["gamma_policies"] = list(settings.gamma_policies)
     return space
@@ -118,7 +118,7 @@ def seed_configs(
     configs: list[dict[str, Any]] = [{"draft": "none"}]
     if settings.sampler == "grid":
         for s in specs:
-            thresholds = settings.grid_thresholds if tunes_threshold(s, settings.engine) else (None,)
+            thresholds = settings.grid_thresholds if tunes_threshold(s, settings.serving_engine) else (None,)
             for g in range(1, settings.max_gamma + 1):
                 for t in thresholds:
                     for policy in settings.gamma_policies:
@@ -140,7 +140,7 @@ def seed_configs(
             continue
         seen[name] = seen.get(name, 0) + 1
         c = {"draft": name, "gamma": g}
-        if tunes_threshold(by_name[name], settings.engine):
+        if tunes_threshold(by_name[name], settings.serving_engine):
             c["threshold"] = 0.0
         if len(settings.gamma_policies) > 1:
             c["gamma_policy"] = "fixed"
@@ -163,7 +163,7 @@ def _policy_seeds(
         if scored:
             name = max(scored)[1]
             c: dict[str, Any] = {"draft": name, "gamma": settings.max_gamma, "gamma_policy": policy}
-            if tunes_threshold(by_name[name], settings.engine):
+            if tunes_threshold(by_name[name], settings.serving_engine):
                 c["threshold"] = 0.0
             seeds.append(c)
     return seeds

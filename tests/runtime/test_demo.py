@@ -55,7 +55,9 @@ def test_demo_greedy_is_exact(demo, kind):
 def test_the_default_demo_space_includes_the_hybrid_of_lookup_and_the_best_model_draft():
     from specdec_tune.runtime.session import open_session
 
-    s = open_session(None, None, max_new_tokens=4, device="cpu", limit=1, lazy_drafts=True, engine="eager")
+    s = open_session(
+        None, None, max_new_tokens=4, device="cpu", limit=1, lazy_drafts=True, engine_mode="eager"
+    )
     hybrid = next(d for d in s.specs if d.kind == "hybrid")
     assert hybrid.name == "hybrid:prompt-lookup+draft-1l" and hybrid.path == "draft-1l"
     assert [d.name for d in s.specs] == [*DEMO_DRAFTS, "prompt-lookup", hybrid.name]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_tune.domain import DraftSpec
-from specdec_tune.measure import bench, overheads, serving
+from specdec_tune.measure import batched, bench, overheads
 from specdec_tune.runtime.caches import slots
 from specdec_tune.runtime.caches.modes import ExecutionContext
 from specdec_tune.runtime.decode import autoregressive_generate, speculative_generate
@@ -88,12 +88,12 @@ def test_no_compile_inside_a_timed_pass_compiled_gpt2(monkeypatch):
     assert ctx.caches[target][1]._graphs == {1, GAMMA + 1}
 
     # batched: the same, at B = 2
-    seen_b = _watch_timing(monkeypatch, serving)
+    seen_b = _watch_timing(monkeypatch, batched)
 
     def make():
         return build_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, ctx, rows=2)
 
-    mb = serving.measure_batched(target, make, GAMMA, 0.0, case, 2, repeats=2, ctx=ctx)
+    mb = batched.measure_batched(target, make, GAMMA, 0.0, case, 2, repeats=2, ctx=ctx)
     assert seen_b == [0]
     assert mb.build.in_timing == 0 and mb.mismatches == 0
 

@@ -238,7 +238,12 @@ def test_a_static_context_changes_nothing_outside_what_it_is_passed_to(tiny_dirs
     from specdec_tune.runtime.session import open_session
 
     s = open_session(
-        tiny_dirs["target"], [tiny_dirs["draft"]], tiny_dirs["workload"], 4, engine="static", lazy_drafts=True
+        tiny_dirs["target"],
+        [tiny_dirs["draft"]],
+        tiny_dirs["workload"],
+        4,
+        engine_mode="static",
+        lazy_drafts=True,
     )
     assert s.engine_mode == "static" and s.ctx.static and s.ctx.auto is None
     target = s.target.model

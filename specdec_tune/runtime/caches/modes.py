@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -28,7 +28,9 @@ from .dynamic import cache_kwarg, new_cache
 from .rowcache import RowCache
 from .slots import SlotCache, round_up
 
-ENGINE_MODES = ("auto", "eager", "static", "compiled")
+# `--engine`: how forwards run (not a serving engine of `run --for`, which is `serving/`)
+EngineMode = Literal["auto", "eager", "static", "compiled"]
+ENGINE_MODES: tuple[EngineMode, ...] = get_args(EngineMode)
 DEFAULT_CAPACITY = 1024  # positions per row when nothing tells the cache how long sequences get
 
 

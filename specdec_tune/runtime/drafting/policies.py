@@ -131,3 +131,9 @@ class PolicyDrafter(OneRow):
 
     def __init__(self, inner: Any, make: Callable[[], GammaPolicy]) -> None:
         super().__init__(BatchPolicyDrafter(as_rows(inner), make, 1), inner.kind)
+
+
+def with_policy(inner: Any, make: Callable[[], GammaPolicy], rows: int | None = None) -> Any:
+    """`inner` under the gamma policies `make` builds, keyed by rows like `build.build_drafter`: a
+    batch-1 `PolicyDrafter` when `rows` is None, else a `BatchPolicyDrafter` for `rows` rows."""
+    return PolicyDrafter(inner, make) if rows is None else BatchPolicyDrafter(inner, make, rows)
