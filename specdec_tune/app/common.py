@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..runtime.graphs import compile_time
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
 
@@ -143,7 +142,7 @@ def measure_costs(
             ctx=s.ctx,
         )
     costs.compile_fallbacks = list(s.ctx.fallbacks)
-    costs.compile = compile_time(s.ctx)  # graph builds so far, never inside a timing
+    costs.compile = s.ctx.compile_time()  # graph builds so far, never inside a timing
     costs.engine_choice = s.ctx.auto.summary() if s.ctx.auto else None
     return costs
 

@@ -19,7 +19,6 @@ from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.noise import measure_noise, noise_line
 from ..measure.stats import MIN_PAIRS
-from ..runtime.graphs import compile_time
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
@@ -169,7 +168,7 @@ def tune(
     first = results[batch_sizes[0]]
     profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
     profile.noise, profile.anchors = noise, anchors
-    profile.compile = compile_time(s.ctx)  # the whole run's graph builds, apart from the timings
+    profile.compile = s.ctx.compile_time()  # the whole run's graph builds, apart from the timings
     if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
         profile.search.budget_s = budget_s
         profile.search.budget_note = "; ".join(notes)

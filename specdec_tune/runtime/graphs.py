@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..domain import CompileTime
 from .caches.modes import ExecutionContext
 from .caches.slots import compile_events
 
@@ -42,14 +41,6 @@ class GraphBuild:
             "graphs_in_timing": self.in_timing,
             "retimed": self.retimed,
         }
-
-
-def compile_time(ctx: ExecutionContext | None) -> CompileTime | None:
-    """What a session's graph builds cost so far (a profile records it apart from the timings);
-    None under the eager engine, 0 graphs under static."""
-    if ctx is None or not ctx.static:
-        return None
-    return CompileTime(ctx.graphs_built, round(ctx.compile_s, 3))
 
 
 def widths_for(is_target: bool, gammas: list[int]) -> list[int]:

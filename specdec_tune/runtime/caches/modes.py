@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ...domain import CompileTime
 from ...errors import SpecDecError
 from .dynamic import cache_kwarg, new_cache
 from .rowcache import RowCache
@@ -110,6 +111,13 @@ class ExecutionContext:
     @property
     def compiled(self) -> bool:
         return self.mode == "compiled"
+
+    def compile_time(self) -> CompileTime | None:
+        """What this context's graph builds cost so far (a profile records it apart from the
+        timings); None under the eager engine, 0 graphs under static."""
+        if not self.static:
+            return None
+        return CompileTime(self.graphs_built, round(self.compile_s, 3))
 
     def compile_failed(self, reason: str) -> None:
         """A compile failed: the forward falls back (the cache does), the context remembers why."""
