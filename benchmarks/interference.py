@@ -275,6 +275,7 @@ def check_detail(stdout: str) -> dict:
     return {
         "failed": {i["metric"]: [i["stored"], i["measured"]] for i in r["items"] if not i["ok"]},
         "inconclusive": [i["metric"] for i in r["items"] if i.get("inconclusive")],
+        "measured": {i["metric"]: [i["stored"], i["measured"]] for i in r["items"]},
         "anchors": {
             k: a.get(k) for k in ("slowdown", "by", "rates_judged", "copy_bandwidth_gbps", "matmul_gflops")
         },

@@ -151,16 +151,17 @@ def check(
         verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
         if verdict.other_hardware and not allow_other_hardware:
             raise OtherHardwareError(other_hardware_message(path, verdict))
+        busy_rates = rates_busy(os_noise, machine_busy)
+        scale = 1.0 if busy_rates else verdict.rate_scale  # the load's rates are not judged anyway
         again = None
-        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates):
+        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale):
             n = confirm_repeats(m, repeats)
             again = measure(
                 s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
             )
-        busy_rates = rates_busy(os_noise, machine_busy)
         report = judge(
             p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy,
-            verdict.judge_rates, busy_rates,
+            verdict.judge_rates, busy_rates, scale,
         )  # fmt: skip
         report.noise = {**os_noise, "busy": machine_busy}
         if verdict.slowdown is not None:

@@ -40,6 +40,16 @@ class AnchorVerdict:
     judge_rates: bool  # the tokens/s are judged items (the machine anchors agree, or load explains them)
     compared: dict[str, list[float]] = field(default_factory=dict)  # anchor: [stored, measured]
 
+    @property
+    def rate_scale(self) -> float:
+        """What measured tokens/s are multiplied by before they are judged: the machine anchors'
+        slowdown where they decided and agree within the tolerance (the rates then read at the
+        profile's machine speed), else 1: anchors apart on a busy machine are the load's, which
+        slows a small matmul differently from the target."""
+        if self.by != "machine anchors" or self.slowdown is None or beyond(self.slowdown, self.tolerance):
+            return 1.0
+        return self.slowdown
+
     def as_dict(self) -> dict[str, Any]:
         return {
             **self.compared,
@@ -48,6 +58,7 @@ class AnchorVerdict:
             "tolerance": round(self.tolerance, 3),
             "other_hardware": self.other_hardware,
             "rates_judged": self.judge_rates,
+            "rate_scale": round(self.rate_scale, 4),
         }
 
 

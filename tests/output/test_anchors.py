@@ -84,6 +84,30 @@ def test_a_clearly_lower_rate_is_a_regression_and_inconclusive_when_not_quiet():
     assert not needs_confirmation(stored, slower, 0.10, judge_rates=False)
 
 
+def test_rates_are_judged_at_the_profiles_machine_speed():
+    # The machine anchors agree (5 % faster now, within the tolerance) and the target is 15 % slower:
+    # 80 -> 73.9 tokens/s plain is -7.6 % raw (a pass at 10 %), but -12.2 % at the profile's speed.
+    p = _profile(**MACHINE)
+    v = anchor_verdict(p, 73.9, MachineSpeed(20.0, 105.0, 0.05), machine_busy=False)
+    assert v.judge_rates and not v.other_hardware and v.rate_scale == pytest.approx(100 / 105)
+    assert v.as_dict()["rate_scale"] == pytest.approx(0.9524, abs=1e-4)
+    stored = _metrics()
+    slower = _measured([93.0, 93.5, 92.5], [73.9, 74.2, 73.6])
+    assert all(i.ok for i in rate_items(stored, slower, None, 0.10, busy=False))
+    items = {i.metric: i for i in rate_items(stored, slower, None, 0.10, busy=False, scale=v.rate_scale)}
+    assert not items["baseline_tokens_per_s"].ok
+    assert items["baseline_tokens_per_s"].measured == pytest.approx(73.9)  # reported unscaled
+    assert "scaled ×0.952" in items["baseline_tokens_per_s"].note
+    assert needs_confirmation(stored, slower, 0.10, judge_rates=True, rate_scale=v.rate_scale)
+    # The same machine measured 5 % slower: an unchanged target passes once scaled.
+    v = anchor_verdict(p, 76.2, MachineSpeed(20.0, 95.0, 0.05), machine_busy=False)
+    same = _measured([95.0, 95.4, 94.6], [76.2, 76.0, 76.5])
+    assert all(i.ok for i in rate_items(stored, same, None, 0.10, busy=False, scale=v.rate_scale))
+    # Other hardware, or no machine anchors: nothing is scaled.
+    assert anchor_verdict(p, 80.0, MachineSpeed(20.0, 50.0, 0.05), machine_busy=False).rate_scale == 1.0
+    assert anchor_verdict(_profile(), 80.0, MachineSpeed(20.0, 50.0), machine_busy=False).rate_scale == 1.0
+
+
 def test_rates_busy_and_the_faster_of_two_measurements():
     assert not rates_busy({"others_cpu_share": 0.05, "steal_share": 0.0}, False)
     assert rates_busy({"others_cpu_share": 0.2, "steal_share": 0.0}, False)

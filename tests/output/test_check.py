@@ -312,6 +312,23 @@ def test_same_machine_anchors_and_a_slower_target_is_a_regression(monkeypatch, s
     assert "anchors agree" in notes["baseline_tokens_per_s"]
 
 
+def test_a_slower_target_on_a_machine_measuring_faster_is_still_caught(monkeypatch, stored_profile, tmp_path):
+    # 15 % slower target forward while the same VM measures 6 % faster than when the profile was
+    # made: -9 % tokens/s raw (inside 10 %), -14 % at the profile's machine speed.
+    from specdec_tune.measure import bench
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=MACHINE)
+    _machine(monkeypatch, matmul=106.0)
+    _quiet(monkeypatch)
+    hidden = {"rates": [91.0, 91.5, 90.5], "baseline_rates": [72.8, 73.0, 72.6]}
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **hidden))
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 1, r.output
+    res = json.loads(r.stdout)
+    assert {i["metric"] for i in res["items"] if not i["ok"]} == {"tokens_per_s", "baseline_tokens_per_s"}
+    assert res["anchors"]["rate_scale"] == pytest.approx(100 / 106, abs=1e-4)
+
+
 def test_slower_machine_anchors_are_other_hardware(monkeypatch, stored_profile, tmp_path):
     edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=MACHINE)
     _machine(monkeypatch, copy=20.0 / 1.8, matmul=100.0 / 1.8)  # the whole machine 1.8x slower
