@@ -79,6 +79,7 @@ from specdec_tune.cli import main
 sys.argv = ["specdec-tune", *sys.argv[1:]]
 main()
 """
+LAST_STDERR = [""]  # the last CLI call's stderr (exit 3 says "other hardware (measured N× slower ...)")
 FREEZER = Path("/sys/fs/cgroup/freezer/specdec-interference")
 CLI = "import sys\nfrom specdec_tune.cli import main\nsys.argv = ['specdec-tune', *sys.argv[1:]]\nmain()\n"
 
@@ -173,6 +174,7 @@ def cli(
         [sys.executable, "-c", PLANTED if planted else CLI, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec,
     )  # fmt: skip
+    LAST_STDERR[0] = done.stderr
     if done.returncode == 2:
         raise SystemExit(f"specdec-tune {' '.join(args[:2])} failed: {done.stderr.strip()[-1500:]}")
     return done.returncode, done.stdout, time.perf_counter() - t0
@@ -306,7 +308,8 @@ def checks(
                 with slower:
                     code, out, secs = cli(argv, env, planted, preexec=Slower.enter)
         codes.append(code)
-        details.append(check_detail(out) | {"seconds": round(secs, 1)})
+        said = LAST_STDERR[0].strip().splitlines()[-1:] if code == 3 else []
+        details.append(check_detail(out) | {"seconds": round(secs, 1)} | ({"said": said[0]} if said else {}))
         state.save()
         print(f"  {name} check {i + 1}/{m} load={pattern or 'none'}: exit {code} {details[-1]}", flush=True)  # fmt: skip
     return {
@@ -401,7 +404,8 @@ def main() -> None:
         pattern = args.load if args.load != "both" else ("busy", "bursts")[i % 2]
         out = args.work / f"run{i}.yaml"
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
-            _, _, secs = cli(run_args(out, f"loaded-{i}", args), env)
+            # A study of its own per attempt: an interrupted attempt's trials are not resumed.
+            _, _, secs = cli(run_args(out, f"loaded-{i}-{time.time_ns()}", args), env)
         runs.append(profile_summary(out) | {"seconds": round(secs, 1), "load": pattern})
         state.save()
         write(state, args)
