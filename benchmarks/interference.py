@@ -79,7 +79,6 @@ from specdec_tune.cli import main
 sys.argv = ["specdec-tune", *sys.argv[1:]]
 main()
 """
-LAST_STDERR = [""]  # the last CLI call's stderr (exit 3 says "other hardware (measured N× slower ...)")
 FREEZER = Path("/sys/fs/cgroup/freezer/specdec-interference")
 CLI = "import sys\nfrom specdec_tune.cli import main\nsys.argv = ['specdec-tune', *sys.argv[1:]]\nmain()\n"
 
@@ -167,17 +166,16 @@ def cli(
     planted: bool = False,
     timeout: float = 3600,
     preexec: object = None,
-) -> tuple[int, str, float]:
-    """Run the CLI in a fresh process: (exit code, stdout, seconds)."""
+) -> tuple[int, str, float, str]:
+    """Run the CLI in a fresh process: (exit code, stdout, seconds, stderr)."""
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", PLANTED if planted else CLI, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec,
     )  # fmt: skip
-    LAST_STDERR[0] = done.stderr
     if done.returncode == 2:
         raise SystemExit(f"specdec-tune {' '.join(args[:2])} failed: {done.stderr.strip()[-1500:]}")
-    return done.returncode, done.stdout, time.perf_counter() - t0
+    return done.returncode, done.stdout, time.perf_counter() - t0, done.stderr
 
 
 def run_args(out: Path, study: str, args: argparse.Namespace) -> list[str]:
@@ -303,12 +301,12 @@ def checks(
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
             argv = ["check", str(profile), "--device", "cpu", "--format", "json"]
             if slower is None:
-                code, out, secs = cli(argv, env, planted)
+                code, out, secs, err = cli(argv, env, planted)
             else:
                 with slower:
-                    code, out, secs = cli(argv, env, planted, preexec=Slower.enter)
+                    code, out, secs, err = cli(argv, env, planted, preexec=Slower.enter)
         codes.append(code)
-        said = LAST_STDERR[0].strip().splitlines()[-1:] if code == 3 else []
+        said = err.strip().splitlines()[-1:] if code == 3 else []  # "other hardware (measured N× slower …)"
         details.append(check_detail(out) | {"seconds": round(secs, 1)} | ({"said": said[0]} if said else {}))
         state.save()
         print(f"  {name} check {i + 1}/{m} load={pattern or 'none'}: exit {code} {details[-1]}", flush=True)  # fmt: skip
@@ -365,7 +363,7 @@ def main() -> None:
     if "quiet_run" not in state.data:
         print("quiet run (the quiet best and the profile to check)", flush=True)
         with locked(args.lock):
-            _, _, secs = cli(run_args(quiet, "quiet", args), env)
+            _, _, secs, _ = cli(run_args(quiet, "quiet", args), env)
         state.data["quiet_run"] = profile_summary(quiet) | {"seconds": round(secs, 1), "load": None}
         state.save()
     q = state.data["quiet_run"]
@@ -405,7 +403,7 @@ def main() -> None:
         out = args.work / f"run{i}.yaml"
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
             # A study of its own per attempt: an interrupted attempt's trials are not resumed.
-            _, _, secs = cli(run_args(out, f"loaded-{i}-{time.time_ns()}", args), env)
+            _, _, secs, _ = cli(run_args(out, f"loaded-{i}-{time.time_ns()}", args), env)
         runs.append(profile_summary(out) | {"seconds": round(secs, 1), "load": pattern})
         state.save()
         write(state, args)
