@@ -278,6 +278,11 @@ class Anchors:
     # a small float32 matmul (measure.anchors); with the copy, the machine anchors `check` compares
     # before judging. Absent in older profiles.
     matmul_gflops: float | None = None
+    # The best config against plain decoding in fresh processes after the run, measured the way
+    # `check` measures (app.reference): one median tokens/s per process. `check` judges tokens/s
+    # against these rather than the final round's, which came from the process that ran the search.
+    reference_tokens_per_s: list[float] = field(default_factory=list)
+    reference_baseline_tokens_per_s: list[float] = field(default_factory=list)
 
 
 def slugify(text: str) -> str:

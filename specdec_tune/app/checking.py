@@ -25,6 +25,7 @@ from ..output.check import (
     judge_measured,
     junit_xml,
     needs_confirmation,
+    reference_of,
     speedup_floor,
 )
 from ..runtime.models.loading import content_hash_like
@@ -95,6 +96,65 @@ def check(
             raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
     if junit is not None:
         check_writable(junit)
+    s, spec = open_profile_models(p, path, device, models_root, rows, allow_other_hardware)
+    weights = content_hash_like(p.target.content_hash, s.target.path)
+    if batch_size is None:
+        cfg = p.best.config
+        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+        # The machine anchors (copy, matmul) before and after the measurement (output.anchors).
+        (machine, m), os_noise, machine_busy = noise.busy_window(
+            lambda: measure_twice(
+                s.device,
+                lambda: measure(
+                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
+                ),
+            )
+        )
+        verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
+        if verdict.other_hardware and not allow_other_hardware:
+            raise OtherHardwareError(other_hardware_message(path, verdict))
+        busy_rates = rates_busy(os_noise, machine_busy)
+        scale = 1.0 if busy_rates else verdict.rate_scale  # the load's rates are not judged anyway
+        again = None
+        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale, reference_of(p)):
+            n = confirm_repeats(m, repeats)
+            again = measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
+            )
+        report = judge(
+            p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy,
+            verdict.judge_rates, busy_rates, scale,
+        )  # fmt: skip
+        report.noise = {**os_noise, "busy": machine_busy}
+        if verdict.slowdown is not None:
+            report.anchors = verdict.as_dict()
+        # The best config is the batch size 1 answer; the table's other rows follow.
+        others = [r for r in rows if r.batch_size != 1]
+        report.items += judge_batch_rows(
+            p, str(path), s, others, weights, tolerance, acceptance_tolerance, repeats, with_weights=False
+        ).items
+        if p.batch_table:
+            report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
+    else:
+        report = judge_batch_rows(p, str(path), s, rows, weights, tolerance, acceptance_tolerance, repeats)
+        report.config = f"batch size {batch_size}: {rows[0].best.config.label}"
+    report.seconds = time.monotonic() - started
+    if junit is not None:
+        atomic_write_text(junit, junit_xml(report))
+    return report
+
+
+def open_profile_models(
+    p: Any,
+    path: Path,
+    device: str = "auto",
+    models_root: Path | None = None,
+    rows: list[Any] | None = None,
+    allow_other_hardware: bool = False,
+) -> tuple[Any, Any]:
+    """The models and workload a stored profile names, loaded here (confined to `models_root`
+    when given), with its best config's draft spec. Raises OtherHardwareError on another slug
+    (unless allowed) and SpecDecError when the workload changed."""
     # models are named relative to the profile's folder (store.refs), so any working directory works
     folder = Path(path).parent
 
@@ -102,7 +162,7 @@ def check(
         return dataclasses.replace(spec, path=resolve_ref(spec.path, folder)) if spec.path else spec
 
     spec = local(p.best.config.draft)
-    extra = [local(r.best.config.draft) for r in rows if r.best.config.draft.kind != "none"]
+    extra = [local(r.best.config.draft) for r in rows or [] if r.best.config.draft.kind != "none"]
     specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
     target = resolve_ref(target_ref(p), folder)
     root = models_root_of(models_root)
@@ -135,51 +195,7 @@ def check(
             f"workload '{p.workload.name}' has changed since the profile was made "
             f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
         )
-    weights = content_hash_like(p.target.content_hash, s.target.path)
-    if batch_size is None:
-        cfg = p.best.config
-        drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-        # The machine anchors (copy, matmul) before and after the measurement (output.anchors).
-        (machine, m), os_noise, machine_busy = noise.busy_window(
-            lambda: measure_twice(
-                s.device,
-                lambda: measure(
-                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
-                ),
-            )
-        )
-        verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
-        if verdict.other_hardware and not allow_other_hardware:
-            raise OtherHardwareError(other_hardware_message(path, verdict))
-        busy_rates = rates_busy(os_noise, machine_busy)
-        scale = 1.0 if busy_rates else verdict.rate_scale  # the load's rates are not judged anyway
-        again = None
-        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale):
-            n = confirm_repeats(m, repeats)
-            again = measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
-            )
-        report = judge(
-            p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy,
-            verdict.judge_rates, busy_rates, scale,
-        )  # fmt: skip
-        report.noise = {**os_noise, "busy": machine_busy}
-        if verdict.slowdown is not None:
-            report.anchors = verdict.as_dict()
-        # The best config is the batch size 1 answer; the table's other rows follow.
-        others = [r for r in rows if r.batch_size != 1]
-        report.items += judge_batch_rows(
-            p, str(path), s, others, weights, tolerance, acceptance_tolerance, repeats, with_weights=False
-        ).items
-        if p.batch_table:
-            report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
-    else:
-        report = judge_batch_rows(p, str(path), s, rows, weights, tolerance, acceptance_tolerance, repeats)
-        report.config = f"batch size {batch_size}: {rows[0].best.config.label}"
-    report.seconds = time.monotonic() - started
-    if junit is not None:
-        atomic_write_text(junit, junit_xml(report))
-    return report
+    return s, spec
 
 
 def open_models(models: Models) -> Any:

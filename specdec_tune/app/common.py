@@ -241,6 +241,7 @@ def search_info(result: Any, settings: Any) -> Any:
         final_repeats=result.final_repeats if result.finalists else 0,
         final_verdict=result.final_verdict,
         final_margin=list(result.final_margin),
+        final_tied=list(result.final_tied),
         outliers=list(result.outliers),
         engine=settings.serving_engine,
     )

@@ -17,7 +17,7 @@ from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
-from ..measure.noise import measure_noise, noise_line
+from ..measure.noise import busy, measure_noise, noise_line
 from ..measure.stats import MIN_PAIRS
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
@@ -41,6 +41,7 @@ from .common import (
     workload_info,
 )
 from .engine import tune_engine
+from .reference import process_seconds
 
 # ----------------------------------------------------------------------------------------- tune
 
@@ -137,13 +138,18 @@ def tune(
         progress.note(line)
     results: dict[int, Any] = {}
     notes = []
+    # The reference processes `check` will judge against (app.reference) come out of the budget
+    # too; on a busy machine there are none (`_reference`).
+    reserve_s = 0.0
+    if settings.reference_processes and not busy(noise):
+        reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
     neighbour: list[dict[str, Any]] = []
     for i, b in enumerate(batch_sizes):
         settings_b = replace(settings, batch_size=b)
         if settings.study_name and b != batch_sizes[0]:
             settings_b.study_name = f"{settings.study_name}-b{b}"
         if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
-            left = budget_s - (time.monotonic() - started)
+            left = budget_s - (time.monotonic() - started) - reserve_s
             pass_s = noise.plain_pass_s if b == 1 else None
             settings_b, note = _fit_budget(s, pool, settings_b, left / (len(batch_sizes) - i), pass_s)
             notes.append(note)
@@ -182,7 +188,35 @@ def tune(
     profile = make_portable(profile, out, models.target or s.target.name)
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     profile, csv_path = save_run(profile, out, rows, settings.force)
+    if settings.reference_processes and profile.anchors is not None:
+        left = None if budget_s is None else budget_s - (time.monotonic() - started)
+        profile = _reference(profile, out, settings.reference_processes, left, noise, progress)
     return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _reference(
+    profile: Any, out: Path, processes: int, left_s: float | None, noise: Any, progress: Any
+) -> Any:
+    """The tokens/s `check` will judge against, measured in fresh processes (app.reference) and
+    stored in the profile's anchors; skipped on a busy machine, whose rates `check` never judges."""
+    from ..store.yamlio import save_profile
+    from .reference import record_reference
+
+    if busy(noise):
+        progress.note("no reference for check's tokens/s: the machine was busy during the run")
+        return profile
+    import torch
+
+    kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, torch.get_num_threads())
+    if note:
+        progress.note(note)
+    if len(kept) < 2:
+        progress.note("fewer than 2 quiet reference processes: check judges tokens/s against the final round")
+        return profile
+    profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
+    profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
+    save_profile(profile, out)
+    return profile
 
 
 def _noise_and_anchors(s: Any) -> tuple[Any, Any]:

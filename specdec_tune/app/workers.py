@@ -90,7 +90,8 @@ def tune_workers(
             for i, cores in enumerate(shares[1:], start=1):
                 job = {
                     "models": dataclasses.asdict(models),
-                    "settings": dataclasses.asdict(settings),
+                    # the reference processes are this process's (app.reference), once
+                    "settings": dataclasses.asdict(dataclasses.replace(settings, reference_processes=0)),
                     "layer_skip": layer_skip,
                     "costs_file": str(costs_file) if costs_file else None,
                     "no_profile": no_profile,

@@ -123,6 +123,14 @@ def run(
             "(helps only a target that leaves cores idle: I/O or GPU bound)."
         ),
     ] = 1,
+    reference_processes: Annotated[
+        int,
+        typer.Option(
+            help="After the run, measure the best config as `check` does in this many fresh processes; "
+            "check judges tokens/s against them (0: against the final round's).",
+            envvar="SPECDEC_REFERENCE_PROCESSES",
+        ),
+    ] = 3,
     heartbeat: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_HEARTBEAT_S")] = 5,
     grace: Annotated[int, typer.Option(hidden=True, envvar="SPECDEC_GRACE_S")] = 20,
     serving_engine: Annotated[
@@ -179,6 +187,7 @@ def run(
             serving_engine=serving_engine,
             gamma_policies=tuple(p.strip() for p in gamma_policies.split(",") if p.strip()),
             force=force,
+            reference_processes=reference_processes,
         )
         models = models_from(
             target,

@@ -1,7 +1,7 @@
 """Run configs over a workload against the plain target, timed in the same run.
 
-Baseline and speculative passes alternate (`timing.interleaved`) after a warm-up, so drift of
-the machine hits all of them; a config's speedup is the median of its per-repeat throughput
+Baseline and speculative passes alternate prompt by prompt (`timing.interleaved_parts`) after a
+warm-up, so drift of the machine and another job's bursts hit all of them alike; a config's speedup is the median of its per-repeat throughput
 ratios to the same repeat's baseline, with the spread reported.
 """
 
@@ -21,7 +21,7 @@ from ..runtime.drafting.drafters import Drafter
 from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
-from .timing import interleaved, median, spread
+from .timing import interleaved_parts, median, spread
 
 
 @dataclass
@@ -74,19 +74,40 @@ def run_pass(
 ) -> tuple[list[list[int]], SpecStats]:
     """Generate every prompt of `case` once; gamma 0 or no drafter is the plain target (its cache
     under `ctx`, default eager)."""
-    device = next(target.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed) if case.temperature > 0 else None
+    generator = _generator(target, case, seed)
     outputs, stats = [], SpecStats()
-    for prompt, max_new in zip(case.prompts, case.max_new_tokens, strict=True):
-        if drafter is None or gamma == 0:
-            gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator, ctx)
-        else:
-            gen = speculative_generate(
-                target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
-            )
-        outputs.append(gen.tokens)
-        stats.add(gen.stats)
+    for i in range(len(case.prompts)):
+        tokens, s = run_prompt(target, drafter, gamma, threshold, case, i, generator, ctx)
+        outputs.append(tokens)
+        stats.add(s)
     return outputs, stats
+
+
+def run_prompt(
+    target: Any,
+    drafter: Drafter | None,
+    gamma: int,
+    threshold: float,
+    case: Case,
+    i: int,
+    generator: torch.Generator | None = None,
+    ctx: ExecutionContext | None = None,
+) -> tuple[list[int], SpecStats]:
+    """Generate prompt `i` of `case` once (sampling from `generator` when the case samples)."""
+    prompt, max_new = case.prompts[i], case.max_new_tokens[i]
+    if drafter is None or gamma == 0:
+        gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator, ctx)
+    else:
+        gen = speculative_generate(
+            target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
+        )
+    return gen.tokens, gen.stats
+
+
+def _generator(target: Any, case: Case, seed: int) -> torch.Generator | None:
+    if case.temperature <= 0:
+        return None
+    return torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
 
 
 def measure(
@@ -144,44 +165,57 @@ def measure_many(
         # Every graph another prompt can reach (other draft widths near a request's end).
         prebuild(ctx, target, [e.gamma for e in entries if e.speculative])
 
-    # Key -1 is the baseline; the entries follow by index.
-    runs: dict[int, Callable[[int], Any]] = {
-        -1: lambda r: run_pass(target, None, 0, 0.0, case, seed + r, ctx)
-    }
+    # Key -1 is the baseline; the entries follow by index. The passes alternate prompt by prompt
+    # (timing.interleaved_parts); a pass's generator lives from its first prompt to its last.
+    generators: dict[tuple[int, int], torch.Generator | None] = {}
+
+    def part(k: int, e: Entry | None) -> Callable[[int, int], Any]:
+        def run(r: int, p: int) -> tuple[list[int], SpecStats]:
+            if p == 0:
+                generators[(k, r)] = _generator(target, case, seed + r)
+            if e is None:
+                return run_prompt(target, None, 0, 0.0, case, p, generators[(k, r)], ctx)
+            return run_prompt(target, e.drafter, e.gamma, e.threshold, case, p, generators[(k, r)], ctx)
+
+        return run
+
+    runs: dict[int, Callable[[int, int], Any]] = {-1: part(-1, None)}
     for i, e in enumerate(entries):
         if e.speculative:
-            runs[i] = lambda r, e=e: run_pass(target, e.drafter, e.gamma, e.threshold, case, seed + r, ctx)
+            runs[i] = part(i, e)
 
-    def rate(sec_result: tuple[float, Any]) -> float:
-        sec, (out, _) = sec_result
-        return sum(map(len, out)) / sec
+    def rate(sec_parts: tuple[float, list[Any]]) -> float:
+        sec, parts = sec_parts
+        return sum(len(tokens) for tokens, _ in parts) / sec
 
     ratios: list[list[float]] = [[] for _ in entries]
 
-    def after_repeat(r: int, last: dict[int, tuple[float, Any]]) -> None:
+    def after_repeat(r: int, last: dict[int, tuple[float, list[Any]]]) -> None:
         base = rate(last[-1])
         for i, e in enumerate(entries):
             ratios[i].append(rate(last[i]) / base if e.speculative else 1.0)
         if on_repeat is not None:
             on_repeat(r, [median(x) for x in ratios])
 
-    def timing() -> dict[int, list[tuple[float, Any]]]:
+    def timing() -> dict[int, list[tuple[float, list[Any]]]]:
         for x in ratios:
             x.clear()  # a round re-timed after a compile starts over
-        return interleaved(runs, repeats, device, after_repeat)
+        generators.clear()
+        return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat)
 
     compiled = ctx is not None and ctx.compiled
     timings = timed_without_compiles(timing, build) if compiled else timing()
     base_rates = [rate(t) for t in timings[-1]]
-    base_out = timings[-1][-1][1][0]
+    base_out = [tokens for tokens, _ in timings[-1][-1][1]]
     result = []
     for i, e in enumerate(entries):
         own = timings[i] if e.speculative else timings[-1]
         stats = SpecStats()
         if e.speculative:
-            for _, (_, s) in own:
-                stats.add(s)
-        outs = own[-1][1][0]
+            for _, parts in own:
+                for _, s in parts:
+                    stats.add(s)
+        outs = [tokens for tokens, _ in own[-1][1]]
         mismatches = 0
         if case.temperature == 0.0:
             mismatches = sum(a != b for a, b in zip(base_out, outs, strict=True))

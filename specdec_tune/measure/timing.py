@@ -1,9 +1,10 @@
-"""The one timer and the one interleaving primitive; summaries as median and spread.
+"""The one timer and the interleaving primitives; summaries as median and spread.
 
 `timed` synchronises the device before and after. `interleaved` runs several contenders once per
 repeat, reversing the order on odd repeats (ABBA, generalised), so a slow drift of the machine
-favours none of them; every comparison in the package (bench, final round, HF yardstick, loop
-overheads, forward-cost curves) goes through it.
+favours none of them; every comparison in the package (HF yardstick, loop overheads, forward-cost
+curves, the batched replay) goes through it. `interleaved_parts` alternates prompt by prompt, for
+load that changes faster than a pass: bench, and so the search, the final round and `check`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,44 @@ def interleaved(
     for r in range(repeats):
         for k in order if r % 2 == 0 else order[::-1]:
             out[k].append(timed(lambda k=k, r=r: runs[k](r), device))
+        if on_repeat is not None:
+            on_repeat(r, {k: v[-1] for k, v in out.items()})
+    return out
+
+
+def interleaved_parts(
+    runs: dict[K, Callable[[int, int], Any]],
+    repeats: int,
+    parts: int,
+    device: str,
+    on_repeat: Callable[[int, dict[K, tuple[float, list[Any]]]], None] | None = None,
+) -> dict[K, list[tuple[float, list[Any]]]]:
+    """`interleaved` with each repeat cut into `parts` (a workload's prompts): the contenders take
+    turns part by part, the order reversed at every other part, and a repeat's seconds are the sum
+    over its parts.
+
+    Whole passes take seconds each, so load that comes and goes over seconds (another job's bursts)
+    can land on one contender's pass and miss the next one's, and the ratio of the two is off by
+    the burst. Part by part, the contenders of one part run a fraction of a second apart and share
+    whatever the machine was doing. `runs[k](r, p)` runs part p of repeat r; returns, per key, the
+    (seconds, [result per part]) of each repeat.
+    """
+    if repeats < 1 or parts < 1:
+        raise ValueError(f"repeats and parts must be >= 1, got {repeats} and {parts}")
+    out: dict[K, list[tuple[float, list[Any]]]] = {k: [] for k in runs}
+    order = list(runs)
+    turn = 0
+    for r in range(repeats):
+        seconds = dict.fromkeys(runs, 0.0)
+        results: dict[K, list[Any]] = {k: [] for k in runs}
+        for p in range(parts):
+            for k in order if turn % 2 == 0 else order[::-1]:
+                sec, res = timed(lambda k=k, r=r, p=p: runs[k](r, p), device)
+                seconds[k] += sec
+                results[k].append(res)
+            turn += 1
+        for k in runs:
+            out[k].append((seconds[k], results[k]))
         if on_repeat is not None:
             on_repeat(r, {k: v[-1] for k, v in out.items()})
     return out

@@ -17,6 +17,7 @@ rule: plain tokens/s decides other hardware and tokens/s is information only.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -108,6 +109,7 @@ def judge(
         judge_rates=judge_rates,
         rates_busy=rates_busy,
         rate_scale=rate_scale,
+        reference=reference_of(profile),
     )
     return report
 
@@ -124,6 +126,7 @@ def judge_config(
     judge_rates: bool = False,
     rates_busy: bool = False,
     rate_scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
 ) -> list[CheckItem]:
     """The items of one stored config re-measured (`where` names it, e.g. " @ B=4").
 
@@ -180,7 +183,9 @@ def judge_config(
             )
         )
     if judge_rates:
-        return items + rate_items(stored, measured, again, tolerance, rates_busy, where, rate_scale)
+        return items + rate_items(
+            stored, measured, again, tolerance, rates_busy, where, rate_scale, reference
+        )
     for metric, digits in (("tokens_per_s", 2), ("baseline_tokens_per_s", 2)):
         items.append(
             CheckItem(
@@ -220,12 +225,35 @@ def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
     return out
 
 
+def reference_of(profile: Profile) -> dict[str, list[float]]:
+    """The profile's reference tokens/s per metric (app.reference: one median per fresh process,
+    measured as `check` measures), where it has at least two; {} for older profiles."""
+    a = profile.anchors
+    if a is None:
+        return {}
+    ref = {
+        "tokens_per_s": a.reference_tokens_per_s,
+        "baseline_tokens_per_s": a.reference_baseline_tokens_per_s,
+    }
+    return {k: list(v) for k, v in ref.items() if len(v) >= 2}
+
+
 def judge_rate(
-    stored: Any, measured: Any, again: Any | None, metric: str, tolerance: float, scale: float = 1.0
+    stored: Any,
+    measured: Any,
+    again: Any | None,
+    metric: str,
+    tolerance: float,
+    scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
 ) -> Any:
-    """`stats.judge_speedup` of a tokens/s against the stored median (a profile keeps no repeats);
+    """`stats.judge_speedup` of a tokens/s against the reference processes' medians when the
+    profile has them (their spread widens the interval), else against the final round's median;
     `scale`: the measured rates times this first (see `rate_items`)."""
     rates = [r * scale for r in rates_of(measured, again, metric)]
+    ref = (reference or {}).get(metric)
+    if ref:
+        return judge_speedup(rates, ref, statistics.median(ref), tolerance)
     return judge_speedup(rates, [], getattr(stored, metric), tolerance)
 
 
@@ -237,6 +265,7 @@ def rate_items(
     busy: bool,
     where: str = "",
     scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
 ) -> list[CheckItem]:
     """The speculative and the plain tokens/s judged like the speedup (the machine anchors agreed,
     so a drop is the setup's): a regression when clearly below stored × (1 - tolerance);
@@ -245,13 +274,21 @@ def rate_items(
     `scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed the
     profile's machine had: a VM measures a few per cent faster or slower from one minute to the
     next, and unscaled that hid a 15 % slower target forward whenever the machine ran 2-5 %
-    faster (benchmarks/interference.py). The reported value stays the unscaled one."""
+    faster (benchmarks/interference.py). The reported value stays the unscaled one.
+
+    `reference` (`reference_of`): the medians of fresh processes that measured the best config as
+    `check` does right after the run; the stored value is then their median (app.reference says
+    why the final round's own rate is a poorer one)."""
     items = []
+    reference = reference or {}
     for metric in RATES:
-        judged = judge_rate(stored, measured, again, metric, tolerance, scale)
+        judged = judge_rate(stored, measured, again, metric, tolerance, scale, reference)
         if busy and judged.verdict == REGRESSION:
             judged.verdict = INCONCLUSIVE
-        note = f"{judged.note} vs stored median; the machine anchors agree"
+        ref = reference.get(metric)
+        base = statistics.median(ref) if ref else getattr(stored, metric)
+        against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
+        note = f"{judged.note} vs {against}; the machine anchors agree"
         if scale != 1.0:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:
@@ -259,8 +296,8 @@ def rate_items(
         items.append(
             CheckItem(
                 f"{metric}{where}",
-                round(getattr(stored, metric), 2),
-                round(judged.ratio * getattr(stored, metric) / scale, 2),
+                round(base, 2),
+                round(judged.ratio * base / scale, 2),
                 judged.verdict != REGRESSION,
                 note,
                 inconclusive=judged.verdict == INCONCLUSIVE,
@@ -270,13 +307,19 @@ def rate_items(
 
 
 def needs_confirmation(
-    stored: Any, measured: Any, tolerance: float, judge_rates: bool = False, rate_scale: float = 1.0
+    stored: Any,
+    measured: Any,
+    tolerance: float,
+    judge_rates: bool = False,
+    rate_scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
 ) -> bool:
     """Measure again? When the speedup (or, judged, a tokens/s) did not clearly pass."""
     if judge_measured(stored, measured, None, tolerance).verdict != PASS:
         return True
     return judge_rates and any(
-        judge_rate(stored, measured, None, metric, tolerance, rate_scale).verdict != PASS for metric in RATES
+        judge_rate(stored, measured, None, metric, tolerance, rate_scale, reference).verdict != PASS
+        for metric in RATES
     )
 
 

@@ -73,7 +73,11 @@ def final_verdict(search: object) -> str:
     )
     if verdict == "resolved":
         return f"resolved: {against}" if against else "resolved"
-    return f"tie within noise ({against}): the simplest tied config was picked" if against else verdict
+    tied = list(getattr(search, "final_tied", []) or [])
+    words = f"tie within noise ({against})" if against else verdict
+    if tied:
+        words += f"; as fast within noise: {', '.join(tied)} (simplest first)"
+    return words
 
 
 def noise_words(n: Any) -> str:

@@ -5,7 +5,7 @@ Each search trial is one short noisy measurement, and the highest of many noisy 
 upwards (the winner's curse): a config can top the search on one lucky trial. The finalists (at
 least the top two distinct configs) get fresh measurements timed side by side, which are unbiased
 and directly comparable, and rounds are added until the winner is resolved (`racing`); unresolved,
-the round is a tie within noise and the simplest tied config wins. A search trial above what the
+the round is a tie within noise: the fastest of the round is kept and the tied configs are named. A search trial above what the
 cost model allows at any acceptance, or whose own repeats disagree wildly, is an outlier: it sets
 no bar for the others and is only promoted by its final-round measurement.
 
@@ -141,9 +141,14 @@ def final_round(
     result.finalists = len(final)
     result.final_verdict = stored.get("verdict", "")
     result.final_margin = list(stored.get("margin") or [])
+    result.final_tied = [_label(final, i) for i in stored.get("tied") or []]
     result.final_repeats = max(m.repeats for m in measured)
     for r in final:
         result.rows.append(csv_row(None, "FINAL", r.config, r.metrics.speedup, r.metrics.as_dict()))
+
+
+def _label(final: list[Result], i: int) -> str:
+    return "no speculation" if i == BASELINE else final[i].config.label
 
 
 def _stored(study: Any, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -199,6 +204,7 @@ def _measure(
         "verdict": outcome.verdict,
         "margin": [round(margin.ratio, 4), *(round(x, 4) for x in margin.interval)] if margin else [],
         "rounds": outcome.rounds,
+        "tied": list(outcome.tied),
         "worker": WORKER,
     }
 

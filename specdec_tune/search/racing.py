@@ -4,8 +4,11 @@ other finalist and the plain baseline, or the budget ends.
 Each round measures the leader and the finalists not yet resolved against it, interleaved with the
 baseline; a finalist's samples are its per-repeat speedups keyed by (round, repeat), so two
 finalists are compared only on the repeats they shared (`stats.compare`, ratio of ratios). When
-the budget ends with the leader unresolved, the round is a tie within noise and the simplest of
-the tied configs wins (`simplicity`). Pure logic: the measuring is the `measure_round` callback.
+the budget ends with the leader unresolved, the round is a tie within noise: the leader is kept
+(no config listed as best may measure below another of its round) and the configs it could not be
+told from are named, simplest first (`simplicity`), for the reader who prefers fewer moving parts.
+A leader not resolved faster than plain decoding gives way to it. Pure logic: the measuring is the
+`measure_round` callback.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ class RaceOutcome:
     margin: Comparison | None  # the chosen one against the runner-up, paired
     runner_up: int | None
     rounds: int
-    tied: list[int] = field(default_factory=list)  # indices the chosen one could not be told from
+    tied: list[int] = field(
+        default_factory=list
+    )  # indices the chosen one could not be told from, simplest first
 
 
 def simplicity(config: Config) -> tuple:
@@ -102,14 +107,17 @@ def race(
 
 
 def _outcome(configs: list[Config], samples: dict[int, Samples], rounds: int, seed: int) -> RaceOutcome:
+    """The leader stays the choice even when unresolved: a config listed as best must not measure
+    below another in the same round. The tied ones are kept, simplest first, for the reader to see
+    (the profile's `search.final_tied`). The exception is plain decoding: a leader not resolved
+    faster than it is not worth speculating for, so plain decoding is chosen."""
     leader, open_ = standings(samples, seed)
     every = {**samples, BASELINE: _baseline_like(samples)}
-    if open_:
-        tied = [leader, *open_]
-        chosen = min(tied, key=lambda i: (_simplicity_of(configs, i), -median_of(every[i])))
-        verdict = TIE
-    else:
-        tied, chosen, verdict = [], leader, RESOLVED
+    tied = sorted(open_, key=lambda i: (_simplicity_of(configs, i), -median_of(every[i])))
+    chosen = BASELINE if BASELINE in open_ else leader
+    if chosen == BASELINE and leader != BASELINE:
+        tied = [leader] + [i for i in tied if i != BASELINE]
+    verdict = TIE if open_ else RESOLVED
     others = [i for i in every if i != chosen]
     runner_up = max(others, key=lambda i: median_of(every[i])) if others else None
     margin = paired(every[chosen], every[runner_up], seed) if runner_up is not None else None

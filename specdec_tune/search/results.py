@@ -42,6 +42,7 @@ class TuneResult:
     final_note: str = ""  # why the final round did not run, when it was asked for and did not
     final_verdict: str = ""  # racing.RESOLVED or racing.TIE ("" : no final round)
     final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, lo, hi
+    final_tied: list[str] = field(default_factory=list)  # on a tie: configs not told apart, simplest first
     final_repeats: int = 0  # the most interleaved repeats a finalist got (racing adds rounds)
     outliers: list[str] = field(default_factory=list)  # search trials not believed (final.is_outlier)
     # This worker's trials that a peer failed while it was paused: their results were dropped.

@@ -56,6 +56,9 @@ class TuneSettings:
     final_wait_s: float = 3600.0
     # `run --force`: replace a profile of another target at the output path (store.runfiles)
     force: bool = False
+    # Fresh processes that measure the best config as `check` does after the run (app.reference;
+    # 0: none, and `check` judges tokens/s against the final round's; the CLI's default is 3).
+    reference_processes: int = 0
 
     def __post_init__(self) -> None:
         if self.trials is not None:
@@ -68,6 +71,7 @@ class TuneSettings:
         check_count(self.repeats, "--repeats", high=MAX_REPEATS)
         check_count(self.finalists, "--finalists", low=0, high=MAX_TRIALS)
         check_count(self.final_repeats, "--final-repeats", high=MAX_REPEATS)
+        check_count(self.reference_processes, "--reference-processes", low=0, high=MAX_REPEATS)
         self.final_max_repeats = max(self.final_max_repeats, self.final_repeats)
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")

@@ -55,9 +55,11 @@ class SearchInfo:
     finalists: int = 0  # configs re-measured head to head after the search (0: no final round)
     final_repeats: int = 0  # interleaved repeats of that final round (the most any finalist got)
     # "resolved" (the best is faster than the runner-up beyond the noise) or "tie within noise"
-    # (the budget ended first; the simplest tied config was picked); "" before racing existed.
+    # (the budget ended first; the fastest of the round was kept); "" before racing existed.
     final_verdict: str = ""
     final_margin: list[float] = field(default_factory=list)  # best / runner-up: ratio, interval lo, hi
+    # On a tie: the configs the best could not be told from, simplest first (search.racing).
+    final_tied: list[str] = field(default_factory=list)
     outliers: list[str] = field(default_factory=list)  # search trials not believed (above the ceiling)
     budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
     budget_note: str = ""  # what the budget allowed, in words

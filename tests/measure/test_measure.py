@@ -16,24 +16,72 @@ def case(prompts, n=3, max_new=10):
     return Case(prompts[:n], [max_new] * n, [], 0.0)
 
 
-def test_passes_are_interleaved_and_reversed_on_odd_repeats(monkeypatch, tiny_target, prompts):
-    order = []
+def test_passes_alternate_prompt_by_prompt_reversing_every_other_prompt(monkeypatch, tiny_target, prompts):
+    warm, timed = [], []
 
     def fake_pass(target, drafter, gamma, threshold, c, seed=0, ctx=None):
-        order.append((gamma, len(c.prompts)))
+        warm.append((gamma, len(c.prompts)))
         return [[1, 2, 3]] * len(c.prompts), SpecStats()
 
+    def fake_prompt(target, drafter, gamma, threshold, c, i, generator=None, ctx=None):
+        timed.append((gamma, i))
+        return [1, 2, 3], SpecStats()
+
     monkeypatch.setattr(measure_mod, "run_pass", fake_pass)
-    d = object()  # any drafter: run_pass is faked
+    monkeypatch.setattr(measure_mod, "run_prompt", fake_prompt)
+    d = object()  # any drafter: the passes are faked
     entries = [Entry(d, 1), Entry(None, 0), Entry(d, 2)]
-    ms = measure_many(tiny_target, entries, case(prompts), repeats=3)
-    warm, timed = order[:3], order[3:]
+    c = case(prompts)
+    ms = measure_many(tiny_target, entries, c, repeats=3)
     assert warm == [(0, 1), (1, 1), (2, 1)]  # one warm-up on one prompt, plain entry not repeated
-    # The plain entry shares the baseline pass; the order reverses every other repeat (ABBA).
-    assert [g for g, _ in timed] == [0, 1, 2, 2, 1, 0, 0, 1, 2]
-    assert all(n == 3 for _, n in timed)
+    # The plain entry shares the baseline; the contenders take turns prompt by prompt, the order
+    # reversed at every other prompt (ABBA at the prompt level), every prompt of every repeat once.
+    n = len(c.prompts)
+    assert n > 1 and len(timed) == 3 * n * 3
+    for turn in range(3 * n):
+        part = timed[3 * turn : 3 * turn + 3]
+        assert [g for g, _ in part] == ([0, 1, 2] if turn % 2 == 0 else [2, 1, 0])
+        assert {i for _, i in part} == {turn % n}
     assert ms[1].metrics.speedup == 1.0 and ms[1].speedups == [1.0, 1.0, 1.0]
     assert all(len(m.speedups) == 3 and m.metrics.repeats == 3 for m in ms)
+    assert ms[0].outputs == [[1, 2, 3]] * n  # a repeat's outputs, prompt by prompt
+
+
+def test_a_burst_hits_every_contender_of_a_prompt_alike():
+    """Load that switches on and off over a few parts: timed whole pass by whole pass, the burst
+    lands on one contender only; part by part, both see it and their ratio stays near the truth."""
+    import itertools
+
+    from specdec_tune.measure import timing
+
+    clock = itertools.count()
+    now = {"t": 0.0}
+
+    def work(cost: float):
+        def run(*_):
+            tick = next(clock)
+            slow = 3.0 if (tick // 8) % 2 == 1 else 1.0  # the load: on for 8 calls, off for 8
+            now["t"] += cost * slow
+            return None
+
+        return run
+
+    real = timing.time.perf_counter
+    timing.time.perf_counter = lambda: now["t"]
+    try:
+        parts = timing.interleaved_parts({"a": work(1.0), "b": work(2.0)}, 4, 8, "cpu")
+        clock = itertools.count()
+        whole = timing.interleaved(
+            {"a": lambda r: [work(1.0)() for _ in range(8)], "b": lambda r: [work(2.0)() for _ in range(8)]},
+            4,
+            "cpu",
+        )
+    finally:
+        timing.time.perf_counter = real
+    ratio_parts = [b[0] / a[0] for a, b in zip(parts["a"], parts["b"], strict=True)]
+    ratio_whole = [b[0] / a[0] for a, b in zip(whole["a"], whole["b"], strict=True)]
+    assert all(abs(x - 2.0) < 0.35 for x in ratio_parts)  # the true ratio is 2
+    assert max(abs(x - 2.0) for x in ratio_whole) > 1.0  # a pass in the burst, the other out of it
 
 
 def test_measure_many_on_real_drafters_is_exact_and_counts_acceptance(tiny_target, tiny_draft, prompts):

@@ -374,3 +374,60 @@ def test_an_older_profile_without_machine_anchors_keeps_the_older_rule(monkeypat
     res = json.loads(r.stdout)
     assert res["anchors"]["by"] == "plain tokens/s" and res["anchors"]["rates_judged"] is False
     assert {i["note"] for i in res["items"] if "tokens_per_s" in i["metric"]} == {"information only"}
+
+
+def test_rates_are_judged_against_the_fresh_process_reference(monkeypatch, stored_profile, tmp_path):
+    # The run's own process measured plain decoding at 80 tokens/s; fresh processes measuring as
+    # check does (app.reference) found 88. A 15 % slower target at 76 is inside 10 % of the
+    # run's number, and 14 % below the reference: caught.
+    from specdec_tune.measure import bench
+
+    anchors = {
+        **MACHINE,
+        "reference_tokens_per_s": [110.0, 111.0, 109.0],
+        "reference_baseline_tokens_per_s": [88.0, 87.0, 89.0],
+    }
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=anchors)
+    _machine(monkeypatch)
+    _quiet(monkeypatch)
+    slower = {"rates": [94.0, 94.5, 93.5], "baseline_rates": [76.0, 76.2, 75.8]}
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **slower))
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 1, r.output
+    items = {i["metric"]: i for i in json.loads(r.stdout)["items"]}
+    assert not items["baseline_tokens_per_s"]["ok"] and items["baseline_tokens_per_s"]["stored"] == 88.0
+    assert "reference (3 fresh processes)" in items["baseline_tokens_per_s"]["note"]
+    # Without the reference the same numbers pass against the run's own 80 tokens/s.
+    plain = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=MACHINE)
+    r = invoke("check", plain, "--repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    # And the unchanged setup, at the reference's rates, passes against the reference.
+    same = {"rates": [110.0, 110.5, 109.5], "baseline_rates": [88.0, 88.4, 87.6]}
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **same))
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_reference_process_measures_the_best_as_check_does(stored_profile):
+    """`python -m specdec_tune.app.reference PROFILE`: a fresh process, one JSON line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_tune.app.reference", str(stored_profile), "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["tokens_per_s"] > 0 and got["baseline_tokens_per_s"] > 0 and got["matmul_gflops"] > 0
+    assert got["speedup"] == pytest.approx(got["tokens_per_s"] / got["baseline_tokens_per_s"], rel=0.5)
+    assert isinstance(got["busy"], bool)
+    bad = subprocess.run(
+        [sys.executable, "-m", "specdec_tune.app.reference", str(stored_profile.parent / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")

@@ -10,7 +10,7 @@ import pytest
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
 from specdec_tune.measure import stats
 from specdec_tune.search.final import is_outlier, pick_finalists, pool
-from specdec_tune.search.racing import BASELINE, RESOLVED, TIE, race, simplicity
+from specdec_tune.search.racing import BASELINE, RESOLVED, TIE, median_of, race, simplicity
 
 MODEL = DraftSpec("draft-1l", "model", path="x")
 LOOKUP = DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3)
@@ -61,12 +61,15 @@ def test_race_adds_rounds_until_the_leader_is_resolved():
     assert all(call[1] == 2 for call in measure_round.calls[1:])
 
 
-def test_race_ends_in_a_tie_and_picks_the_simplest():
-    # Equal configs: the budget of repeats ends unresolved, and the one without threshold,
-    # with the smaller gamma, wins the tie.
-    configs = [Config(MODEL, 5, 0.3), Config(MODEL, 3, 0.0)]
-    out = race(configs, noisy([1.6, 1.6], 0.15, seed=2), 4, 2, max_repeats=8)
-    assert out.verdict == TIE and out.chosen == 1 and set(out.tied) >= {0, 1}
+def test_a_tie_keeps_the_fastest_and_names_the_tied_simplest_first():
+    # Equal configs: the budget of repeats ends unresolved. The one measured fastest stays best
+    # (a best must not measure below another config of its round); the other is named as tied.
+    configs = [Config(MODEL, 5, 0.3), Config(MODEL, 3, 0.0), Config(MODEL, 4, 0.0)]
+    out = race(configs, noisy([1.6, 1.6, 1.6], 0.15, seed=2), 4, 2, max_repeats=8)
+    medians = {i: median_of(out.samples[i]) for i in range(3)}
+    assert out.verdict == TIE and out.chosen == max(medians, key=medians.get)
+    assert out.chosen not in out.tied and len(out.tied) >= 1
+    assert out.tied == sorted(out.tied, key=lambda i: simplicity(configs[i]))  # simplest first
     assert max(len(s) for s in out.samples.values()) <= 8
 
 

@@ -1,0 +1,136 @@
+"""The tokens/s `check` judges against, measured the way `check` measures: in fresh processes.
+
+The final round's rates come from the process that ran the whole search, and the absolute rate of
+one process differs from another's on the same quiet VM by several per cent (in
+benchmarks/interference.py, 20 quiet checks measured 0.955-1.083x the run's stored plain rate,
+median +4.5 %; a check of the committed profile measured -6.3 %). That is as large as the gap
+between a 10 % tolerance and a 15 % slower target forward, so a single process's number is a poor
+reference. `run` therefore ends by measuring its best config against plain decoding in a few fresh
+processes, each exactly as `check` does (the machine anchors around it, 3 interleaved repeats),
+and stores each quiet process's medians in `anchors.reference_*`; `check` judges its tokens/s
+against their spread (output.check.rate_items).
+
+`python -m specdec_tune.app.reference PROFILE [THREADS]` is one such process: it prints one JSON
+line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecDecError
+
+PROCESSES = 3
+REPEATS = 3  # check's default
+STARTUP_S = 5.0  # a fresh interpreter importing torch and loading the models, on a small pair
+
+
+def measure_here(path: Path, threads: int | None = None, device: str = "auto") -> dict[str, Any]:
+    """One reference measurement in this process: the profile's best config against plain
+    decoding, as `check` measures it (app.checking), and whether the OS saw other work meanwhile.
+    `threads`: torch's CPU threads, as the run had them (`--threads` is part of the slug)."""
+    import torch
+
+    from ..measure import noise
+    from ..measure.anchors import measure_twice
+    from ..measure.bench import measure
+    from ..runtime.drafting.build import build_drafter
+    from ..search.policymodel import policy_drafter
+    from ..store.yamlio import load_profile
+    from .checking import open_profile_models
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    p = load_profile(path)
+    s, spec = open_profile_models(p, path, device)
+    cfg = p.best.config
+    drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+    (machine, m), _, busy = noise.busy_window(
+        lambda: measure_twice(
+            s.device,
+            lambda: measure(
+                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=REPEATS, ctx=s.ctx
+            ),
+        )
+    )
+    return {
+        "tokens_per_s": round(m.metrics.tokens_per_s, 3),
+        "baseline_tokens_per_s": round(m.metrics.baseline_tokens_per_s, 3),
+        "speedup": round(m.metrics.speedup, 4),
+        "matmul_gflops": round(machine.matmul_gflops, 3),
+        "busy": busy,
+    }
+
+
+def process_seconds(pass_s: float, gamma_share: float = 0.5) -> float:
+    """About how long one reference process takes: start-up, then REPEATS plain passes and as many
+    speculative ones (`gamma_share` of a plain pass each), plus the warm-up."""
+    return STARTUP_S + (REPEATS + 1) * pass_s * (1 + gamma_share)
+
+
+def record_reference(
+    path: Path,
+    processes: int = PROCESSES,
+    budget_s: float | None = None,
+    pass_s: float | None = None,
+    threads: int | None = None,
+    run: Any = subprocess.run,
+) -> tuple[list[dict[str, Any]], str]:
+    """Measure the reference in up to `processes` fresh processes, one after the other, within
+    `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
+    processes' measurements and a note on what was skipped. A process that fails or finds the
+    machine busy is left out; each one is killed if it outlives four times its estimate (a minute
+    at least). `threads`: torch's CPU threads in the processes (the run's)."""
+    estimate = process_seconds(pass_s) if pass_s else 60.0
+    started = time.monotonic()
+    kept, notes = [], []
+    for i in range(processes):
+        if budget_s is not None and time.monotonic() - started + estimate > budget_s:
+            notes.append(f"{processes - i} of {processes} reference processes did not fit the budget")
+            break
+        try:
+            done = run(
+                [sys.executable, "-m", "specdec_tune.app.reference", str(path)]
+                + ([str(threads)] if threads else []),
+                capture_output=True,
+                text=True,
+                timeout=max(4 * estimate, 60.0),
+            )
+        except subprocess.TimeoutExpired:
+            notes.append(f"reference process {i + 1} timed out")
+            continue
+        line = (done.stdout.strip().splitlines() or [""])[-1]
+        try:
+            got = json.loads(line) if done.returncode == 0 else None
+        except ValueError:
+            got = None
+        if not isinstance(got, dict):
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            notes.append(f"reference process {i + 1} failed: {why}")
+        elif got.get("busy"):
+            notes.append(f"reference process {i + 1} left out: other work was running")
+        else:
+            kept.append(got)
+    return kept, "; ".join(notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2) or (len(args) == 2 and not args[1].isdigit()):
+        print("usage: python -m specdec_tune.app.reference PROFILE [THREADS]", file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(measure_here(Path(args[0]), int(args[1]) if len(args) == 2 else None)))
+    except SpecDecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""app.reference: the fresh processes `run` ends with, and what is kept of them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+from specdec_tune.app.reference import process_seconds, record_reference
+
+
+def _runner(outputs):
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append((cmd, kwargs))
+        out = outputs.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        code, stdout, stderr = out
+        return SimpleNamespace(returncode=code, stdout=stdout, stderr=stderr)
+
+    return run, calls
+
+
+def _line(rate, base, busy=False):
+    return (0, json.dumps({"tokens_per_s": rate, "baseline_tokens_per_s": base, "busy": busy}) + "\n", "")
+
+
+def test_quiet_processes_are_kept_and_the_others_say_why(tmp_path):
+    run, calls = _runner(
+        [
+            _line(110.0, 88.0),
+            _line(90.0, 70.0, busy=True),
+            (2, "", "error: the profile is gone\n"),
+            subprocess.TimeoutExpired("x", 1),
+            _line(111.0, 87.5),
+        ]
+    )
+    kept, note = record_reference(tmp_path / "p.yaml", processes=5, run=run)
+    assert [k["baseline_tokens_per_s"] for k in kept] == [88.0, 87.5]
+    assert "process 2 left out: other work" in note and "process 3 failed: error: the profile is gone" in note
+    assert "process 4 timed out" in note
+    cmd, kwargs = calls[0]
+    assert cmd[1:] == ["-m", "specdec_tune.app.reference", str(tmp_path / "p.yaml")]
+    assert kwargs["timeout"] > 0  # a stuck process is killed, never left behind
+
+
+def test_the_budget_caps_the_processes(tmp_path):
+    run, calls = _runner([_line(110.0, 88.0)] * 3)
+    one = process_seconds(1.0)
+    kept, note = record_reference(tmp_path / "p.yaml", processes=3, budget_s=one * 0.5, pass_s=1.0, run=run)
+    assert kept == [] and calls == [] and "3 of 3 reference processes did not fit the budget" in note
+    kept, note = record_reference(tmp_path / "p.yaml", processes=3, budget_s=1e6, pass_s=1.0, run=run)
+    assert len(kept) == 3 and note == ""
+
+
+def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    from specdec_tune.app import reference, tuning
+    from specdec_tune.domain import Noise
+    from specdec_tune.store.yamlio import load_profile
+
+    out = tmp_path / "demo.yaml"
+    shutil.copy(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml", out)
+    profile = load_profile(out)
+    notes = []
+    progress = SimpleNamespace(note=notes.append)
+    quiet = Noise(1.0, 0.01, 3, 2, 0.1, 0.0, 0.0, [], 2)
+    got = [{"tokens_per_s": 400.0 + i, "baseline_tokens_per_s": 200.0 + i} for i in range(3)]
+    monkeypatch.setattr(reference, "record_reference", lambda *a, **k: (list(got), ""))
+    saved = tuning._reference(profile, out, 3, 100.0, quiet, progress)
+    again = load_profile(out)
+    assert (
+        again.anchors.reference_baseline_tokens_per_s
+        == [200.0, 201.0, 202.0]
+        == (saved.anchors.reference_baseline_tokens_per_s)
+    )
+    assert again.anchors.reference_tokens_per_s == [400.0, 401.0, 402.0] and notes == []
+    # A busy machine: no reference at all (check never judges the rates of a loaded run).
+    busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
+    fresh = load_profile(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
+    assert tuning._reference(fresh, out, 3, 100.0, busy, progress).anchors.reference_tokens_per_s == []
+    assert "busy" in notes[-1]
+    # One quiet process is not a spread: nothing stored, and the note says so.
+    monkeypatch.setattr(reference, "record_reference", lambda *a, **k: (got[:1], "2 of 3 ... busy"))
+    assert tuning._reference(fresh, out, 3, 100.0, quiet, progress).anchors.reference_tokens_per_s == []
+    assert "fewer than 2" in notes[-1]
