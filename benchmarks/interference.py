@@ -344,7 +344,7 @@ def main() -> None:
     ap.add_argument("--burst-on", type=float, default=2.0)
     ap.add_argument("--burst-off", type=float, default=2.0)
     ap.add_argument("--budget", type=float, default=None, help="--budget of each run (default: run's own)")
-    ap.add_argument("--compare-repeats", type=int, default=6)
+    ap.add_argument("--compare-repeats", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="4 prompts x 24 tokens, 90 s budget: a smoke test")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-interference"), help="kept for resuming")
     ap.add_argument("--lock", type=Path, default=None, help="flock this file around each measured step")

@@ -283,6 +283,7 @@ class Anchors:
     # against these rather than the final round's, which came from the process that ran the search.
     reference_tokens_per_s: list[float] = field(default_factory=list)
     reference_baseline_tokens_per_s: list[float] = field(default_factory=list)
+    reference_matmul_gflops: float | None = None  # the matmul anchor in those processes (median)
 
 
 def slugify(text: str) -> str:

@@ -15,7 +15,7 @@ from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, hardware_slug, same_hardware
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.stats import PASS
-from ..output.anchors import anchor_verdict, other_hardware_message, rates_busy
+from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for, rates_busy
 from ..output.check import (
     CheckItem,
     CheckReport,
@@ -114,7 +114,8 @@ def check(
         if verdict.other_hardware and not allow_other_hardware:
             raise OtherHardwareError(other_hardware_message(path, verdict))
         busy_rates = rates_busy(os_noise, machine_busy)
-        scale = 1.0 if busy_rates else verdict.rate_scale  # the load's rates are not judged anyway
+        # the load's rates are not judged anyway
+        scale = 1.0 if busy_rates else rate_scale_for(p, verdict, machine)
         again = None
         if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale, reference_of(p)):
             n = confirm_repeats(m, repeats)
@@ -127,7 +128,7 @@ def check(
         )  # fmt: skip
         report.noise = {**os_noise, "busy": machine_busy}
         if verdict.slowdown is not None:
-            report.anchors = verdict.as_dict()
+            report.anchors = {**verdict.as_dict(), "rate_scale": round(scale, 4)}
         # The best config is the batch size 1 answer; the table's other rows follow.
         others = [r for r in rows if r.batch_size != 1]
         report.items += judge_batch_rows(

@@ -41,7 +41,6 @@ from .common import (
     workload_info,
 )
 from .engine import tune_engine
-from .reference import process_seconds
 
 # ----------------------------------------------------------------------------------------- tune
 
@@ -142,6 +141,8 @@ def tune(
     # too; on a busy machine there are none (`_reference`).
     reserve_s = 0.0
     if settings.reference_processes and not busy(noise):
+        from .reference import process_seconds  # not at import: `-m specdec_tune.app.reference` runs it
+
         reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
     neighbour: list[dict[str, Any]] = []
     for i, b in enumerate(batch_sizes):
@@ -215,6 +216,8 @@ def _reference(
         return profile
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
+    matmul = sorted(k["matmul_gflops"] for k in kept if k.get("matmul_gflops"))
+    profile.anchors.reference_matmul_gflops = matmul[len(matmul) // 2] if matmul else None
     save_profile(profile, out)
     return profile
 

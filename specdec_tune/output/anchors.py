@@ -106,6 +106,19 @@ def machine_slowdown(profile: Profile, machine: Any) -> tuple[float | None, dict
     return slowdown, {k: [stored, round(now, 3)] for k, (stored, now) in pairs.items()}
 
 
+def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: Any) -> float:
+    """What `check` multiplies measured tokens/s by: `verdict.rate_scale`, except that rates judged
+    against the reference processes (app.reference) are put at the speed those processes measured
+    (their own matmul rate), not the run's: the reference and the check are both fresh processes,
+    and the run's anchor came from minutes earlier in another one."""
+    a = profile.anchors
+    now = getattr(machine, "matmul_gflops", None)
+    ref = a.reference_matmul_gflops if a is not None else None
+    if verdict.rate_scale == 1.0 or not ref or not now or len(a.reference_tokens_per_s) < 2:
+        return verdict.rate_scale
+    return ref / now
+
+
 def anchor_verdict(
     profile: Profile, plain_tokens_per_s: float, machine: Any, machine_busy: bool
 ) -> AnchorVerdict:

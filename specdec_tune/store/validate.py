@@ -123,7 +123,7 @@ def _validate(p: Profile) -> None:
         validate_compile(p.compile, "compile")
     if p.anchors is not None:
         _positive(p.anchors.plain_tokens_per_s, "anchors.plain_tokens_per_s")
-        for name in ("copy_bandwidth_gbps", "matmul_gflops"):
+        for name in ("copy_bandwidth_gbps", "matmul_gflops", "reference_matmul_gflops"):
             if getattr(p.anchors, name) is not None:
                 _positive(getattr(p.anchors, name), f"anchors.{name}")
         for name in ("reference_tokens_per_s", "reference_baseline_tokens_per_s"):

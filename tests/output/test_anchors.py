@@ -136,3 +136,27 @@ def test_the_profile_keeps_matmul_gflops_and_older_profiles_load_without_it(tmp_
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(SpecDecError, match=r"anchors\.matmul_gflops"):
         load_profile(tmp_path / "bad.yaml")
+
+
+def test_rates_judged_against_the_reference_read_at_the_reference_processes_speed():
+    from specdec_tune.output.anchors import rate_scale_for
+
+    machine = MachineSpeed(20.0, 95.0, 0.02)
+    # The run's own anchor said 100 GFLOP/s; its fresh reference processes measured 96, as fresh
+    # processes do: a check measuring 95 is at the reference's speed within 1 %, not 5 %.
+    ref = _profile(
+        **MACHINE,
+        reference_tokens_per_s=[110.0, 111.0],
+        reference_baseline_tokens_per_s=[88.0, 87.0],
+        reference_matmul_gflops=96.0,
+    )
+    v = anchor_verdict(ref, 80.0, machine, machine_busy=False)
+    assert v.rate_scale == pytest.approx(100 / 95) and rate_scale_for(ref, v, machine) == pytest.approx(
+        96 / 95
+    )
+    # Without a reference (or its matmul), the run's anchor as before.
+    old = _profile(**MACHINE)
+    assert rate_scale_for(old, anchor_verdict(old, 80.0, machine, False), machine) == pytest.approx(100 / 95)
+    # Other hardware: nothing is scaled at all.
+    far = MachineSpeed(20.0, 50.0, 0.02)
+    assert rate_scale_for(ref, anchor_verdict(ref, 80.0, far, False), far) == 1.0

@@ -69,7 +69,10 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     notes = []
     progress = SimpleNamespace(note=notes.append)
     quiet = Noise(1.0, 0.01, 3, 2, 0.1, 0.0, 0.0, [], 2)
-    got = [{"tokens_per_s": 400.0 + i, "baseline_tokens_per_s": 200.0 + i} for i in range(3)]
+    got = [
+        {"tokens_per_s": 400.0 + i, "baseline_tokens_per_s": 200.0 + i, "matmul_gflops": 210.0 + i}
+        for i in range(3)
+    ]
     monkeypatch.setattr(reference, "record_reference", lambda *a, **k: (list(got), ""))
     saved = tuning._reference(profile, out, 3, 100.0, quiet, progress)
     again = load_profile(out)
@@ -79,6 +82,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
         == (saved.anchors.reference_baseline_tokens_per_s)
     )
     assert again.anchors.reference_tokens_per_s == [400.0, 401.0, 402.0] and notes == []
+    assert again.anchors.reference_matmul_gflops == 211.0
     # A busy machine: no reference at all (check never judges the rates of a loaded run).
     busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
     fresh = load_profile(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
