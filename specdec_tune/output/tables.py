@@ -241,6 +241,16 @@ def _run_table(p: Profile) -> Table:
                 f"matmul {unit(a.matmul_gflops, 'GFLOP/s')}",
             )
         )
+        if len(a.reference_baseline_tokens_per_s) >= 2:
+            plain = ", ".join(f"{x:.1f}" for x in a.reference_baseline_tokens_per_s)
+            spec = ", ".join(f"{x:.1f}" for x in a.reference_tokens_per_s)
+            rows.append(
+                (
+                    "check's reference",
+                    f"plain {plain} tokens/s, best {spec} tokens/s "
+                    f"({len(a.reference_baseline_tokens_per_s)} fresh processes, measured as check measures)",
+                )
+            )
     return kv_table("Run", rows)
 
 

@@ -83,6 +83,12 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     )
     assert again.anchors.reference_tokens_per_s == [400.0, 401.0, 402.0] and notes == []
     assert again.anchors.reference_matmul_gflops == 211.0
+    from helpers import invoke
+
+    shown = invoke("show", out)
+    assert (
+        shown.exit_code == 0 and "check's reference" in shown.stdout and "200.0, 201.0, 202.0" in shown.stdout
+    )
     # A busy machine: no reference at all (check never judges the rates of a loaded run).
     busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
     fresh = load_profile(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
