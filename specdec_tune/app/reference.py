@@ -10,8 +10,7 @@ processes, each exactly as `check` does (the machine anchors around it, 3 interl
 and stores each quiet process's medians in `anchors.reference_*`; `check` judges its tokens/s
 against their spread (output.check.rate_items).
 
-`python -m specdec_tune.app.reference PROFILE [THREADS]` is one such process: it prints one JSON
-line.
+`command(PROFILE, THREADS)` starts one such process (`main`): it prints one JSON line.
 """
 
 from __future__ import annotations
@@ -24,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..measure import noise
+from ..measure.anchors import measure_twice
+from ..search.policymodel import policy_drafter
+from ..store.yamlio import load_profile
+from .checking import open_profile_models
 
 PROCESSES = 3
 REPEATS = 3  # check's default
@@ -36,13 +40,8 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     `threads`: torch's CPU threads, as the run had them (`--threads` is part of the slug)."""
     import torch
 
-    from ..measure import noise
-    from ..measure.anchors import measure_twice
     from ..measure.bench import measure
     from ..runtime.drafting.build import build_drafter
-    from ..search.policymodel import policy_drafter
-    from ..store.yamlio import load_profile
-    from .checking import open_profile_models
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -65,6 +64,15 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
         "matmul_gflops": round(machine.matmul_gflops, 3),
         "busy": busy,
     }
+
+
+def command(path: Path, threads: int | None = None) -> list[str]:
+    """The command line of one reference process (`main` in a fresh interpreter)."""
+    return [sys.executable, "-c", CHILD, str(path)] + ([str(threads)] if threads else [])
+
+
+# Not `-m specdec_tune.app.reference`: the package imports this module first, and runpy warns.
+CHILD = "import sys; from specdec_tune.app.reference import main; sys.exit(main(sys.argv[1:]))"
 
 
 def process_seconds(pass_s: float, gamma_share: float = 0.5) -> float:
@@ -95,8 +103,7 @@ def record_reference(
             break
         try:
             done = run(
-                [sys.executable, "-m", "specdec_tune.app.reference", str(path)]
-                + ([str(threads)] if threads else []),
+                command(path, threads),
                 capture_output=True,
                 text=True,
                 timeout=max(4 * estimate, 60.0),
@@ -122,7 +129,7 @@ def record_reference(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or (len(args) == 2 and not args[1].isdigit()):
-        print("usage: python -m specdec_tune.app.reference PROFILE [THREADS]", file=sys.stderr)
+        print("usage: reference PROFILE [THREADS]", file=sys.stderr)
         return 2
     try:
         print(json.dumps(measure_here(Path(args[0]), int(args[1]) if len(args) == 2 else None)))

@@ -26,7 +26,7 @@ from ..serving.capabilities import restrict
 from ..store.refs import make_portable, profile_file_slug
 from ..store.runfiles import check_replaceable, save_run
 from ..store.schema import Profile, TargetInfo
-from ..store.yamlio import load_costs
+from ..store.yamlio import load_costs, save_profile
 from .common import (
     MIN_BUDGET_TRIALS,
     Models,
@@ -41,6 +41,7 @@ from .common import (
     workload_info,
 )
 from .engine import tune_engine
+from .reference import process_seconds, record_reference
 
 # ----------------------------------------------------------------------------------------- tune
 
@@ -141,8 +142,6 @@ def tune(
     # too; on a busy machine there are none (`_reference`).
     reserve_s = 0.0
     if settings.reference_processes and not busy(noise):
-        from .reference import process_seconds  # not at import: `-m specdec_tune.app.reference` runs it
-
         reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
     neighbour: list[dict[str, Any]] = []
     for i, b in enumerate(batch_sizes):
@@ -200,9 +199,6 @@ def _reference(
 ) -> Any:
     """The tokens/s `check` will judge against, measured in fresh processes (app.reference) and
     stored in the profile's anchors; skipped on a busy machine, whose rates `check` never judges."""
-    from ..store.yamlio import save_profile
-    from .reference import record_reference
-
     if busy(noise):
         progress.note("no reference for check's tokens/s: the machine was busy during the run")
         return profile

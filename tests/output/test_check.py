@@ -409,12 +409,13 @@ def test_rates_are_judged_against_the_fresh_process_reference(monkeypatch, store
 
 
 def test_a_reference_process_measures_the_best_as_check_does(stored_profile):
-    """`python -m specdec_tune.app.reference PROFILE`: a fresh process, one JSON line."""
+    """`reference.command(PROFILE, THREADS)`: a fresh process, one JSON line."""
     import subprocess
-    import sys
+
+    from specdec_tune.app.reference import command
 
     done = subprocess.run(
-        [sys.executable, "-m", "specdec_tune.app.reference", str(stored_profile), "1"],
+        command(stored_profile, 1),
         capture_output=True,
         text=True,
         timeout=300,
@@ -425,7 +426,7 @@ def test_a_reference_process_measures_the_best_as_check_does(stored_profile):
     assert got["speedup"] == pytest.approx(got["tokens_per_s"] / got["baseline_tokens_per_s"], rel=0.5)
     assert isinstance(got["busy"], bool)
     bad = subprocess.run(
-        [sys.executable, "-m", "specdec_tune.app.reference", str(stored_profile.parent / "nope.yaml")],
+        command(stored_profile.parent / "nope.yaml"),
         capture_output=True,
         text=True,
         timeout=300,
