@@ -200,7 +200,7 @@ def _reference(
     """The tokens/s `check` will judge against, measured in fresh processes (app.reference) and
     stored in the profile's anchors; skipped on a busy machine, whose rates `check` never judges."""
     if busy(noise):
-        progress.note("no reference for check's tokens/s: the machine was busy during the run")
+        progress.note("no reference for check's plain tokens/s: the machine was busy during the run")
         return profile
     import torch
 
@@ -208,7 +208,9 @@ def _reference(
     if note:
         progress.note(note)
     if len(kept) < 2:
-        progress.note("fewer than 2 quiet reference processes: check judges tokens/s against the final round")
+        progress.note(
+            "fewer than 2 quiet reference processes: check judges plain tokens/s against the final round"
+        )
         return profile
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]

@@ -5,9 +5,10 @@ Each search trial is one short noisy measurement, and the highest of many noisy 
 upwards (the winner's curse): a config can top the search on one lucky trial. The finalists (at
 least the top two distinct configs) get fresh measurements timed side by side, which are unbiased
 and directly comparable, and rounds are added until the winner is resolved (`racing`); unresolved,
-the round is a tie within noise: the fastest of the round is kept and the tied configs are named. A search trial above what the
-cost model allows at any acceptance, or whose own repeats disagree wildly, is an outlier: it sets
-no bar for the others and is only promoted by its final-round measurement.
+the round is a tie within noise: the fastest of the round is kept and the tied configs are named.
+A search trial above what the cost model allows at any acceptance, or whose own repeats disagree
+wildly, is an outlier: it sets no bar for the others and is only promoted by its final-round
+measurement.
 
 One round per study: the round is keyed by its finalists and stored in the study. Workers that
 finish together take a lock shared through the storage (`storage.StorageLock`); the first one

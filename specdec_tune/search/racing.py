@@ -35,9 +35,8 @@ class RaceOutcome:
     margin: Comparison | None  # the chosen one against the runner-up, paired
     runner_up: int | None
     rounds: int
-    tied: list[int] = field(
-        default_factory=list
-    )  # indices the chosen one could not be told from, simplest first
+    # indices the chosen one could not be told from, simplest first
+    tied: list[int] = field(default_factory=list)
 
 
 def simplicity(config: Config) -> tuple:
