@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -214,8 +215,8 @@ def _reference(
         return profile
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
-    matmul = sorted(k["matmul_gflops"] for k in kept if k.get("matmul_gflops"))
-    profile.anchors.reference_matmul_gflops = matmul[len(matmul) // 2] if matmul else None
+    matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
+    profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
     save_profile(profile, out)
     return profile
 
