@@ -257,6 +257,7 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
     if noise.repeats_needed > settings.final_repeats and settings.finalists:
         settings = replace(
             settings,
+            final_repeats_asked=settings.final_repeats_asked or settings.final_repeats,
             final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
             final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
         )

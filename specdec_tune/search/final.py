@@ -108,7 +108,8 @@ def final_round(
     key = {
         "trials": result.trials,
         "configs": [list(r.config.key) for r in finalists],  # JSON-shaped, as stored
-        "repeats": settings.final_repeats,
+        # as asked: workers whose noise raised the repeats differently still share one round
+        "repeats": settings.final_repeats_asked or settings.final_repeats,
     }
     # Another worker may be measuring this round: wait for it (or for its death).
     waiting = claim is not None and _stored(study, key) is None

@@ -72,6 +72,11 @@ def start(args, out, marks, hang="", until_go=False, grace_s=3, together=0):
     )
 
 
+def final_rounds(marks):
+    """The final rounds measured (worker_hooks): [{"pid", "finalists"}, ...]."""
+    return [json.loads(f.read_text()) for f in sorted(Path(marks).glob("final-*"))]
+
+
 def states(study):
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):

@@ -18,7 +18,7 @@ import time
 
 import optuna
 import pytest
-from procs import alive, assert_no_orphans, run_args, start, started, states, wait_for
+from procs import alive, assert_no_orphans, final_rounds, run_args, start, started, states, wait_for
 
 from specdec_tune.app.workers import _write_private, last_line, stop
 from specdec_tune.search.storage import _lock_key
@@ -62,7 +62,7 @@ def check_study(storage, before: dict[int, dict], lost: int = 0):
 
 def finals(marks) -> list[int]:
     """The pid that measured each final round."""
-    return sorted(int(f.read_text()) for f in marks.glob("final-*"))
+    return sorted(f["pid"] for f in final_rounds(marks))
 
 
 def finish(proc) -> str:

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
-from procs import run_args, start, states
+from procs import final_rounds, run_args, start, states
 
 from specdec_tune.search.study import counted
 
@@ -62,7 +62,7 @@ def test_two_workers_fill_a_study_exactly_and_run_one_final_round(pg_url, tiny_d
     assert sorted(t.number for t in trials) == list(range(12))
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers measured trials
     assert all("speedup" in t.user_attrs and "acceptance_rate" in t.user_attrs for t in trials)
-    assert len(list(tmp_path.glob("final-*"))) == 1  # one final round for the study
+    assert len(final_rounds(tmp_path)) == 1, final_rounds(tmp_path)  # one final round for the study
     assert "worker" in study.user_attrs["final_round"]
     best = [yaml.safe_load((tmp_path / f"p{i}.yaml").read_text())["best"] for i in range(2)]
     assert best[0] == best[1]
@@ -100,7 +100,7 @@ def test_a_worker_killed_mid_trial_costs_one_trial(pg_url, tiny_dirs, tmp_path):
     )
     assert noticed_s <= 3 + 1 + 1 + longest + 1
     assert study.user_attrs[f"lost_trial_{lost.number}"]["worker"] == lost.user_attrs["worker"]
-    assert len(list(tmp_path.glob("final-*"))) == 1
+    assert len(final_rounds(tmp_path)) == 1, final_rounds(tmp_path)
     assert yaml.safe_load((tmp_path / "other.yaml").read_text())["search"]["trials"] == 12
     print(f"\nkilled worker: trial failed {noticed_s:.1f} s after SIGKILL; {time.monotonic() - began:.1f} s")
 
@@ -155,7 +155,9 @@ def test_run_workers_starts_local_processes_on_one_study(tiny_dirs, tmp_path):
     assert p.returncode == 0, err
     study = optuna.load_study(study_name="shared", storage=storage)
     assert states(study) == {"COMPLETE": 12}
-    assert len(list(tmp_path.glob("final-*"))) == 1  # children are instrumented too (procs.HOOKS)
+    assert len(final_rounds(tmp_path)) == 1, final_rounds(
+        tmp_path
+    )  # children are instrumented too (procs.HOOKS)
     assert yaml.safe_load((tmp_path / "w.yaml").read_text())["search"]["trials"] == 12
 
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
 
-from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
+from specdec_tune.app.tuning import adapt_to_noise
+from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Noise, Result
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure.bench import Measurement
 from specdec_tune.runtime.workloads import Case
@@ -392,6 +393,14 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert len(started) == 1 and not fail.calls  # reused: nothing was measured
     assert [r.config for r in again.results] == [r.config for r in res.results]
     assert again.results[0].metrics == res.results[0].metrics
+    # A worker whose noise raised its repeats (app.tuning.adapt_to_noise) shares the round too.
+    noisy = Noise(plain_pass_s=1.0, plain_pass_cv=0.04, plain_passes=3, cpus=2, repeats_needed=20)
+    raised, _ = adapt_to_noise(settings, noisy)
+    assert (
+        raised.final_repeats > settings.final_repeats and raised.final_repeats_asked == settings.final_repeats
+    )
+    again = tune(tiny_target, specs(), small_case(prompts), raised, on_final=started.append, backend=fail)
+    assert len(started) == 1 and not fail.calls
 
 
 def test_a_failing_final_round_keeps_the_search_ranking(
