@@ -152,7 +152,10 @@ def tune(
         if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
             left = budget_s - (time.monotonic() - started) - reserve_s
             pass_s = noise.plain_pass_s if b == 1 else None
-            settings_b, note = _fit_budget(s, pool, settings_b, left / (len(batch_sizes) - i), pass_s)
+            expected = _expected_speedup(costs, s.case, settings_b)
+            settings_b, note = _fit_budget(
+                s, pool, settings_b, left / (len(batch_sizes) - i), pass_s, expected
+            )
             notes.append(note)
         key_b = key if b == 1 else {**key, "batch_size": b}
         results[b] = run_search(
@@ -266,14 +269,31 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
     return settings, line
 
 
+def _expected_speedup(costs: Any, case: Any, settings: TuneSettings) -> float | None:
+    """The cost model's best predicted speedup at `settings.batch_size` (None: no costs there)."""
+    if costs is None:
+        return None
+    ranked = CostModel(costs, case.max_new_tokens).rank(settings.max_gamma, batch_size=settings.batch_size)
+    return ranked[0][2] if ranked else None
+
+
 def _fit_budget(
-    s: Any, pool: Any, settings: TuneSettings, budget_s: float, pass_s: float | None = None
+    s: Any,
+    pool: Any,
+    settings: TuneSettings,
+    budget_s: float,
+    pass_s: float | None = None,
+    expected_speedup: float | None = None,
 ) -> tuple[TuneSettings, str]:
     """Trials and a timeout that fit `budget_s` seconds on this machine at `settings.batch_size`.
 
-    One plain pass over the workload is timed (unless `pass_s` says how long it takes); a trial
-    costs about 2 x repeats passes (the config and the interleaved baseline), the final round
-    (finalists + 1) x final_repeats and as much again for racing.
+    One plain pass over the workload is timed (unless `pass_s` says how long it takes). A
+    speculative pass takes a plain one divided by its speedup: the finalists' by the cost model's
+    best prediction (`expected_speedup`), a search trial's by its square root (the search tries
+    configs between plain and the best). A trial is repeats x (its pass + the interleaved plain
+    pass); the final round (finalists + baseline) x final_repeats, and as much again for racing.
+    The timeout, not the count, is what keeps the search within the budget when trials run
+    slower than expected.
     """
     import time
 
@@ -288,21 +308,23 @@ def _fit_budget(
         else:
             batch_generate(s.target.model, None, s.case, b, 0, ctx=s.ctx)
         pass_s = time.monotonic() - t0
+    speedup = min(max(expected_speedup or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
     # The config and the interleaved baseline, each warmed up on one prompt, plus the study's own
     # bookkeeping (sampler, storage writes).
-    trial_s = (2 * settings.repeats + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
+    trial_s = (settings.repeats * (1 + speedup**-0.5) + 2 / len(s.case.prompts)) * pass_s + TRIAL_OVERHEAD_S
     # The final round: at least two finalists and the baseline head to head, then racing rounds
     # for the leading two until resolved (search.racing), which get as much time again.
     # Racing gets what the search's minimum leaves, up to as much again as the first round.
-    first_s = (max(2, settings.finalists) + 1) * settings.final_repeats * pass_s
+    first_s = (1 + max(2, settings.finalists) / speedup) * settings.final_repeats * pass_s
     search_min_s = MIN_BUDGET_TRIALS * trial_s
     final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if settings.finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
     timeout = max(budget_s - final_s, search_min_s)
     note = (
-        f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, "
-        f"so {trials} trials"
+        f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s"
+        + (f", the cost model's best {expected_speedup:.2f}x" if expected_speedup else "")
+        + f", so {trials} trials"
         + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )
     final_budget = final_s if settings.finalists else None
@@ -310,6 +332,8 @@ def _fit_budget(
 
 
 TRIAL_OVERHEAD_S = 0.15
+# What a budget plans on at most: a pass never takes less than a quarter of a plain one.
+MAX_EXPECTED_SPEEDUP = 4.0
 RACE_FACTOR = 2.0
 NOISE_PASSES = 3
 MAX_FINAL_REPEATS = 32

@@ -63,7 +63,10 @@ def parse_draft(text: str) -> DraftSpec:
 HYBRID_NGRAMS = (2, 3)  # a hybrid's lookup n-gram sizes unless given
 # In the demo pair's default space: prompt lookup where it matches, the best model draft (draft-1l,
 # benchmarks/dynamic.py) elsewhere; the hybrids were what won there, so a new user should see one.
-DEMO_HYBRID = "hybrid:prompt-lookup+draft-1l"
+# Its lookup wants a match of 3 or 4 tokens: in a hybrid a lookup token displaces the model's guess,
+# so a weak 2-token match is worth less than it is alone; 3-4 won in dynamic.py's runs (1.98x
+# against 1.96x interleaved, and 2.33x against 2.28x in interference.py's quiet comparison).
+DEMO_HYBRID = "hybrid:prompt-lookup:3-4+draft-1l"
 HYBRID_HELP = "use hybrid:prompt-lookup[:MIN-MAX]+MODEL, MODEL a draft model (demo name, folder, HF id or shape:NAME) or layer-skip:K"
 
 

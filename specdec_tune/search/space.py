@@ -121,7 +121,8 @@ def seed_configs(
     specs: list[DraftSpec], model: CostModel | None, settings: TuneSettings
 ) -> list[dict[str, Any]]:
     """What to try first, as trial params: the whole grid, or the baseline plus the cost model's
-    top predictions (spread over drafts: the model is least sure where it extrapolates)."""
+    top predictions: the best draft at its best gamma and both neighbours, then each other draft
+    at its own best (`seed_top` in all)."""
     configs: list[dict[str, Any]] = [{"draft": "none"}]
     if settings.sampler == "grid":
         for s in specs:
@@ -140,20 +141,30 @@ def seed_configs(
         return configs
     by_name = {s.name: s for s in specs}
     names = [n for n in model.drafts if n in by_name]
-    per_draft = max(2, settings.seed_top // max(1, len(names)))
-    seen: dict[str, int] = {}
-    for name, g, _ in model.rank(settings.max_gamma, names, settings.batch_size):
-        if seen.get(name, 0) >= per_draft:
-            continue
-        seen[name] = seen.get(name, 0) + 1
-        c = {"draft": name, "gamma": g}
+
+    def add(name: str, g: int) -> None:
+        c: dict[str, Any] = {"draft": name, "gamma": g}
         if tunes_threshold(by_name[name], settings.serving_engine):
             c["threshold"] = 0.0
         if len(settings.gamma_policies) > 1:
             c["gamma_policy"] = "fixed"
-        configs.append(c)
-        if len(configs) > settings.seed_top:
-            break
+        if c not in configs:
+            configs.append(c)
+
+    # The model is least sure where its curve peaks (a few per cent decide between neighbouring
+    # gammas), so the draft it predicts best is tried at its best gamma and both neighbours; every
+    # other draft at its own best gamma, best predicted first.
+    ranked = model.rank(settings.max_gamma, names, settings.batch_size)
+    if ranked:
+        top, g = ranked[0][:2]
+        for n in (g, g - 1, g + 1):
+            if 1 <= n <= settings.max_gamma:
+                add(top, n)
+    seen = {ranked[0][0]} if ranked else set()
+    for name, g, _ in ranked:
+        if name not in seen and len(configs) <= settings.seed_top:
+            seen.add(name)
+            add(name, g)
     return configs + _policy_seeds(names, by_name, model, settings)
 
 

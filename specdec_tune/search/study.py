@@ -62,6 +62,7 @@ def open_study(
     starting together race on a new database."""
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines ("A new study created") are not ours
     storage = open_storage(storage_url, heartbeat_s, grace_s, on_lost_trial)
     last: Exception | None = None
     for attempt in range(5):

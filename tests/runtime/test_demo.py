@@ -59,5 +59,6 @@ def test_the_default_demo_space_includes_the_hybrid_of_lookup_and_the_best_model
         None, None, max_new_tokens=4, device="cpu", limit=1, lazy_drafts=True, engine_mode="eager"
     )
     hybrid = next(d for d in s.specs if d.kind == "hybrid")
-    assert hybrid.name == "hybrid:prompt-lookup+draft-1l" and hybrid.path == "draft-1l"
+    assert hybrid.name == "hybrid:prompt-lookup:3-4+draft-1l" and hybrid.path == "draft-1l"
+    assert (hybrid.ngram_min, hybrid.ngram_max) == (3, 4)
     assert [d.name for d in s.specs] == [*DEMO_DRAFTS, "prompt-lookup", hybrid.name]

@@ -18,7 +18,7 @@ from specdec_tune.measure.bench import Measurement
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search import tuner
 from specdec_tune.search.final import pick_finalists
-from specdec_tune.search.space import TuneSettings
+from specdec_tune.search.space import TuneSettings, seed_configs
 from specdec_tune.search.study import counted
 from specdec_tune.search.tuner import DrafterPool, tune
 from specdec_tune.store.yamlio import load_profile, profile_to_dict
@@ -301,7 +301,7 @@ def _result(draft: str, gamma: int, speedup: float, threshold: float = 0.0) -> R
     return Result(Config(spec, gamma, threshold), metrics)
 
 
-def test_pick_finalists_takes_one_per_draft_first_and_skips_hopeless_configs():
+def test_pick_finalists_takes_the_best_another_drafts_best_then_the_next_and_skips_hopeless_configs():
     results = [
         _result("a", 2, 1.90),
         _result("a", 3, 1.85),
@@ -311,10 +311,36 @@ def test_pick_finalists_takes_one_per_draft_first_and_skips_hopeless_configs():
         _result("c", 1, 1.20),  # below 0.75 × 1.90: not a contender
     ]
     names = [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 3)]
-    assert names == [("a", 2), ("a", 3), ("b", 4)]  # one per draft first, then the next best overall
+    assert names == [("a", 2), ("a", 3), ("b", 4)]  # b's best before a's third, then the next best
     assert [(r.config.draft.name, r.config.gamma) for r in pick_finalists(results, 2)] == [("a", 2), ("b", 4)]
     assert pick_finalists(results, 0) == [] and pick_finalists([_result("none", 0, 1.0)], 3) == []
     assert len(pick_finalists(results, 3, floor=0.0)) == 3
+    # A third draft's best does not push out the leader's neighbouring gamma, which the search's
+    # few repeats cannot tell apart from it; the runner-up draft keeps its slot.
+    three_drafts = [results[0], results[1], _result("c", 2, 1.80), results[2]]
+    names = [(r.config.draft.name, r.config.gamma) for r in pick_finalists(three_drafts, 3)]
+    assert names == [("a", 2), ("a", 3), ("c", 2)]
+
+
+def test_seeds_bracket_the_best_drafts_predicted_gamma_then_take_each_other_drafts_best():
+    class Model:  # the cost model's ranking, best first
+        drafts = ("a", "b", "c", "d")
+
+        def rank(self, max_gamma, names, batch_size=1):
+            return [("a", 8, 2.1), ("a", 7, 2.0), ("b", 3, 1.6), ("a", 6, 1.5), ("c", 2, 1.4), ("d", 1, 1.1)]
+
+    drafts = [DraftSpec(n, "model", path="x") for n in ("a", "b", "c", "d")]
+    seeds = seed_configs(drafts, Model(), TuneSettings(max_gamma=8, seed_top=4))
+    # a at 8 and 7 (9 is beyond max_gamma), then one per other draft until seed_top; threshold 0
+    assert [(c["draft"], c.get("gamma")) for c in seeds] == [
+        ("none", None),
+        ("a", 8),
+        ("a", 7),
+        ("b", 3),
+        ("c", 2),
+    ]
+    assert all(c["threshold"] == 0.0 for c in seeds[1:])
+    assert len(seed_configs(drafts, Model(), TuneSettings(max_gamma=8, seed_top=5))) == 1 + 5  # d at 1 too
 
 
 def _fake_measurement(speedup: float, repeats: int = 4) -> Measurement:
@@ -574,3 +600,27 @@ def test_a_batch_too_large_for_memory_fails_its_trials_alone(
     # Every trial ran and failed alone (the study went on to its count), each naming the batch size.
     failed = [t for t in study.trials if t.state.name == "FAIL"]
     assert len(failed) == 5 and all("at batch size 64" in t.user_attrs["error"] for t in failed)
+
+
+def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
+    from types import SimpleNamespace
+
+    from specdec_tune.app.tuning import _fit_budget
+
+    s = SimpleNamespace(case=SimpleNamespace(prompts=["p"] * 8))
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    # Plain passes everywhere: a trial (2 x 2 passes + 2 warm-up prompts) 8.65 s; the final round
+    # 4 x 5 passes = 40 s, 80 s with racing; 120 s left for the search: 13 trials.
+    plain, note = _fit_budget(s, None, settings, 200.0, pass_s=2.0)
+    assert plain.trials == 13 and plain.timeout_s == pytest.approx(120.0) and plain.final_budget_s == 80
+    assert "cost model" not in note
+    # The model expects 2.25x: the finalists' passes take 1 / 2.25 of a plain one, a search trial's
+    # 1 / 1.5 (the square root: trials spread between plain and the best), so 20 trials fit.
+    fast, note = _fit_budget(s, None, settings, 200.0, pass_s=2.0, expected_speedup=2.25)
+    assert fast.final_budget_s == pytest.approx(2 * (1 + 3 / 2.25) * 5 * 2.0)
+    assert fast.trials == 20 and fast.timeout_s == pytest.approx(200.0 - fast.final_budget_s)
+    assert "the cost model's best 2.25x" in note
+    # A prediction below plain plans as plain; a wild one at most 4x.
+    assert _fit_budget(s, None, settings, 200.0, 2.0, 0.7)[0] == plain
+    wild = _fit_budget(s, None, settings, 200.0, 2.0, 50.0)[0]
+    assert wild.final_budget_s == pytest.approx(2 * (1 + 3 / 4) * 5 * 2.0)
