@@ -285,6 +285,17 @@ class Anchors:
     reference_baseline_tokens_per_s: list[float] = field(default_factory=list)
     reference_matmul_gflops: float | None = None  # the matmul anchor in those processes (median)
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether `check` judges against the reference: at least MIN_REFERENCE_PROCESSES quiet ones
+        (one alone carries no spread between processes)."""
+        return min(len(self.reference_tokens_per_s), len(self.reference_baseline_tokens_per_s)) >= (
+            MIN_REFERENCE_PROCESSES
+        )
+
+
+MIN_REFERENCE_PROCESSES = 2
+
 
 def slugify(text: str) -> str:
     """Lowercase, filesystem-safe slug of the last path component; keeps dots and dashes.

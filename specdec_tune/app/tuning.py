@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..domain import Anchors, DraftSpec
+from ..domain import MIN_REFERENCE_PROCESSES, Anchors, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.anchors import measure_twice
@@ -211,9 +211,10 @@ def _reference(
     kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, torch.get_num_threads())
     if note:
         progress.note(note)
-    if len(kept) < 2:
+    if len(kept) < MIN_REFERENCE_PROCESSES:
         progress.note(
-            "fewer than 2 quiet reference processes: check judges plain tokens/s against the final round"
+            f"fewer than {MIN_REFERENCE_PROCESSES} quiet reference processes: check judges plain tokens/s "
+            "against the final round"
         )
         return profile
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]

@@ -114,7 +114,7 @@ def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: Any) -> fl
     a = profile.anchors
     now = getattr(machine, "matmul_gflops", None)
     ref = a.reference_matmul_gflops if a is not None else None
-    if verdict.rate_scale == 1.0 or not ref or not now or len(a.reference_tokens_per_s) < 2:
+    if verdict.rate_scale == 1.0 or not ref or not now or not a.has_reference:
         return verdict.rate_scale
     return ref / now
 

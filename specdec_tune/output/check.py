@@ -186,17 +186,14 @@ def judge_config(
         return items + rate_items(
             stored, measured, again, tolerance, rates_busy, where, rate_scale, reference
         )
-    for metric, digits in (("tokens_per_s", 2), ("baseline_tokens_per_s", 2)):
-        items.append(
-            CheckItem(
-                f"{metric}{where}",
-                round(getattr(stored, metric), digits),
-                round(getattr(m, metric), digits),
-                True,
-                "information only",
-            )
-        )
+    for metric in RATES:
+        items.append(info_item(f"{metric}{where}", getattr(stored, metric), getattr(m, metric)))
     return items
+
+
+def info_item(name: str, stored: float, measured: float, note: str = "information only") -> CheckItem:
+    """A rate reported beside the verdict, never judged (it passes whatever it is)."""
+    return CheckItem(name, round(stored, 2), round(measured, 2), True, note)
 
 
 def samples_of(measured: Any, again: Any | None) -> list[float]:
@@ -233,13 +230,12 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
     """The profile's reference tokens/s per metric (app.reference: one median per fresh process,
     measured as `check` measures), where it has at least two; {} for older profiles."""
     a = profile.anchors
-    if a is None:
+    if a is None or not a.has_reference:
         return {}
-    ref = {
-        "tokens_per_s": a.reference_tokens_per_s,
-        "baseline_tokens_per_s": a.reference_baseline_tokens_per_s,
+    return {
+        "tokens_per_s": list(a.reference_tokens_per_s),
+        "baseline_tokens_per_s": list(a.reference_baseline_tokens_per_s),
     }
-    return {k: list(v) for k, v in ref.items() if len(v) >= 2}
 
 
 def judge_rate(
@@ -290,11 +286,10 @@ def rate_items(
         if metric not in JUDGED_RATES:
             ref = reference.get(metric)
             items.append(
-                CheckItem(
+                info_item(
                     f"{metric}{where}",
-                    round(statistics.median(ref) if ref else getattr(stored, metric), 2),
-                    round(statistics.median(rates_of(measured, again, metric)), 2),
-                    True,
+                    statistics.median(ref) if ref else getattr(stored, metric),
+                    statistics.median(rates_of(measured, again, metric)),
                     "information only: the speedup times the plain tokens/s, both judged",
                 )
             )

@@ -241,7 +241,7 @@ def _run_table(p: Profile) -> Table:
                 f"matmul {unit(a.matmul_gflops, 'GFLOP/s')}",
             )
         )
-        if len(a.reference_baseline_tokens_per_s) >= 2:
+        if a.has_reference:
             plain = ", ".join(f"{x:.1f}" for x in a.reference_baseline_tokens_per_s)
             spec = ", ".join(f"{x:.1f}" for x in a.reference_tokens_per_s)
             rows.append(
