@@ -328,6 +328,13 @@ def _fit_budget(
         + f", so {trials} trials"
         + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )
+    least_s = search_min_s + (first_s if settings.finalists else 0.0)
+    if least_s > budget_s:  # a slow or busy machine: said, not hidden behind a cut final round
+        note += (
+            f"; the least a search does ({MIN_BUDGET_TRIALS} trials"
+            + (" and the final round's first pass" if settings.finalists else "")
+            + f", about {least_s:.0f} s) is more than that, so expect it to run over"
+        )
     final_budget = final_s if settings.finalists else None
     return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
 

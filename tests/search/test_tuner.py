@@ -619,7 +619,10 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     fast, note = _fit_budget(s, None, settings, 200.0, pass_s=2.0, expected_speedup=2.25)
     assert fast.final_budget_s == pytest.approx(2 * (1 + 3 / 2.25) * 5 * 2.0)
     assert fast.trials == 20 and fast.timeout_s == pytest.approx(200.0 - fast.final_budget_s)
-    assert "the cost model's best 2.25x" in note
+    assert "the cost model's best 2.25x" in note and "run over" not in note
+    # A machine too slow for the least a search does: the note says the budget will be exceeded.
+    slow, note = _fit_budget(s, None, settings, 200.0, pass_s=20.0)
+    assert slow.trials == 6 and "about 911 s) is more than that, so expect it to run over" in note
     # A prediction below plain plans as plain; a wild one at most 4x.
     assert _fit_budget(s, None, settings, 200.0, 2.0, 0.7)[0] == plain
     wild = _fit_budget(s, None, settings, 200.0, 2.0, 50.0)[0]
