@@ -54,9 +54,9 @@ def is_outlier(result: Result, ceiling: Ceiling | None = None) -> bool:
 def pick_finalists(
     results: list[Result], k: int, floor: float = 0.75, ceiling: Ceiling | None = None
 ) -> list[Result]:
-    """The configs worth re-measuring: the best, the best of another draft, then the next best.
+    """The configs worth re-measuring: the best of each draft first, then the next best overall.
 
-    `results` is best first by search speedup. Another draft's best comes second so that a single
+    `results` is best first by search speedup. One best per draft comes first so that a single
     lucky trial of one draft cannot crowd out the others; a config below `floor` × the best
     believable search speedup is not a contender, except that the top two always are (a head to
     head needs two). Outliers (`is_outlier`) set no bar and only take a slot that is left over.
@@ -69,13 +69,10 @@ def pick_finalists(
     if credible:
         cut = floor * max(r.metrics.speedup for r in credible)
         credible = credible[:2] + [r for r in credible[2:] if r.metrics.speedup >= cut]
-    chosen: list[Result] = credible[:1]
-    # The best of a second draft next, so that one lucky draft cannot take every slot...
-    other = next((r for r in credible if r.config.draft.name != credible[0].config.draft.name), None)
-    if other is not None and k >= 2:
-        chosen.append(other)
-    # ...then the next best overall: often the leader's neighbouring gamma, which the search's
-    # few repeats cannot tell apart from it.
+    chosen: list[Result] = []
+    for r in credible:
+        if len(chosen) < k and all(c.config.draft.name != r.config.draft.name for c in chosen):
+            chosen.append(r)
     for r in credible + odd:
         if len(chosen) < k and all(c is not r for c in chosen):
             chosen.append(r)
