@@ -130,15 +130,17 @@ def judge_config(
 ) -> list[CheckItem]:
     """The items of one stored config re-measured (`where` names it, e.g. " @ B=4").
 
-    On a `busy` machine other work takes the target's cores in bursts and speculation gains less,
-    so a regression there is only called when even a tolerance's worth of that would not explain
-    it (the interval ends below floor × (1 - tolerance)); otherwise it is inconclusive.
+    On a `busy` machine other work takes the target's cores and speculation gains less, by more
+    than any tolerance: with one core of two kept busy, checks of an unchanged setup measured
+    0.75-0.89 of the stored speedup (benchmarks/interference.py). A drop there cannot be told from
+    the load, so it is inconclusive, never a regression; acceptance and exactness, which no load
+    changes, are still judged.
     """
     stored = stored_result.metrics
     m = measured.metrics
     items = []
     judged = judge_measured(stored, measured, again, tolerance)
-    if busy and judged.verdict == REGRESSION and judged.interval[1] >= judged.floor * (1 - tolerance):
+    if busy and judged.verdict == REGRESSION:
         judged.verdict = INCONCLUSIVE
     confirm = ""
     if again is not None:
@@ -153,8 +155,11 @@ def judge_config(
             round(judged.ratio * stored.speedup, 4),
             judged.verdict != REGRESSION,
             f"{judged.note} vs {against}{confirm}"
-            + ("; inconclusive: too noisy to tell" if judged.verdict == INCONCLUSIVE else "")
-            + ("; the machine was busy" if busy else ""),
+            + (
+                "; inconclusive: " + ("the machine was busy" if busy else "too noisy to tell")
+                if judged.verdict == INCONCLUSIVE
+                else ("; the machine was busy" if busy else "")
+            ),
             inconclusive=judged.verdict == INCONCLUSIVE,
         )
     )

@@ -233,18 +233,20 @@ def test_a_too_noisy_machine_is_inconclusive_exit_6(monkeypatch, stored_profile,
     assert [tc.get("name").rsplit(": ", 1)[-1] for tc in skipped] == ["speedup"]
 
 
-def test_a_busy_machine_turns_a_marginal_regression_into_inconclusive(monkeypatch, stored_profile, tmp_path):
+def test_a_busy_machine_turns_a_speedup_regression_into_inconclusive(monkeypatch, stored_profile, tmp_path):
     from specdec_tune import app
     from specdec_tune.measure import bench
 
     edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01])
-    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([0.84, 0.85, 0.86]))
-    _quiet(monkeypatch, busy=True, others=0.5)
-    item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
-    assert item.ok and item.inconclusive and "busy" in item.note
-    _quiet(monkeypatch, busy=False)
-    item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
-    assert not item.ok and not item.inconclusive  # the same numbers on a quiet machine: a regression
+    # 0.75x: as low as a busy core took an unchanged setup in benchmarks/interference.py
+    for now in ([0.84, 0.85, 0.86], [0.74, 0.75, 0.76]):
+        monkeypatch.setattr(bench, "measure", lambda *a, now=now, **k: _fake(now))
+        _quiet(monkeypatch, busy=True, others=0.5)
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        assert item.ok and item.inconclusive and "inconclusive: the machine was busy" in item.note
+        _quiet(monkeypatch, busy=False)
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        assert not item.ok and not item.inconclusive  # the same numbers on a quiet machine: a regression
 
 
 def test_slower_anchors_on_a_quiet_machine_are_other_hardware(monkeypatch, stored_profile, tmp_path):
