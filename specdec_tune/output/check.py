@@ -148,18 +148,18 @@ def judge_config(
         # on a busy machine does not fail CI alone.
         confirm = f"; first {m.speedup:.3f}, so re-measured: {len(samples_of(measured, again))} repeats"
     against = "stored repeats" if stored.speedup_samples else "stored median"
+    note = f"{judged.note} vs {against}{confirm}"
+    if judged.verdict == INCONCLUSIVE:
+        note += "; inconclusive: " + ("the machine was busy" if busy else "too noisy to tell")
+    elif busy:
+        note += "; the machine was busy"
     items.append(
         CheckItem(
             f"speedup{where}",
             round(stored.speedup, 4),
             round(judged.ratio * stored.speedup, 4),
             judged.verdict != REGRESSION,
-            f"{judged.note} vs {against}{confirm}"
-            + (
-                "; inconclusive: " + ("the machine was busy" if busy else "too noisy to tell")
-                if judged.verdict == INCONCLUSIVE
-                else ("; the machine was busy" if busy else "")
-            ),
+            note,
             inconclusive=judged.verdict == INCONCLUSIVE,
         )
     )

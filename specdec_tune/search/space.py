@@ -141,30 +141,22 @@ def seed_configs(
         return configs
     by_name = {s.name: s for s in specs}
     names = [n for n in model.drafts if n in by_name]
-
-    def add(name: str, g: int) -> None:
-        c: dict[str, Any] = {"draft": name, "gamma": g}
-        if tunes_threshold(by_name[name], settings.serving_engine):
-            c["threshold"] = 0.0
-        if len(settings.gamma_policies) > 1:
-            c["gamma_policy"] = "fixed"
-        if c not in configs:
-            configs.append(c)
-
     # The model is least sure where its curve peaks (a few per cent decide between neighbouring
     # gammas), so the draft it predicts best is tried at its best gamma and both neighbours; every
     # other draft at its own best gamma, best predicted first.
-    ranked = model.rank(settings.max_gamma, names, settings.batch_size)
-    if ranked:
-        top, g = ranked[0][:2]
-        for n in (g, g - 1, g + 1):
+    seen: set[str] = set()
+    for name, g, _ in model.rank(settings.max_gamma, names, settings.batch_size):
+        if name in seen or (seen and len(configs) > settings.seed_top):
+            continue
+        for n in (g, g - 1, g + 1) if not seen else (g,):
             if 1 <= n <= settings.max_gamma:
-                add(top, n)
-    seen = {ranked[0][0]} if ranked else set()
-    for name, g, _ in ranked:
-        if name not in seen and len(configs) <= settings.seed_top:
-            seen.add(name)
-            add(name, g)
+                c: dict[str, Any] = {"draft": name, "gamma": n}
+                if tunes_threshold(by_name[name], settings.serving_engine):
+                    c["threshold"] = 0.0
+                if len(settings.gamma_policies) > 1:
+                    c["gamma_policy"] = "fixed"
+                configs.append(c)
+        seen.add(name)
     return configs + _policy_seeds(names, by_name, model, settings)
 
 
