@@ -4,12 +4,15 @@ pool over a session, the costs profile, and the check that an output path is wri
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
+from ..measure.noise import noise_line
+from ..measure.stats import MIN_PAIRS
+from ..search.space import TuneSettings
 from ..store.refs import storage_for_record
 from ..store.schema import BatchRow, Profile, SearchInfo, WorkloadInfo
 
@@ -192,6 +195,25 @@ class BenchResult:
 
 # The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
 MIN_BUDGET_TRIALS = 6
+# Plain passes timed before a search to know the machine's noise (each over a share of the prompts).
+NOISE_PASSES = 3
+MAX_FINAL_REPEATS = 32  # what the noise may raise the final round's racing to
+
+
+def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
+    """More final-round repeats where the noise needs them (the budget still caps the racing),
+    and one line for the user when the noise is above what the planned repeats resolve."""
+    line = noise_line(noise, settings.final_max_repeats)
+    if noise.repeats_needed > settings.final_repeats and settings.finalists:
+        settings = replace(
+            settings,
+            final_repeats_asked=settings.final_repeats_asked or settings.final_repeats,
+            final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
+            final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
+        )
+        if line:
+            line += f"; the final round races up to {settings.final_max_repeats} within the budget"
+    return settings, line
 
 
 @dataclass

@@ -26,24 +26,24 @@ from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
 from ..runtime.models.loading import builtin_gguf
 from ..runtime.workloads import Prompt, Workload, load_workload, stratified
 from ..search.costmodel import CostModel
-from ..search.space import DEFAULT_TRIALS, TuneSettings, seed_configs
+from ..search.space import TuneSettings, seed_configs
 from ..store.refs import profile_file_slug
 from ..store.runfiles import check_replaceable, save_run
 from ..store.schema import Profile, TargetInfo
 from .common import (
-    MIN_BUDGET_TRIALS,
     Models,
     Progress,
     TuneOutcome,
+    adapt_to_noise,
     batch_row,
     check_writable,
     search_info,
     trial_params,
     workload_info,
 )
+from .engine_plan import engine_noise_and_anchors, fit_engine_budget
 
 SMOLLM2 = "smollm2-135m"
-TRIAL_OVERHEAD_S = 1.5  # a server start-up and its warm-up request
 DEFAULT_PROMPTS = 6  # prompts per pass unless --prompts says otherwise
 
 
@@ -217,6 +217,11 @@ def tune_engine(
             costs = measure_engine_costs(
                 s.backend, s.case.head(2), draft_paths(s.backend, s.specs), settings.max_gamma
             )
+        # How noisy the machine is, and how fast (the anchors `check` compares), before the search.
+        noise, anchors = engine_noise_and_anchors(s)
+        settings, line = adapt_to_noise(settings, noise)
+        if line:
+            progress.note(line)
         # Every draft is tried once at a middle gamma first (its acceptance in this engine feeds
         # the cost model), so no draft is left out of a short search; the model's best predictions
         # are tried next, then TPE.
@@ -227,7 +232,8 @@ def tune_engine(
                 settings_b.study_name = f"{settings.study_name}-b{b}"
             if budget_s is not None and settings.trials is None:
                 left = budget_s - (time.monotonic() - started)
-                settings_b, note = _fit_budget(s, settings_b, left / (len(batch_sizes) - i))
+                pass_s = noise.plain_pass_s if b == 1 else None
+                settings_b, note = fit_engine_budget(s, settings_b, left / (len(batch_sizes) - i), pass_s)
                 notes.append(note)
             key_b = {**key, "batch_size": b}
             costs_b = None
@@ -280,6 +286,8 @@ def tune_engine(
         backend={**info, "exactness": exact, "cost_model_error": prediction_error(first)},
         versions=versions,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        noise=noise,
+        anchors=anchors,
     )
     if batch_sizes != [1]:
         profile.batch_table = [batch_row(b, results[b]) for b in batch_sizes]
@@ -348,26 +356,3 @@ def _exactness(s: EngineSession, result: Any) -> dict[str, Any]:
         "first_divergence": e["first_divergence"],
         "token_exact": e["mismatches"] == 0,
     }
-
-
-def _fit_budget(s: EngineSession, settings: TuneSettings, budget_s: float) -> tuple[TuneSettings, str]:
-    """Trials that fit the budget: one plain pass is timed (after one that fills the server's
-    prompt cache, as a config's untimed first pass does); a trial costs a server start, a
-    warm-up pass and 2 x repeats passes; the final round (at least two finalists and the baseline)
-    and its racing rounds get what the search's minimum leaves, up to twice the first round."""
-    plain = s.backend.plain(settings.batch_size)
-    s.backend._pass(plain, s.case, settings.batch_size)  # the first pass fills the prompt cache
-    t0 = time.monotonic()
-    s.backend._pass(plain, s.case, settings.batch_size)
-    pass_s = time.monotonic() - t0
-    trial_s = (2 * settings.repeats + 1) * pass_s + TRIAL_OVERHEAD_S
-    finalists = max(2, settings.finalists) if settings.finalists else 0
-    first_s = (finalists + 1) * settings.final_repeats * pass_s + finalists * TRIAL_OVERHEAD_S
-    search_min_s = MIN_BUDGET_TRIALS * trial_s
-    final_s = min(2 * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
-    fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
-    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
-    timeout = max(budget_s - final_s, search_min_s)
-    note = f"B={settings.batch_size}: one plain pass {pass_s:.3g} s in llama.cpp, so {trials} trials"
-    final_budget = final_s if finalists else None
-    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note

@@ -11,11 +11,14 @@ from typing import Any
 from ..domain import Config
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import check_count, check_decoding
+from ..measure import noise
+from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, hardware_slug, same_hardware
 from ..measure.llamacpp.args import parse_llamacpp_draft
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.llamacpp.server import build_info, find_server
-from ..output.check import CheckItem, CheckReport, judge_config
+from ..output.anchors import anchor_verdict, other_hardware_message
+from ..output.check import CheckItem, CheckReport, confirm_repeats, judge_config
 from ..store.refs import resolve_ref
 from ..store.yamlio import load_profile
 from .common import BenchResult, Models, Progress
@@ -95,7 +98,12 @@ def check_engine(
     threads: int | None = None,
 ) -> Any:
     """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
-    unless allowed), the same hardware, then every stored config re-measured in the engine."""
+    unless allowed), the same hardware, then every stored config re-measured in the engine.
+
+    As the native check: the machine anchors (copy, matmul) measured around the first row decide
+    other hardware (exit 3) on a quiet machine of the same slug (profiles without anchors skip
+    that); on a busy machine a speedup drop is inconclusive (exit 6), never a regression; a speedup
+    below the floor is measured again with the repeats its spread needs."""
     started = time.monotonic()
     p = load_profile(path)
     check_count(repeats, "--repeats")
@@ -148,15 +156,29 @@ def check_engine(
             CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
         )
         by_name = {d.name: d for d in s.specs}
-        for b, r in rows:
+        for i, (b, r) in enumerate(rows):
             config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
-            (m,) = s.backend.measure([config], s.case, b, repeats)
+
+            def once(config: Config = config, b: int = b) -> Any:
+                return s.backend.measure([config], s.case, b, repeats)[0]
+
+            if i == 0:  # the machine anchors (copy, matmul) before and after the first row
+                (machine, m), os_noise, machine_busy = noise.busy_window(lambda: measure_twice("cpu", once))
+                plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
+                verdict = anchor_verdict(p, plain, machine, machine_busy)
+                if verdict.other_hardware and not allow_other_hardware:
+                    raise OtherHardwareError(other_hardware_message(path, verdict))
+                report.noise = {**os_noise, "busy": machine_busy}
+                if verdict.slowdown is not None:
+                    report.anchors = verdict.as_dict()
+            else:
+                m, _, machine_busy = noise.busy_window(once)
             again = None
             if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
-                (again,) = s.backend.measure([config], s.case, b, repeats)
+                (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats))
             where = "" if b == 1 else f" @ B={b}"
             report.items += judge_config(
-                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where
+                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where, machine_busy
             )
     finally:
         s.close()

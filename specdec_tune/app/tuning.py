@@ -18,8 +18,7 @@ from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
-from ..measure.noise import busy, measure_noise, noise_line
-from ..measure.stats import MIN_PAIRS
+from ..measure.noise import busy, measure_noise
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
@@ -30,9 +29,11 @@ from ..store.schema import Profile, TargetInfo
 from ..store.yamlio import load_costs, save_profile
 from .common import (
     MIN_BUDGET_TRIALS,
+    NOISE_PASSES,
     Models,
     Progress,
     TuneOutcome,
+    adapt_to_noise,
     batch_row,
     check_writable,
     drafter_pool,
@@ -254,22 +255,6 @@ def _noise_and_anchors(s: Any) -> tuple[Any, Any]:
     return noise, Anchors(round(rate, 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
 
 
-def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
-    """More final-round repeats where the noise needs them (the budget still caps the racing),
-    and one line for the user when the noise is above what the planned repeats resolve."""
-    line = noise_line(noise, settings.final_max_repeats)
-    if noise.repeats_needed > settings.final_repeats and settings.finalists:
-        settings = replace(
-            settings,
-            final_repeats_asked=settings.final_repeats_asked or settings.final_repeats,
-            final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
-            final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
-        )
-        if line:
-            line += f"; the final round races up to {settings.final_max_repeats} within the budget"
-    return settings, line
-
-
 def _expected_speedup(costs: Any, case: Any, settings: TuneSettings) -> float | None:
     """The cost model's best predicted speedup at `settings.batch_size` (None: no costs there)."""
     if costs is None:
@@ -343,8 +328,6 @@ TRIAL_OVERHEAD_S = 0.15
 # What a budget plans on at most: a pass never takes less than a quarter of a plain one.
 MAX_EXPECTED_SPEEDUP = 4.0
 RACE_FACTOR = 2.0
-NOISE_PASSES = 3
-MAX_FINAL_REPEATS = 32
 
 
 def make_profile(

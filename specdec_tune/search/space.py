@@ -41,7 +41,7 @@ class TuneSettings:
     # leader, or until the final round has taken `final_budget_s` seconds (None: no time limit).
     final_max_repeats: int = 16
     final_budget_s: float | None = None
-    # What the user asked for before this worker's noise raised it (app.tuning.adapt_to_noise): the
+    # What the user asked for before this worker's noise raised it (app.common.adapt_to_noise): the
     # final round's identity in the study, the same for every worker whatever noise each measured.
     final_repeats_asked: int | None = None
     final_floor: float = 0.75  # a finalist's search speedup is at least this share of the best

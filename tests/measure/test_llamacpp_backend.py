@@ -68,7 +68,7 @@ def run_cli(*args: str) -> object:
     return CliRunner().invoke(app, list(args))
 
 
-def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
+def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo, monkeypatch):
     out = tmp_path / "p.yaml"
     r = run_cli(
         "run", "--backend", "llamacpp", "--target", str(demo["target"]), "-d", "ngram-simple:3",
@@ -87,6 +87,12 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
     assert len(p.costs.verify_ms) == 4 and p.costs.verify_ms[0] == pytest.approx(p.costs.t_target_ms)
     assert {d.name for d in p.costs.drafts} == {"ngram-simple:3", "demo-draft"}
     assert next(d for d in p.costs.drafts if d.name == "ngram-simple:3").t_draft_ms == 0.0
+    # the machine's noise and anchors, measured on the plain server before the search
+    assert p.noise is not None and p.noise.plain_passes == 3 and p.noise.plain_pass_s > 0
+    assert p.noise.cpus >= 1 and p.noise.repeats_needed >= 1
+    assert p.anchors.plain_tokens_per_s > 0 and p.anchors.matmul_gflops > 0
+    assert p.anchors.copy_bandwidth_gbps > 0
+    assert "one plain pass" in p.search.budget_note or p.search.budget_s is None
     best = next(x for x in [p.best, *p.alternatives] if x.config.gamma > 0)
     assert best.backend_args[:2] == ["-m", str(demo["target"])]
     assert "--spec-type" in best.backend_args
@@ -119,12 +125,55 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo):
     # check re-measures in the engine; another build is other software (exit 3)
     c = run_cli("check", str(out), "--repeats", "1", "--tolerance", "0.9")
     assert c.exit_code in (0, 1), c.output
+    check_under_load_and_on_other_hardware(tmp_path, out, monkeypatch)
     other = tmp_path / "other-build"
     other.write_bytes(REAL.read_bytes() + b"\0")
     other.chmod(0o755)
     c = run_cli("check", str(out), "--llama-server", str(other))
     assert c.exit_code == 3, c.output
     assert "other software" in c.output
+
+
+def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatch) -> None:
+    """`check --backend llamacpp` as the native check: a speedup far below the stored one is a
+    regression on a quiet machine and inconclusive (exit 6) on a busy one; machine anchors three
+    times the profile's are other hardware (exit 3)."""
+    import yaml
+
+    from specdec_tune.measure import noise
+
+    def os_says(busy: bool) -> None:
+        info = {"load_avg": 0.1, "steal_share": 0.0, "others_cpu_share": 0.6 if busy else 0.0, "busiest": []}
+        monkeypatch.setattr(noise, "busy_window", lambda work, proc=None: (work(), dict(info), busy))
+
+    doc = yaml.safe_load(out.read_text())
+    metrics = doc["best"]["metrics"]
+    metrics["speedup_samples"] = [3 * x for x in metrics.get("speedup_samples") or [metrics["speedup"]]]
+    metrics["speedup"] = 3 * metrics["speedup"]
+    faster = out.with_name("faster.yaml")  # what a 3x faster speculation stored: far above now
+    faster.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os_says(busy=False)
+    c = run_cli("check", str(faster), "--repeats", "1", "--json")
+    assert c.exit_code == 1, c.output
+    report = json.loads(c.stdout)
+    assert report["noise"]["busy"] is False and report["anchors"]["by"] == "machine anchors"
+    os_says(busy=True)
+    c = run_cli("check", str(faster), "--repeats", "1", "--json")
+    assert c.exit_code == 6, c.output
+    item = next(i for i in json.loads(c.stdout)["items"] if i["metric"] == "speedup")
+    assert item["inconclusive"] and "the machine was busy" in item["note"]
+
+    doc = yaml.safe_load(out.read_text())
+    doc["anchors"]["matmul_gflops"] *= 3
+    doc["anchors"]["copy_bandwidth_gbps"] *= 3
+    slower = out.with_name("slower-machine.yaml")
+    slower.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os_says(busy=False)
+    c = run_cli("check", str(slower), "--repeats", "1")
+    assert c.exit_code == 3, c.output
+    assert "other hardware (measured" in c.output and "slower" in c.output
+    c = run_cli("check", str(slower), "--repeats", "1", "--allow-other-hardware", "--tolerance", "0.9")
+    assert c.exit_code in (0, 1), c.output
 
 
 def test_an_exported_command_starts_and_speculates(tmp_path, demo):

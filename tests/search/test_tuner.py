@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import invoke, one_red_line, tiny_args
 
-from specdec_tune.app.tuning import adapt_to_noise
+from specdec_tune.app.common import adapt_to_noise
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Noise, Result
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure.bench import Measurement
@@ -414,7 +414,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert len(started) == 1 and not fail.calls  # reused: nothing was measured
     assert [r.config for r in again.results] == [r.config for r in res.results]
     assert again.results[0].metrics == res.results[0].metrics
-    # A worker whose noise raised its repeats (app.tuning.adapt_to_noise) shares the round too.
+    # A worker whose noise raised its repeats (app.common.adapt_to_noise) shares the round too.
     noisy = Noise(plain_pass_s=1.0, plain_pass_cv=0.04, plain_passes=3, cpus=2, repeats_needed=20)
     raised, _ = adapt_to_noise(settings, noisy)
     assert (
@@ -622,3 +622,21 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     assert _fit_budget(s, None, settings, 200.0, 2.0, 0.7)[0] == plain
     wild = _fit_budget(s, None, settings, 200.0, 2.0, 50.0)[0]
     assert wild.final_budget_s == pytest.approx(2 * (1 + 3 / 4) * 5 * 2.0)
+
+
+def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():
+    from specdec_tune.app.engine_plan import fit_engine_budget
+
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=4)
+    # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: 4 x 4
+    # passes and 3 server starts = 20.5 s, 41 s with racing; 199 s left: 30 trials fit, 20 asked.
+    fits, note = fit_engine_budget(None, settings, 240.0, pass_s=1.0)
+    assert fits.trials == 20 and fits.timeout_s == pytest.approx(199.0) and fits.final_budget_s == 41
+    assert note == "B=1: one plain pass 1 s in llama.cpp, so 20 trials"
+    # 10 s passes: 6 trials (309 s) and the first final pass (164.5 s) exceed 240 s, and it says so.
+    slow, note = fit_engine_budget(None, settings, 240.0, pass_s=10.0)
+    assert slow.trials == 6 and slow.timeout_s == pytest.approx(309.0)
+    assert note.endswith(
+        "the least a search does (6 trials and the final round's first pass, about 474 s) is more than "
+        "the 240 s left, so expect it to run over"
+    )
