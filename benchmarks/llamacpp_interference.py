@@ -75,7 +75,9 @@ def main() -> None:
         argv = ["run", "--backend", "llamacpp", "--target", "smollm2-135m", "--workload", args.workload]
         argv += ["--study-name", f"{name}-{time.time_ns()}", "--out", str(out), "--force"]
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
-            _, _, secs, err = cli(argv, env)
+            code, _, secs, err = cli(argv, env)
+        if code != 0 or not out.exists():
+            raise SystemExit(f"run {name} ({pattern or 'quiet'}) exited {code}: {err.strip()[-2000:]}")
         said = [line for line in err.splitlines() if "machine" in line and "repeats" in line]
         return summary(out, secs, pattern) | {"said": said[:1]}
 

@@ -266,6 +266,21 @@ class Noise:
     others_cpu_share: float | None = None  # share of all CPUs other processes used over the window
     busiest: list[str] = field(default_factory=list)  # the busiest other processes, in words
     repeats_needed: int = 1  # interleaved repeats to resolve a 5 % difference at this noise
+    # What the OS said over the whole search and final round (absent in older profiles): a load
+    # that starts after the noise passes shows here.
+    during_search: MachineWindow | None = None
+
+
+@dataclass
+class MachineWindow:
+    """What the OS said over a stretch of a run (measure.noise.os_since); None where it could not tell."""
+
+    seconds: float
+    load_avg: float | None = None
+    steal_share: float | None = None
+    others_cpu_share: float | None = None
+    busiest: list[str] = field(default_factory=list)
+    busy: bool = False  # other processes or steal beyond measure.noise's BUSY_* shares
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..measure.noise import noise_line
+from ..measure.noise import busy, during_line, machine_window, noise_line
 from ..measure.stats import MIN_PAIRS
 from ..search.space import TuneSettings
 from ..store.refs import storage_for_record
@@ -214,6 +214,17 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
         if line:
             line += f"; the final round races up to {settings.final_max_repeats} within the budget"
     return settings, line
+
+
+def watched(noise: Any, snapshot: Any, progress: Progress) -> Any:
+    """`noise` (domain.Noise) with what the OS said since `snapshot` (measure.noise.os_snapshot,
+    taken before the search) as `during_search`; one line for the user when the machine turned
+    busy after the noise passes had found it quiet."""
+    window = machine_window(snapshot)
+    line = during_line(window)
+    if line and not busy(noise):
+        progress.note(line)
+    return replace(noise, during_search=window)
 
 
 @dataclass

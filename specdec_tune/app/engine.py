@@ -21,6 +21,7 @@ from ..measure.hardware import hardware_info
 from ..measure.llamacpp.args import DEFAULT_DRAFTS, parse_llamacpp_draft
 from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
+from ..measure.noise import os_snapshot
 from ..measure.timing import median
 from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
 from ..runtime.models.loading import builtin_gguf
@@ -39,9 +40,10 @@ from .common import (
     check_writable,
     search_info,
     trial_params,
+    watched,
     workload_info,
 )
-from .engine_plan import engine_noise_and_anchors, fit_engine_budget
+from .engine_plan import after_probe, engine_noise_and_anchors, fit_engine_budget
 
 SMOLLM2 = "smollm2-135m"
 DEFAULT_PROMPTS = 6  # prompts per pass unless --prompts says otherwise
@@ -226,6 +228,7 @@ def tune_engine(
         # the cost model), so no draft is left out of a short search; the model's best predictions
         # are tried next, then TPE.
         neighbour: list[dict[str, Any]] = [start_params(d, settings.max_gamma) for d in s.specs]
+        watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
@@ -241,12 +244,14 @@ def tune_engine(
                 first_trials = replace(
                     settings_b, trials=min(settings_b.trials or 20, 1 + len(s.specs)), finalists=0
                 )
+                probe_started = time.monotonic()
                 probe = run_search(
                     None, s.specs, s.case, first_trials, None, None, key_b, progress.trial, None, neighbour,
                     backend=s.backend,
                 )  # fmt: skip
                 costs_b = with_acceptance(costs, _acceptance(probe), settings.max_gamma)
                 _enqueue_predictions(probe, s.specs, costs_b, settings_b, s.case.max_new_tokens)
+                settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
             results[b] = run_search(
                 None,
                 s.specs,
@@ -265,6 +270,7 @@ def tune_engine(
             neighbour = [trial_params(results[b].results[0].config)] + [
                 start_params(d, settings.max_gamma) for d in s.specs
             ]
+        noise = watched(noise, watch, progress)
         first = results[batch_sizes[0]]
         exact = _exactness(s, first)
     finally:

@@ -74,3 +74,15 @@ def fit_engine_budget(
         )
     final_budget = final_s if finalists else None
     return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
+
+
+def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> TuneSettings:
+    """The search's timeout once the first trials (one per draft, which feed the cost model) took
+    `probe_s`: they are part of the search, so their time comes out of it. The rest of the search
+    still gets what the least a search does needs (MIN_BUDGET_TRIALS in all), at the pace the
+    first trials measured. A quiet SmolLM2 run went 17 s over its 240 s budget before this."""
+    if not settings.timeout_s or probe_trials <= 0:
+        return settings
+    floor = max(0, MIN_BUDGET_TRIALS - probe_trials) * probe_s / probe_trials
+    # Never 0: a timeout of 0 means none at all (search.tuner).
+    return replace(settings, timeout_s=max(settings.timeout_s - probe_s, floor, 1e-3))

@@ -18,7 +18,7 @@ from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
-from ..measure.noise import busy, measure_noise
+from ..measure.noise import busy, measure_noise, os_snapshot
 from ..runtime.models.loading import content_hash, slugify
 from ..search.costmodel import CostModel
 from ..search.space import DEFAULT_TRIALS, TuneSettings
@@ -40,6 +40,7 @@ from .common import (
     measure_costs,
     search_info,
     trial_params,
+    watched,
     workload_info,
 )
 from .engine import tune_engine
@@ -146,6 +147,7 @@ def tune(
     if settings.reference_processes and not busy(noise):
         reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
     neighbour: list[dict[str, Any]] = []
+    watch = os_snapshot()  # what else the machine does during the search and final round
     for i, b in enumerate(batch_sizes):
         settings_b = replace(settings, batch_size=b)
         if settings.study_name and b != batch_sizes[0]:
@@ -176,6 +178,7 @@ def tune(
                 f"trial {n} was failed by another worker while this one was paused; its result is dropped"
             )
         neighbour = [trial_params(results[b].results[0].config)]
+    noise = watched(noise, watch, progress)
     first = results[batch_sizes[0]]
     profile = make_profile(first, settings, hw, s.target, s.workload, s.case, costs, s.engine_mode, s.ctx)
     profile.noise, profile.anchors = noise, anchors

@@ -11,11 +11,12 @@ import contextlib
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..domain import Noise
+from ..domain import MachineWindow, Noise
 
 PROC = Path("/proc")
 RESOLVE_SHARE = 0.05  # the smallest speedup difference the repeats should resolve
@@ -56,13 +57,18 @@ def process_ticks(proc: Path = PROC, exclude: set[int] | None = None) -> dict[in
     return out
 
 
-def os_window(
-    work: Callable[[], Any], proc: Path = PROC, cpus: int | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """Run `work()` and say what else the machine did meanwhile: {load_avg, steal_share,
+def os_snapshot(proc: Path = PROC) -> tuple[Any, dict[int, tuple[str, float]], float]:
+    """Where the OS's counters stand now (CPU jiffies, every other process's ticks, the clock), for
+    `os_since` to tell what else the machine did from here on."""
+    return cpu_times(proc), process_ticks(proc), time.monotonic()
+
+
+def os_since(
+    snapshot: tuple[Any, dict[int, tuple[str, float]], float], proc: Path = PROC, cpus: int | None = None
+) -> dict[str, Any]:
+    """What else the machine did since `snapshot` (os_snapshot): {load_avg, steal_share,
     others_cpu_share, busiest} (None where /proc cannot tell)."""
-    before_cpu, before_procs = cpu_times(proc), process_ticks(proc)
-    result = work()
+    before_cpu, before_procs, _ = snapshot
     after_cpu, after_procs = cpu_times(proc), process_ticks(proc)
     info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
     with contextlib.suppress(OSError, IndexError, ValueError):
@@ -79,7 +85,47 @@ def os_window(
         top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
         n = cpus or os.cpu_count() or 1
         info["busiest"] = [f"{name} ({pid}) {t / total * n:.0%} of a CPU" for pid, (name, t) in top]
-    return result, info
+    return info
+
+
+def os_window(
+    work: Callable[[], Any], proc: Path = PROC, cpus: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Run `work()` and say what else the machine did meanwhile (os_since)."""
+    snapshot = os_snapshot(proc)
+    result = work()
+    return result, os_since(snapshot, proc, cpus)
+
+
+def machine_window(
+    snapshot: tuple[Any, dict[int, tuple[str, float]], float], proc: Path = PROC
+) -> MachineWindow:
+    """What the OS said from `snapshot` (os_snapshot) until now, e.g. over a whole search."""
+    info = os_since(snapshot, proc)
+    return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy_info(info), **info)
+
+
+def busy_info(info: dict[str, Any]) -> bool:
+    """Whether what the OS said (os_since) is a busy machine: other processes over BUSY_OTHERS of
+    all CPUs, or the hypervisor's steal over BUSY_STEAL."""
+    return (info.get("others_cpu_share") or 0.0) > BUSY_OTHERS or (
+        info.get("steal_share") or 0.0
+    ) > BUSY_STEAL
+
+
+def during_line(window: MachineWindow) -> str:
+    """One line for the user when the machine turned busy during the search ("" otherwise)."""
+    if not window.busy:
+        return ""
+    parts = [f"other processes {window.others_cpu_share or 0.0:.0%} of all CPUs"]
+    if window.steal_share:
+        parts.append(f"steal {window.steal_share:.0%}")
+    if window.busiest:
+        parts.append(f"busiest: {window.busiest[0]}")
+    return (
+        f"the machine turned busy during the search ({', '.join(parts)} over {window.seconds:.0f} s): "
+        "the final round's numbers carry that load; re-run on a quiet machine for numbers to keep"
+    )
 
 
 def repeats_needed(cv: float, resolve: float = RESOLVE_SHARE) -> int:
@@ -111,7 +157,7 @@ def measure_noise(plain_pass: Callable[[], float], passes: int = 3, proc: Path =
 
 def busy(noise: Noise) -> bool:
     """The OS says other work shares this machine (other processes' CPU, or the hypervisor's steal)."""
-    return (noise.others_cpu_share or 0.0) > BUSY_OTHERS or (noise.steal_share or 0.0) > BUSY_STEAL
+    return busy_info({"others_cpu_share": noise.others_cpu_share, "steal_share": noise.steal_share})
 
 
 def noise_line(noise: Noise, repeats: int) -> str:
@@ -138,7 +184,4 @@ def noise_line(noise: Noise, repeats: int) -> str:
 def busy_window(work: Callable[[], Any], proc: Path = PROC) -> tuple[Any, dict[str, Any], bool]:
     """Run `work()`: its result, what the OS said meanwhile, and whether that says busy."""
     result, info = os_window(work, proc)
-    machine_busy = (info["others_cpu_share"] or 0.0) > BUSY_OTHERS or (
-        info["steal_share"] or 0.0
-    ) > BUSY_STEAL
-    return result, info, machine_busy
+    return result, info, busy_info(info)

@@ -89,7 +89,12 @@ def noise_words(n: Any) -> str:
         parts.append(f"other processes {n.others_cpu_share:.0%} of all CPUs")
     if n.steal_share:
         parts.append(f"steal {n.steal_share:.0%}")
-    return ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"
+    words = ", ".join(parts) + f"; {n.repeats_needed} repeats resolve 5 %"
+    w = getattr(n, "during_search", None)
+    if w is not None and w.others_cpu_share is not None:
+        words += f"; during the search ({w.seconds:.0f} s) other processes {w.others_cpu_share:.0%}"
+        words += (f", steal {w.steal_share:.0%}" if w.steal_share else "") + (": BUSY" if w.busy else "")
+    return words
 
 
 def compile_words(c: Any) -> str:

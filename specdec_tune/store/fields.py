@@ -51,6 +51,10 @@ def convert(value: Any, tp: Any, path: str) -> Any:
                 raise field_error(path, "must have string keys", k)
             out[k] = convert(v, value_tp, f"{path}.{k}")
         return out
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise field_error(path, "must be true or false", value)
+        return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise field_error(path, "must be an int" + _range_of(path), value)

@@ -119,6 +119,8 @@ def _validate(p: Profile) -> None:
         _at_least(p.noise.plain_pass_s, 0.0, "noise.plain_pass_s")
         _at_least(p.noise.plain_pass_cv, 0.0, "noise.plain_pass_cv")
         _at_least(p.noise.repeats_needed, 1, "noise.repeats_needed")
+        if p.noise.during_search is not None:
+            _at_least(p.noise.during_search.seconds, 0.0, "noise.during_search.seconds")
     if p.compile is not None:
         validate_compile(p.compile, "compile")
     if p.anchors is not None:

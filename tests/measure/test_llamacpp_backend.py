@@ -90,6 +90,7 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo, monkeypatc
     # the machine's noise and anchors, measured on the plain server before the search
     assert p.noise is not None and p.noise.plain_passes == 3 and p.noise.plain_pass_s > 0
     assert p.noise.cpus >= 1 and p.noise.repeats_needed >= 1
+    assert p.noise.during_search is not None and p.noise.during_search.seconds > 0
     assert p.anchors.plain_tokens_per_s > 0 and p.anchors.matmul_gflops > 0
     assert p.anchors.copy_bandwidth_gbps > 0
     assert "one plain pass" in p.search.budget_note or p.search.budget_s is None

@@ -64,3 +64,22 @@ def test_measure_noise_and_the_line_to_the_user(tmp_path):
         and busy_line.startswith("busy machine")
         and "other processes 50% of all CPUs" in busy_line
     )
+
+
+def test_a_load_that_starts_during_the_search_shows_in_its_window(tmp_path):
+    me = os.getpid()
+    _fake_proc(tmp_path, 1000, 0, {101: ("stress", 1, 50), 102: ("llama-server", me, 10)})
+    snapshot = noise.os_snapshot(tmp_path)
+    # over the search: 1000 jiffies in all; stress took 400 (busy), our server 500 (never counted)
+    _fake_proc(tmp_path, 1900, 100, {101: ("stress", 1, 450), 102: ("llama-server", me, 510)})
+    w = noise.machine_window(snapshot, tmp_path)
+    assert w.busy and w.others_cpu_share == 0.4 and w.steal_share == 0.1 and w.seconds >= 0
+    assert w.busiest[0].startswith("stress (101)") and w.load_avg == 1.87
+    line = noise.during_line(w)
+    assert line.startswith("the machine turned busy during the search (other processes 40% of all CPUs")
+    assert "steal 10%" in line and "busiest: stress (101)" in line
+    # The same window with the load gone: quiet, and nothing to say.
+    snapshot = noise.os_snapshot(tmp_path)
+    _fake_proc(tmp_path, 2900, 100, {101: ("stress", 1, 460), 102: ("llama-server", me, 1500)})
+    quiet = noise.machine_window(snapshot, tmp_path)
+    assert not quiet.busy and quiet.others_cpu_share == 0.01 and noise.during_line(quiet) == ""

@@ -157,6 +157,8 @@ def test_run_end_to_end_writes_profile_and_csv(tiny_dirs, tmp_path):
     assert all(a.config.gamma > 0 for a in p.alternatives)  # the baseline has its own section
     assert p.search.finalists >= 2 and p.search.final_repeats >= 4
     assert p.noise.plain_passes == 3 and p.noise.plain_pass_s > 0 and p.noise.cpus >= 1
+    during = p.noise.during_search  # what the OS said over the search and final round
+    assert during.seconds > 0 and during.busy == (during.others_cpu_share > 0.25 or during.steal_share > 0.1)
     assert p.anchors.plain_tokens_per_s > 0 and p.anchors.copy_bandwidth_gbps > 0
     assert p.anchors.matmul_gflops > 0
     assert p.search.final_verdict in ("resolved", "tie within noise") and len(p.search.final_margin) == 3
@@ -640,3 +642,18 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
         "the least a search does (6 trials and the final round's first pass, about 474 s) is more than "
         "the 240 s left, so expect it to run over"
     )
+
+
+def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():
+    from specdec_tune.app.engine_plan import after_probe
+
+    settings = TuneSettings(trials=20, timeout_s=100.0)
+    # 4 first trials took 72 s (18 s each): 28 s of the timeout are left, but the 2 trials the
+    # minimum of 6 still needs take 36 s at that pace.
+    assert after_probe(settings, 72.0, 4).timeout_s == pytest.approx(36.0)
+    assert after_probe(settings, 40.0, 4).timeout_s == pytest.approx(60.0)
+    # The probe already did the minimum and used up the time: a timeout that ends the search at
+    # once, never 0 (which would mean no timeout at all).
+    spent = after_probe(settings, 150.0, 6).timeout_s
+    assert 0 < spent < 0.01
+    assert after_probe(TuneSettings(trials=20), 72.0, 4).timeout_s is None  # no budget, no timeout

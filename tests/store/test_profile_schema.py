@@ -230,6 +230,21 @@ def test_mistyped_gamma(tmp_path):
     assert "profile field 'best.config.gamma' must be an int >= 0, got 'x'" in _load_error(path)
 
 
+def test_the_noise_during_the_search_round_trips_and_a_non_boolean_busy_is_named(tmp_path):
+    from specdec_tune.domain import MachineWindow, Noise
+
+    window = MachineWindow(200.5, 1.9, 0.0, 0.41, ["stress (101) 82% of a CPU"], busy=True)
+    p = dataclasses.replace(
+        make_sample_profile(), noise=Noise(2.0, 0.02, 3, 2, 0.3, 0.0, 0.01, [], 5, during_search=window)
+    )
+    assert load_profile(save_profile(p, tmp_path / "p.yaml")).noise.during_search == window
+    data = profile_to_dict(p)
+    data["noise"]["during_search"]["busy"] = "maybe"
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert "profile field 'noise.during_search.busy' must be true or false, got 'maybe'" in _load_error(path)
+
+
 def test_negative_gamma(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"].__setitem__("gamma", -2))
     assert "profile field 'best.config.gamma' must be an int in 1..64, got -2" in _load_error(path)
