@@ -3,11 +3,15 @@ a slower machine from a regression? SmolLM2-135M-Instruct (Q4_1) inside llama-se
 
 (a) One quiet `run --backend llamacpp` and N runs with a planted background load (one process
     spinning one core, or bursts), each on a fresh study: what each recorded as its noise (plain
-    passes' spread, what the OS said), its budget note, its best and the final round's verdict.
+    passes' spread, what the OS said), its budget note, its best and the final round's verdict;
+    then one more run with one core busy and `--threads 1`. With one core of two busy, llama.cpp's
+    2 threads crawl (they wait for each other at every step): such a run ends with one line naming
+    the load and the --threads that avoids it (exit 2), which is recorded as its result.
 (b) `check` of the quiet profile: M on the quiet machine, M under the load, and S on an emulated
     slower machine of the same slug (the cgroup-v1 freezer of benchmarks/interference.py: root
     needed, else skipped and said). Expected: quiet pass (exit 0), loaded pass or inconclusive
-    (exit 6), never a regression (exit 1); slower: other hardware (exit 3).
+    (exit 6, also when the server stops answering under the load), never a regression (exit 1);
+    slower: other hardware (exit 3).
 
 A planted slowdown of the target forward has no in-process hook in llama.cpp (another binary is
 "other software", exit 3), so catching a regression is measured by benchmarks/interference.py on the
@@ -70,26 +74,33 @@ def main() -> None:
     state.data.setdefault("started", time.time())
     env = {**os.environ, "SPECDEC_STORAGE": f"sqlite:///{args.work / 'studies.db'}"}
 
-    def run(name: str, pattern: str | None) -> dict:
+    def run(name: str, pattern: str | None, extra: list[str]) -> dict:
         out = args.work / f"{name}.yaml"
         argv = ["run", "--backend", "llamacpp", "--target", "smollm2-135m", "--workload", args.workload]
-        argv += ["--study-name", f"{name}-{time.time_ns()}", "--out", str(out), "--force"]
+        argv += ["--study-name", f"{name}-{time.time_ns()}", "--out", str(out), "--force", *extra]
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
-            code, _, secs, err = cli(argv, env)
+            try:
+                code, _, secs, err = cli(argv, env)
+            except SystemExit as exc:  # exit 2: one red line, which is the result under this load
+                return {"load": pattern, "args": extra, "exit": 2, "said": str(exc)[-1500:]}
         if code != 0 or not out.exists():
             raise SystemExit(f"run {name} ({pattern or 'quiet'}) exited {code}: {err.strip()[-2000:]}")
-        said = [line for line in err.splitlines() if "machine" in line and "repeats" in line]
-        return summary(out, secs, pattern) | {"said": said[:1]}
+        said = [line for line in err.splitlines() if "machine" in line or "threads" in line]
+        return summary(out, secs, pattern) | {"args": extra, "exit": 0, "said": said[:3]}
 
     runs = state.data.setdefault("runs", {})
-    plan = [("quiet", None)] + [(f"loaded-{i}", ("busy", "bursts")[i % 2]) for i in range(args.runs)]
-    for name, pattern in plan:
+    plan = [("quiet", None, [])] + [(f"loaded-{i}", ("busy", "bursts")[i % 2], []) for i in range(args.runs)]
+    plan.append(("busy-threads-1", "busy", ["--threads", "1"]))  # the remedy the busy run names
+    for name, pattern, extra in plan:
         if name not in runs:
-            runs[name] = run(name, pattern)
+            runs[name] = run(name, pattern, extra)
             state.save()
         r = runs[name]
-        print(f"{name}: {r['best']} {r['speedup']:.3f}x ({r['verdict']}) in {r['seconds']} s; noise cv "
-              f"{r['noise']['plain_pass_cv']:.1%}, others {r['noise']['others_cpu_share']}", flush=True)  # fmt: skip
+        if r["exit"]:
+            print(f"{name}: exit {r['exit']}: {r['said'][-300:]}", flush=True)
+        else:
+            print(f"{name}: {r['best']} {r['speedup']:.3f}x ({r['verdict']}) in {r['seconds']} s; noise cv "
+                  f"{r['noise']['plain_pass_cv']:.1%}, others {r['noise']['others_cpu_share']}", flush=True)  # fmt: skip
         write(state, args)
     done = state.data.setdefault("checks", {})
     quiet = args.work / "quiet.yaml"

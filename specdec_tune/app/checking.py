@@ -37,6 +37,7 @@ from .common import Models, check_writable
 from .confine import confine_model, confine_workload
 from .confine import models_root as models_root_of
 from .engine_checks import check_engine
+from .engine_plan import server_failures
 
 
 def check(
@@ -72,7 +73,7 @@ def check(
     p = load_profile(path)
     engine = backend or (p.backend or {}).get("name") or "native"
     if engine != "native":
-        with servers_die_with_us():
+        with servers_die_with_us(), server_failures(None):
             report = check_engine(
                 path,
                 tolerance,

@@ -43,7 +43,7 @@ from .common import (
     watched,
     workload_info,
 )
-from .engine_plan import after_probe, engine_noise_and_anchors, fit_engine_budget
+from .engine_plan import after_probe, engine_noise_and_anchors, fit_engine_budget, oversubscribed_line
 
 SMOLLM2 = "smollm2-135m"
 DEFAULT_PROMPTS = 6  # prompts per pass unless --prompts says otherwise
@@ -214,6 +214,9 @@ def tune_engine(
         results: dict[int, Any] = {}
         notes: list[str] = []
         costs = None
+        line = oversubscribed_line(s.backend.threads)  # llama.cpp crawls when its cores are taken
+        if line:
+            progress.note(line)
         if not no_profile:
             progress.stage("llama.cpp costs: T_target, C_ver(γ), T_draft", 0.0)
             costs = measure_engine_costs(

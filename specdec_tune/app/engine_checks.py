@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,13 +17,14 @@ from ..measure.anchors import measure_twice
 from ..measure.hardware import hardware_info, hardware_slug, same_hardware
 from ..measure.llamacpp.args import parse_llamacpp_draft
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
-from ..measure.llamacpp.server import build_info, find_server
+from ..measure.llamacpp.server import ServerError, build_info, find_server
 from ..output.anchors import anchor_verdict, other_hardware_message
 from ..output.check import CheckItem, CheckReport, confirm_repeats, judge_config
 from ..store.refs import resolve_ref
 from ..store.yamlio import load_profile
 from .common import BenchResult, Models, Progress
 from .engine import SMOLLM2, open_engine, start_params
+from .engine_plan import load_hint
 
 
 def bench_engine(
@@ -156,30 +158,50 @@ def check_engine(
             CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
         )
         by_name = {d.name: d for d in s.specs}
-        for i, (b, r) in enumerate(rows):
-            config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
+        snapshot, current = noise.os_snapshot(), rows[0]
+        try:
+            for i, (b, r) in enumerate(rows):
+                current = (b, r)
+                config = replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
 
-            def once(config: Config = config, b: int = b) -> Any:
-                return s.backend.measure([config], s.case, b, repeats)[0]
+                def once(config: Config = config, b: int = b) -> Any:
+                    return s.backend.measure([config], s.case, b, repeats)[0]
 
-            if i == 0:  # the machine anchors (copy, matmul) before and after the first row
-                (machine, m), os_noise, machine_busy = noise.busy_window(lambda: measure_twice("cpu", once))
-                plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
-                verdict = anchor_verdict(p, plain, machine, machine_busy)
-                if verdict.other_hardware and not allow_other_hardware:
-                    raise OtherHardwareError(other_hardware_message(path, verdict))
-                report.noise = {**os_noise, "busy": machine_busy}
-                if verdict.slowdown is not None:
-                    report.anchors = verdict.as_dict()
-            else:
-                m, _, machine_busy = noise.busy_window(once)
-            again = None
-            if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
-                (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats))
+                if i == 0:  # the machine anchors (copy, matmul) before and after the first row
+                    (machine, m), os_noise, machine_busy = noise.busy_window(
+                        lambda: measure_twice("cpu", once)
+                    )
+                    plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
+                    verdict = anchor_verdict(p, plain, machine, machine_busy)
+                    if verdict.other_hardware and not allow_other_hardware:
+                        raise OtherHardwareError(
+                            other_hardware_message(path, verdict, "specdec-tune run --backend llamacpp")
+                        )
+                    report.noise = {**os_noise, "busy": machine_busy}
+                    if verdict.slowdown is not None:
+                        report.anchors = verdict.as_dict()
+                else:
+                    m, _, machine_busy = noise.busy_window(once)
+                again = None
+                if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
+                    (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats))
+                where = "" if b == 1 else f" @ B={b}"
+                report.items += judge_config(
+                    r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where, machine_busy
+                )
+        except ServerError as exc:
+            # A server that stops answering on a busy machine (llama.cpp's threads spin-wait for a
+            # busy core) cannot be judged: inconclusive, as any speedup drop there. On a quiet one
+            # it is an error of the setup.
+            info = noise.os_since(snapshot)
+            hint = load_hint(info, s.backend.threads, os.cpu_count() or 1)
+            if not hint:
+                raise SpecDecError(str(exc)) from None
+            b, r = current
+            report.noise = {**info, "busy": True}
             where = "" if b == 1 else f" @ B={b}"
-            report.items += judge_config(
-                r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where, machine_busy
-            )
+            note = f"not measured, the server did not answer: {hint}; inconclusive: the machine was busy"
+            report.items.append(CheckItem(f"speedup{where}", r.metrics.speedup, None, True, note, True))
     finally:
         s.close()
     report.seconds = time.monotonic() - started

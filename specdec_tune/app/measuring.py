@@ -29,6 +29,7 @@ from .common import (
     measure_costs,
 )
 from .engine_checks import bench_engine, profile_engine
+from .engine_plan import server_failures
 
 # ---------------------------------------------------------------------------------------- bench
 
@@ -58,7 +59,7 @@ def bench(
                 "--compare-hf compares our own engine with transformers: drop --backend llamacpp"
             )
 
-        with servers_die_with_us():
+        with servers_die_with_us(), server_failures(models.threads):
             return bench_engine(models, draft, gamma, threshold, batch_size or 1, repeats)
     if batch_size is not None:
         check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
@@ -155,7 +156,7 @@ def profile_costs(
         check_writable(out)
     progress = progress or Progress()
     if models.backend == "llamacpp":
-        with servers_die_with_us():
+        with servers_die_with_us(), server_failures(models.threads):
             hw, costs, target, budgets = profile_engine(models, max_gamma, repeats, progress)
         model = CostModel(costs, budgets)
         per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}

@@ -44,6 +44,7 @@ from .common import (
     workload_info,
 )
 from .engine import tune_engine
+from .engine_plan import server_failures
 from .reference import process_seconds, record_reference
 
 # ----------------------------------------------------------------------------------------- tune
@@ -90,7 +91,7 @@ def tune(
             models = replace(
                 models, drafts=[*(base or DEFAULT_DRAFTS), *(f"layer-skip:{k}" for k in layer_skip)]
             )
-        with servers_die_with_us():
+        with servers_die_with_us(), server_failures(models.threads):
             return tune_engine(models, settings, out, progress, batch_sizes, budget_s, no_profile)
     # `auto` is resolved once per study (app.shared_study), not by each worker on its own.
     auto = models.engine_mode == "auto"

@@ -143,7 +143,7 @@ def anchor_verdict(
     )
 
 
-def other_hardware_message(path: Any, verdict: AnchorVerdict) -> str:
+def other_hardware_message(path: Any, verdict: AnchorVerdict, rerun: str = "specdec-tune run") -> str:
     """The one line of exit 3: how many times slower (or faster) this machine measured, and on what."""
     n = verdict.slowdown or 1.0
     words = f"{n:.2f}× slower" if n >= 1 else f"{1 / n:.2f}× faster"
@@ -159,7 +159,7 @@ def other_hardware_message(path: Any, verdict: AnchorVerdict) -> str:
         what = f"plain decoding {now:.1f} tokens/s against the profile's {stored:.1f}"
     return (
         f"{path}: other hardware (measured {words}: {what}) on a quiet machine, though the slug is "
-        "the same; re-run `specdec-tune run` here or pass --allow-other-hardware to judge anyway"
+        f"the same; re-run `{rerun}` here or pass --allow-other-hardware to judge anyway"
     )
 
 

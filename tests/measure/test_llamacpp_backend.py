@@ -164,6 +164,31 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     item = next(i for i in json.loads(c.stdout)["items"] if i["metric"] == "speedup")
     assert item["inconclusive"] and "the machine was busy" in item["note"]
 
+    # A server that stops answering: inconclusive on a busy machine (llama.cpp's threads wait for a
+    # busy core), one red line (exit 2) on a quiet one.
+    from specdec_tune.measure.llamacpp.backend import LlamaCppBackend
+
+    def hangs(*a, **k):
+        raise srv.ServerError("llama-server did not answer (TimeoutError: timed out): ")
+
+    monkeypatch.setattr(LlamaCppBackend, "measure", hangs)
+    busy_info = {
+        "load_avg": 2.0,
+        "steal_share": 0.0,
+        "others_cpu_share": 0.5,
+        "busiest": ["spin (7) 100% of a CPU"],
+    }
+    monkeypatch.setattr(noise, "os_since", lambda *a, **k: dict(busy_info))
+    c = run_cli("check", str(out), "--repeats", "1", "--json")
+    assert c.exit_code == 6, c.output
+    item = next(i for i in json.loads(c.stdout)["items"] if i["metric"] == "speedup")
+    assert item["inconclusive"] and item["measured"] is None and "the server did not answer" in item["note"]
+    assert f"pass --threads {max(1, int((os.cpu_count() or 1) * 0.5))}" in item["note"]
+    monkeypatch.setattr(noise, "os_since", lambda *a, **k: dict(busy_info, others_cpu_share=0.0))
+    c = run_cli("check", str(out), "--repeats", "1")
+    assert c.exit_code == 2 and "did not answer" in c.output and "busy" not in c.output, c.output
+    monkeypatch.undo()
+
     doc = yaml.safe_load(out.read_text())
     doc["anchors"]["matmul_gflops"] *= 3
     doc["anchors"]["copy_bandwidth_gbps"] *= 3
@@ -173,6 +198,7 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     c = run_cli("check", str(slower), "--repeats", "1")
     assert c.exit_code == 3, c.output
     assert "other hardware (measured" in c.output and "slower" in c.output
+    assert "re-run `specdec-tune run --backend llamacpp` here" in c.output
     c = run_cli("check", str(slower), "--repeats", "1", "--allow-other-hardware", "--tolerance", "0.9")
     assert c.exit_code in (0, 1), c.output
 

@@ -83,3 +83,34 @@ def test_a_load_that_starts_during_the_search_shows_in_its_window(tmp_path):
     _fake_proc(tmp_path, 2900, 100, {101: ("stress", 1, 460), 102: ("llama-server", me, 1500)})
     quiet = noise.machine_window(snapshot, tmp_path)
     assert not quiet.busy and quiet.others_cpu_share == 0.01 and noise.during_line(quiet) == ""
+
+
+def test_the_llamacpp_load_hint_names_the_threads_that_wait_for_a_busy_core(monkeypatch):
+    import pytest
+
+    from specdec_tune.app import engine_plan
+    from specdec_tune.app.engine_plan import load_hint, server_failures
+    from specdec_tune.errors import SpecDecError
+    from specdec_tune.measure.llamacpp.server import ServerError
+
+    busy = {"others_cpu_share": 0.5, "steal_share": 0.0, "busiest": ["spin (7) 100% of a CPU"]}
+    hint = load_hint(busy, 2, 2)  # one core of two taken: 2 threads wait at every step
+    assert hint.startswith("the machine is busy (other processes 50% of all 2 CPUs, busiest: spin (7)")
+    assert "pass --threads 1 (the cores left free)" in hint
+    assert "--threads" not in load_hint(busy, 1, 2) and load_hint(busy, 1, 2).startswith(
+        "the machine is busy"
+    )
+    assert load_hint({**busy, "others_cpu_share": 0.3}, 8, 8).endswith(
+        "pass --threads 5 (the cores left free) or measure on a quiet machine"
+    )
+    assert load_hint({**busy, "others_cpu_share": 0.01}, 2, 2) == ""
+    # Outside a trial a server that stops answering is one line (exit 2), not an internal error,
+    # with the hint when the OS saw a busy machine meanwhile.
+    monkeypatch.setattr(engine_plan.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(engine_plan, "os_since", lambda *a: {**busy, "others_cpu_share": 0.0})
+    with pytest.raises(SpecDecError, match=r"^llama-server did not answer$"), server_failures(2):
+        raise ServerError("llama-server did not answer")
+    monkeypatch.setattr(engine_plan, "os_since", lambda *a: dict(busy))
+    busy_line = r"^llama-server did not answer; the machine is busy .* pass --threads 1 "
+    with pytest.raises(SpecDecError, match=busy_line), server_failures(2):
+        raise ServerError("llama-server did not answer")

@@ -630,16 +630,17 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
     from specdec_tune.app.engine_plan import fit_engine_budget
 
     settings = TuneSettings(repeats=2, finalists=3, final_repeats=4)
-    # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: 4 x 4
-    # passes and 3 server starts = 20.5 s, 41 s with racing; 199 s left: 30 trials fit, 20 asked.
+    # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: each of
+    # 3 finalists against its own plain passes, 2 x 4 passes and a start, and the baseline's 4
+    # passes = 32.5 s, 65 s with racing; 175 s left: 26 trials fit, 20 asked.
     fits, note = fit_engine_budget(None, settings, 240.0, pass_s=1.0)
-    assert fits.trials == 20 and fits.timeout_s == pytest.approx(199.0) and fits.final_budget_s == 41
+    assert fits.trials == 20 and fits.timeout_s == pytest.approx(175.0) and fits.final_budget_s == 65
     assert note == "B=1: one plain pass 1 s in llama.cpp, so 20 trials"
-    # 10 s passes: 6 trials (309 s) and the first final pass (164.5 s) exceed 240 s, and it says so.
+    # 10 s passes: 6 trials (309 s) and the first final pass (284.5 s) exceed 240 s, and it says so.
     slow, note = fit_engine_budget(None, settings, 240.0, pass_s=10.0)
     assert slow.trials == 6 and slow.timeout_s == pytest.approx(309.0)
     assert note.endswith(
-        "the least a search does (6 trials and the final round's first pass, about 474 s) is more than "
+        "the least a search does (6 trials and the final round's first pass, about 594 s) is more than "
         "the 240 s left, so expect it to run over"
     )
 
@@ -647,13 +648,18 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
 def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():
     from specdec_tune.app.engine_plan import after_probe
 
-    settings = TuneSettings(trials=20, timeout_s=100.0)
-    # 4 first trials took 72 s (18 s each): 28 s of the timeout are left, but the 2 trials the
-    # minimum of 6 still needs take 36 s at that pace.
-    assert after_probe(settings, 72.0, 4).timeout_s == pytest.approx(36.0)
-    assert after_probe(settings, 40.0, 4).timeout_s == pytest.approx(60.0)
-    # The probe already did the minimum and used up the time: a timeout that ends the search at
-    # once, never 0 (which would mean no timeout at all).
-    spent = after_probe(settings, 150.0, 6).timeout_s
-    assert 0 < spent < 0.01
+    settings = TuneSettings(trials=20, timeout_s=100.0, final_budget_s=60.0)
+    # 4 first trials took 40 s: 60 s of the search are left, the racing keeps its 60 s.
+    assert (after_probe(settings, 40.0, 4).timeout_s, after_probe(settings, 40.0, 4).final_budget_s) == (
+        60,
+        60,
+    )
+    # 72 s (18 s each): 28 s are left, but the 2 trials the minimum of 6 still needs take 36 s at
+    # that pace; the 8 s beyond come out of the racing.
+    slow = after_probe(settings, 72.0, 4)
+    assert slow.timeout_s == pytest.approx(36.0) and slow.final_budget_s == pytest.approx(52.0)
+    # The probe did the minimum and took 50 s more than the whole search had: a timeout that ends
+    # the search at once (never 0, which would mean no timeout at all), and 50 s less racing.
+    spent = after_probe(settings, 150.0, 6)
+    assert 0 < spent.timeout_s < 0.01 and spent.final_budget_s == pytest.approx(10.0, abs=0.01)
     assert after_probe(TuneSettings(trials=20), 72.0, 4).timeout_s is None  # no budget, no timeout
