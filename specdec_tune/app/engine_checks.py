@@ -24,7 +24,7 @@ from ..store.refs import resolve_ref
 from ..store.yamlio import load_profile
 from .common import BenchResult, Models, Progress
 from .engine import SMOLLM2, open_engine, start_params
-from .engine_plan import load_hint
+from .engine_plan import engine_busy, load_hint
 
 
 def bench_engine(
@@ -104,8 +104,9 @@ def check_engine(
 
     As the native check: the machine anchors (copy, matmul) measured around the first row decide
     other hardware (exit 3) on a quiet machine of the same slug (profiles without anchors skip
-    that); on a busy machine a speedup drop is inconclusive (exit 6), never a regression; a speedup
-    below the floor is measured again with the repeats its spread needs."""
+    that); on a busy machine (app.engine_plan.engine_busy: stricter than the native rule, as
+    llama.cpp's threads wait for any other work) a speedup drop is inconclusive (exit 6), never a
+    regression; a speedup below the floor is measured again with the repeats its spread needs."""
     started = time.monotonic()
     p = load_profile(path)
     check_count(repeats, "--repeats")
@@ -158,7 +159,7 @@ def check_engine(
             CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
         )
         by_name = {d.name: d for d in s.specs}
-        snapshot, current = noise.os_snapshot(), rows[0]
+        snapshot, current, cpus = noise.os_snapshot(), rows[0], os.cpu_count() or 1
         try:
             for i, (b, r) in enumerate(rows):
                 current = (b, r)
@@ -168,10 +169,9 @@ def check_engine(
                     return s.backend.measure([config], s.case, b, repeats)[0]
 
                 if i == 0:  # the machine anchors (copy, matmul) before and after the first row
-                    (machine, m), os_noise, machine_busy = noise.busy_window(
-                        lambda: measure_twice("cpu", once)
-                    )
+                    (machine, m), os_noise, _ = noise.busy_window(lambda: measure_twice("cpu", once))
                     plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
+                    machine_busy = engine_busy(os_noise, s.backend.threads, cpus)
                     verdict = anchor_verdict(p, plain, machine, machine_busy)
                     if verdict.other_hardware and not allow_other_hardware:
                         raise OtherHardwareError(
@@ -181,7 +181,8 @@ def check_engine(
                     if verdict.slowdown is not None:
                         report.anchors = verdict.as_dict()
                 else:
-                    m, _, machine_busy = noise.busy_window(once)
+                    m, os_noise, _ = noise.busy_window(once)
+                    machine_busy = engine_busy(os_noise, s.backend.threads, cpus)
                 again = None
                 if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
                     (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats))
@@ -194,7 +195,7 @@ def check_engine(
             # busy core) cannot be judged: inconclusive, as any speedup drop there. On a quiet one
             # it is an error of the setup.
             info = noise.os_since(snapshot)
-            hint = load_hint(info, s.backend.threads, os.cpu_count() or 1)
+            hint = load_hint(info, s.backend.threads, cpus)
             if not hint:
                 raise SpecDecError(str(exc)) from None
             b, r = current

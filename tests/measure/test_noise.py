@@ -104,6 +104,15 @@ def test_the_llamacpp_load_hint_names_the_threads_that_wait_for_a_busy_core(monk
         "pass --threads 5 (the cores left free) or measure on a quiet machine"
     )
     assert load_hint({**busy, "others_cpu_share": 0.01}, 2, 2) == ""
+    # Bursts averaging a quarter of 2 CPUs: not busy by the OS rule (over 25 %), but busy for 2
+    # llama.cpp threads, which leave no core free; 1 thread leaves one, which the bursts fit in.
+    bursts = {"others_cpu_share": 0.25, "steal_share": 0.0}
+    assert not noise.busy_info(bursts)
+    assert engine_plan.engine_busy(bursts, 2, 2) and not engine_plan.engine_busy(bursts, 1, 2)
+    assert not engine_plan.engine_busy({"others_cpu_share": 0.05, "steal_share": 0.0}, 2, 2)
+    assert load_hint(bursts, 2, 2).endswith(
+        "pass --threads 1 (the cores left free) or measure on a quiet machine"
+    )
     # Outside a trial a server that stops answering is one line (exit 2), not an internal error,
     # with the hint when the OS saw a busy machine meanwhile.
     monkeypatch.setattr(engine_plan.os, "cpu_count", lambda: 2)
