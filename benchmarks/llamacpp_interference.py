@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--slower-period", type=float, default=0.010)
     ap.add_argument("--slower-frozen", type=float, default=0.0045)
     ap.add_argument("--workload", default="code-edit")
+    ap.add_argument("--loaded", choices=["busy", "bursts", "both"], default="both", help="the checks' load")
     ap.add_argument("--burst-on", type=float, default=2.0)
     ap.add_argument("--burst-off", type=float, default=2.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-llamacpp-interference"))
@@ -104,7 +105,7 @@ def main() -> None:
         write(state, args)
     done = state.data.setdefault("checks", {})
     quiet = args.work / "quiet.yaml"
-    todo = {"quiet": {"load": None}, "loaded": {"load": "both"}}
+    todo = {"quiet": {"load": None}, f"loaded_{args.loaded}": {"load": args.loaded}}
     if args.slower_checks and Slower.available():
         todo["slower_machine_emulated"] = {
             "load": None,
