@@ -452,17 +452,30 @@ def write(state: State, args: argparse.Namespace) -> dict:
             "best_below_alternative": sum(bool(r["best_below_alternative"]) for r in [q, *runs] if r),
         },
         "checks": {name: c for name, c in d.get("checks", {}).items()},
+        **common_fields(d),
+        "dynamic_best": d.get("dynamic_best"),
+    }
+    return save_json(args.out, result)
+
+
+def common_fields(d: dict) -> dict:
+    """What every interference results file holds from its state: the checks in progress, whether
+    the slower machine was skipped, and the seconds so far."""
+    return {
         "checks_in_progress": {
             k: v for k, v in d.get("checks_partial", {}).items() if k not in d.get("checks", {})
         },
         "slower_machine_skipped": d.get("slower_machine_skipped"),
-        "dynamic_best": d.get("dynamic_best"),
         "seconds": round(time.time() - d["started"], 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
+
+
+def save_json(path: Path, result: dict) -> dict:
+    """`result` written to `path` atomically (a temporary file, then a rename); returned."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    os.replace(tmp, args.out)
+    os.replace(tmp, path)
     return result
 
 

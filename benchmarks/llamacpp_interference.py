@@ -26,13 +26,12 @@ flocks each measured step, as in interference.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
 import yaml
-from interference import ROOT, Load, Slower, State, checks, cli, config_key, locked
+from interference import ROOT, Load, Slower, State, checks, cli, common_fields, config_key, locked, save_json
 
 
 def summary(path: Path, seconds: float, load: str | None) -> dict:
@@ -137,17 +136,9 @@ def write(state: State, args: argparse.Namespace) -> dict:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "runs": d.get("runs", {}),
         "checks": d.get("checks", {}),
-        "checks_in_progress": {
-            k: v for k, v in d.get("checks_partial", {}).items() if k not in d.get("checks", {})
-        },
-        "slower_machine_skipped": d.get("slower_machine_skipped"),
-        "seconds": round(time.time() - d["started"], 1),
+        **common_fields(d),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    os.replace(tmp, args.out)
-    return result
+    return save_json(args.out, result)
 
 
 if __name__ == "__main__":
