@@ -375,13 +375,7 @@ def main() -> None:
         "planted_15pct_target": {"load": None, "planted": True},
         "loaded": {"load": args.load},
     }
-    if args.slower_checks and Slower.available():
-        plan["slower_machine_emulated"] = {
-            "load": None,
-            "slower": Slower(args.slower_period, args.slower_frozen),
-        }
-    elif args.slower_checks:
-        state.data["slower_machine_skipped"] = "no writable cgroup-v1 freezer (root needed)"
+    add_slower_machine(plan, args, state)
 
     def run_checks(names: list[str]) -> None:
         for name in names:
@@ -456,6 +450,18 @@ def write(state: State, args: argparse.Namespace) -> dict:
         "dynamic_best": d.get("dynamic_best"),
     }
     return save_json(args.out, result)
+
+
+def add_slower_machine(plan: dict[str, dict], args: argparse.Namespace, state: State) -> None:
+    """The emulated slower machine's checks join `plan` where the freezer is writable; else the
+    state says why they were skipped."""
+    if args.slower_checks and Slower.available():
+        plan["slower_machine_emulated"] = {
+            "load": None,
+            "slower": Slower(args.slower_period, args.slower_frozen),
+        }
+    elif args.slower_checks:
+        state.data["slower_machine_skipped"] = "no writable cgroup-v1 freezer (root needed)"
 
 
 def common_fields(d: dict) -> dict:

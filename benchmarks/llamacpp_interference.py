@@ -31,7 +31,18 @@ import time
 from pathlib import Path
 
 import yaml
-from interference import ROOT, Load, Slower, State, checks, cli, common_fields, config_key, locked, save_json
+from interference import (
+    ROOT,
+    Load,
+    State,
+    add_slower_machine,
+    checks,
+    cli,
+    common_fields,
+    config_key,
+    locked,
+    save_json,
+)
 
 
 def summary(path: Path, seconds: float, load: str | None) -> dict:
@@ -105,13 +116,7 @@ def main() -> None:
     done = state.data.setdefault("checks", {})
     quiet = args.work / "quiet.yaml"
     todo = {"quiet": {"load": None}, f"loaded_{args.loaded}": {"load": args.loaded}}
-    if args.slower_checks and Slower.available():
-        todo["slower_machine_emulated"] = {
-            "load": None,
-            "slower": Slower(args.slower_period, args.slower_frozen),
-        }
-    elif args.slower_checks:
-        state.data["slower_machine_skipped"] = "no writable cgroup-v1 freezer (root needed)"
+    add_slower_machine(todo, args, state)
     for name, how in todo.items():
         if name in done:
             continue
