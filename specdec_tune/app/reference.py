@@ -25,12 +25,19 @@ from typing import Any
 from ..errors import SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
+from ..measure.timing import spread
 from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
 from .checking import open_profile_models
 
 PROCESSES = 3
 REPEATS = 3  # check's default
+# A process whose own plain passes spread wider than this was disturbed though the OS saw nothing
+# (quiet, they agree within a few per cent): its median would make a reference that every later
+# check is judged by. It is left out, like a busy one, and up to EXTRA_PROCESSES more processes
+# take the places of those left out.
+MAX_PLAIN_SPREAD = 0.08
+EXTRA_PROCESSES = 2
 STARTUP_S = 5.0  # a fresh interpreter importing torch and loading the models, on a small pair
 
 
@@ -62,6 +69,7 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
         "baseline_tokens_per_s": round(m.metrics.baseline_tokens_per_s, 3),
         "speedup": round(m.metrics.speedup, 4),
         "matmul_gflops": round(machine.matmul_gflops, 3),
+        "baseline_spread": round(spread(m.baseline_rates), 4) if m.baseline_rates else 0.0,
         "busy": busy,
     }
 
@@ -91,16 +99,20 @@ def record_reference(
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
-    processes' measurements and a note on what was skipped. A process that fails or finds the
-    machine busy is left out; each one is killed if it outlives four times its estimate (a minute
-    at least). `threads`: torch's CPU threads in the processes (the run's)."""
+    processes' measurements and a note on what was skipped. A process that fails is left out; one
+    that finds the machine busy or whose plain passes disagree (MAX_PLAIN_SPREAD) is left out and
+    another takes its place (EXTRA_PROCESSES at most); each one is killed if it outlives four times
+    its estimate (a minute at least). `threads`: torch's CPU threads in the processes (the run's)."""
     estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
-    kept, notes = [], []
-    for i in range(processes):
+    kept: list[dict[str, Any]] = []
+    notes: list[str] = []
+    planned, i = processes, 0
+    while i < planned:
         if budget_s is not None and time.monotonic() - started + estimate > budget_s:
-            notes.append(f"{processes - i} of {processes} reference processes did not fit the budget")
+            notes.append(f"{planned - i} of {planned} reference processes did not fit the budget")
             break
+        i += 1
         try:
             done = run(
                 command(path, threads),
@@ -109,7 +121,7 @@ def record_reference(
                 timeout=max(4 * estimate, 60.0),
             )
         except subprocess.TimeoutExpired:
-            notes.append(f"reference process {i + 1} timed out")
+            notes.append(f"reference process {i} timed out")
             continue
         line = (done.stdout.strip().splitlines() or [""])[-1]
         try:
@@ -118,9 +130,15 @@ def record_reference(
             got = None
         if not isinstance(got, dict):
             why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            notes.append(f"reference process {i + 1} failed: {why}")
-        elif got.get("busy"):
-            notes.append(f"reference process {i + 1} left out: other work was running")
+            notes.append(f"reference process {i} failed: {why}")
+        elif got.get("busy") or (got.get("baseline_spread") or 0.0) > MAX_PLAIN_SPREAD:
+            why = (
+                "other work was running"
+                if got.get("busy")
+                else f"its plain passes varied {got['baseline_spread']:.0%}, disturbed"
+            )
+            notes.append(f"reference process {i} left out: {why}")
+            planned = min(planned + 1, processes + EXTRA_PROCESSES)
         else:
             kept.append(got)
     return kept, "; ".join(notes)

@@ -22,11 +22,13 @@ REPEATS = 5
 
 @dataclass(frozen=True)
 class MachineSpeed:
-    """Medians of REPEATS samples each, and the larger relative spread (max - min) / median of the two."""
+    """Medians of REPEATS samples each, the larger relative spread (max - min) / median of the two,
+    and the matmul's own (the anchor `check` decides by: output.anchors)."""
 
     copy_bandwidth_gbps: float
     matmul_gflops: float
     spread: float = 0.0
+    matmul_spread: float = 0.0
 
 
 def measure_matmul_gflops(device: str, n: int | None = None, repeats: int = REPEATS) -> tuple[float, float]:
@@ -61,7 +63,9 @@ def machine_speed(device: str) -> MachineSpeed:
 
     copy, copy_spread = measure_copy_bandwidth_gbps(device, mib=COPY_MIB, repeats=REPEATS)
     flops, flops_spread = measure_matmul_gflops(device)
-    return MachineSpeed(round(copy, 3), round(flops, 3), round(max(copy_spread, flops_spread), 4))
+    return MachineSpeed(
+        round(copy, 3), round(flops, 3), round(max(copy_spread, flops_spread), 4), round(flops_spread, 4)
+    )
 
 
 def faster(a: MachineSpeed, b: MachineSpeed) -> MachineSpeed:
@@ -70,6 +74,7 @@ def faster(a: MachineSpeed, b: MachineSpeed) -> MachineSpeed:
         max(a.copy_bandwidth_gbps, b.copy_bandwidth_gbps),
         max(a.matmul_gflops, b.matmul_gflops),
         min(a.spread, b.spread),
+        min(a.matmul_spread, b.matmul_spread),
     )
 
 

@@ -23,24 +23,41 @@ RESOLVE_SHARE = 0.05  # the smallest speedup difference the repeats should resol
 # Beyond these the OS says the machine is busy: other processes' share of all CPUs, steal's share.
 BUSY_OTHERS = 0.25
 BUSY_STEAL = 0.10
+# Busy time beyond what the processes seen at both ends used, by more than this share of all CPUs,
+# is named in `busiest` as short-lived processes.
+UNSEEN_NOTE = 0.02
 
 
-def cpu_times(proc: Path = PROC) -> tuple[float, float] | None:
-    """(all jiffies, steal jiffies) summed over CPUs, from /proc/stat's first line."""
+def cpu_times(proc: Path = PROC) -> tuple[float, float, float] | None:
+    """(all jiffies, steal jiffies, busy jiffies) summed over CPUs, from /proc/stat's first line;
+    busy is every state but idle, iowait and steal (user, nice, system, irq, softirq)."""
     try:
         fields = (proc / "stat").read_text().splitlines()[0].split()
     except (OSError, IndexError):
         return None
-    values = [float(x) for x in fields[1:]]
-    steal = values[7] if len(values) > 7 else 0.0
+    values = [float(x) for x in fields[1:]] + [0.0] * 8
     # guest time is already counted in user time
-    return sum(values[:8]), steal
+    return sum(values[:8]), values[7], values[0] + values[1] + values[2] + values[5] + values[6]
 
 
-def process_ticks(proc: Path = PROC, exclude: set[int] | None = None) -> dict[int, tuple[str, float]]:
-    """{pid: (name, user + system jiffies)} of every process but `exclude` and their children."""
+def own_ticks(proc: Path = PROC) -> float | None:
+    """This process's user + system jiffies, its waited-for children's included (None: unreadable)."""
+    try:
+        text = (proc / str(os.getpid()) / "stat").read_text()
+        rest = text[text.rfind(")") + 2 :].split()
+        return sum(float(x) for x in rest[11:15])  # utime stime cutime cstime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_ticks(
+    proc: Path = PROC, exclude: set[int] | None = None, excluded: dict[int, float] | None = None
+) -> dict[int, tuple[str, float]]:
+    """{pid: (name, user + system jiffies)} of every process but `exclude` and their descendants
+    (a server we started, a compile worker's workers); the descendants' jiffies go to `excluded`
+    when given."""
     exclude = exclude if exclude is not None else {os.getpid()}
-    out: dict[int, tuple[str, float]] = {}
+    seen: dict[int, tuple[str, int, float]] = {}
     for entry in proc.iterdir() if proc.is_dir() else []:
         if not entry.name.isdigit():
             continue
@@ -50,26 +67,51 @@ def process_ticks(proc: Path = PROC, exclude: set[int] | None = None) -> dict[in
             continue
         name = text[text.find("(") + 1 : text.rfind(")")]
         rest = text[text.rfind(")") + 2 :].split()
-        pid, ppid = int(entry.name), int(rest[1])
-        if pid in exclude or ppid in exclude:
-            continue
-        out[pid] = (name, float(rest[11]) + float(rest[12]))
-    return out
+        seen[int(entry.name)] = (name, int(rest[1]), float(rest[11]) + float(rest[12]))
+    ours = set(exclude)
+    grown = True
+    while grown:  # descendants: a few passes for a few generations
+        kids = {pid for pid, (_, ppid, _) in seen.items() if ppid in ours and pid not in ours}
+        ours |= kids
+        grown = bool(kids)
+    if excluded is not None:
+        excluded.update({pid: t for pid, (_, _, t) in seen.items() if pid in ours and pid not in exclude})
+    return {pid: (name, t) for pid, (name, _, t) in seen.items() if pid not in ours}
 
 
-def os_snapshot(proc: Path = PROC) -> tuple[Any, dict[int, tuple[str, float]], float]:
-    """Where the OS's counters stand now (CPU jiffies, every other process's ticks, the clock), for
-    `os_since` to tell what else the machine did from here on."""
-    return cpu_times(proc), process_ticks(proc), time.monotonic()
+Snapshot = tuple[Any, dict[int, tuple[str, float]], float, Any]
 
 
-def os_since(
-    snapshot: tuple[Any, dict[int, tuple[str, float]], float], proc: Path = PROC, cpus: int | None = None
-) -> dict[str, Any]:
+def os_snapshot(proc: Path = PROC) -> Snapshot:
+    """Where the OS's counters stand now (CPU jiffies, every other process's ticks, the clock, and
+    what this process and its children used), for `os_since` to tell what else the machine did."""
+    children: dict[int, float] = {}
+    procs = process_ticks(proc, excluded=children)
+    return cpu_times(proc), procs, time.monotonic(), (own_ticks(proc), children)
+
+
+def unaccounted_share(before: Any, after: Any, before_cpu: Any, after_cpu: Any, total: float) -> float:
+    """The busy share of all CPUs that neither this process and its children nor any process seen
+    at both ends of the window used: processes that started and ended inside it (a test run, a
+    compiler, a `--help` that imports torch), which a per-process count never sees. 0 where this
+    process's own jiffies could not be read."""
+    (own_before, kids_before), (own_after, kids_after) = before, after
+    if own_before is None or own_after is None or len(before_cpu) < 3 or len(after_cpu) < 3:
+        return 0.0
+    ours = own_after - own_before
+    ours += sum(t - kids_before.get(pid, 0.0) for pid, t in kids_after.items())
+    return max(0.0, (after_cpu[2] - before_cpu[2] - ours) / total)
+
+
+def os_since(snapshot: Snapshot, proc: Path = PROC, cpus: int | None = None) -> dict[str, Any]:
     """What else the machine did since `snapshot` (os_snapshot): {load_avg, steal_share,
-    others_cpu_share, busiest} (None where /proc cannot tell)."""
-    before_cpu, before_procs, _ = snapshot
-    after_cpu, after_procs = cpu_times(proc), process_ticks(proc)
+    others_cpu_share, busiest} (None where /proc cannot tell). Other processes' share is the larger
+    of what the processes alive at both ends used and the busy time nothing of ours used (which
+    also holds the processes that came and went meanwhile)."""
+    before_cpu, before_procs, _, before_ours = snapshot
+    children: dict[int, float] = {}
+    after_cpu, after_procs = cpu_times(proc), process_ticks(proc, excluded=children)
+    after_ours = (own_ticks(proc), children)
     info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
     with contextlib.suppress(OSError, IndexError, ValueError):
         info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
@@ -81,10 +123,14 @@ def os_since(
             for pid, (name, ticks) in after_procs.items()
             if pid in before_procs and ticks > before_procs[pid][1]
         }
-        info["others_cpu_share"] = round(min(1.0, sum(t for _, t in used.values()) / total), 4)
+        seen = sum(t for _, t in used.values()) / total
+        gone = unaccounted_share(before_ours, after_ours, before_cpu, after_cpu, total)
+        info["others_cpu_share"] = round(min(1.0, max(seen, gone)), 4)
         top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
         n = cpus or os.cpu_count() or 1
         info["busiest"] = [f"{name} ({pid}) {t / total * n:.0%} of a CPU" for pid, (name, t) in top]
+        if gone > seen + UNSEEN_NOTE:
+            info["busiest"].insert(0, f"short-lived processes {(gone - seen) * n:.0%} of a CPU")
     return info
 
 
@@ -97,9 +143,7 @@ def os_window(
     return result, os_since(snapshot, proc, cpus)
 
 
-def machine_window(
-    snapshot: tuple[Any, dict[int, tuple[str, float]], float], proc: Path = PROC
-) -> MachineWindow:
+def machine_window(snapshot: Snapshot, proc: Path = PROC) -> MachineWindow:
     """What the OS said from `snapshot` (os_snapshot) until now, e.g. over a whole search."""
     info = os_since(snapshot, proc)
     return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy_info(info), **info)

@@ -123,3 +123,34 @@ def test_the_llamacpp_load_hint_names_the_threads_that_wait_for_a_busy_core(monk
     busy_line = r"^llama-server did not answer; the machine is busy .* pass --threads 1 "
     with pytest.raises(SpecDecError, match=busy_line), server_failures(2):
         raise ServerError("llama-server did not answer")
+
+
+def test_processes_that_came_and_went_inside_the_window_are_counted(tmp_path):
+    """A `pytest` or a `--help` that imports torch can start and end between the two snapshots: no
+    per-process count sees it, but the busy time that nothing of ours used does."""
+    me = os.getpid()
+    grandchild = {201: ("compile-worker", 102, 0)}
+    _fake_proc(tmp_path, 1000, 0, {me: ("us", 1, 100), 102: ("child-of-us", me, 10), **grandchild})
+    snapshot = noise.os_snapshot(tmp_path)
+    # 1000 jiffies in all, every one busy: we took 300, our child 200, its child 100; the 400 left
+    # were taken by a process that is gone at the end (and was not there at the start).
+    _fake_proc(
+        tmp_path,
+        2000,
+        0,
+        {me: ("us", 1, 400), 102: ("child-of-us", me, 210), 201: ("compile-worker", 102, 100)},
+    )
+    info = noise.os_since(snapshot, tmp_path, cpus=2)
+    assert info["others_cpu_share"] == 0.4
+    assert info["busiest"][0] == "short-lived processes 80% of a CPU"
+    assert noise.busy_info(info)
+    # The same window with nothing else running: only ours used the busy time.
+    snapshot = noise.os_snapshot(tmp_path)
+    _fake_proc(
+        tmp_path,
+        2600,
+        0,
+        {me: ("us", 1, 700), 102: ("child-of-us", me, 410), 201: ("compile-worker", 102, 200)},
+    )
+    quiet = noise.os_since(snapshot, tmp_path, cpus=2)
+    assert quiet["others_cpu_share"] == 0.0 and quiet["busiest"] == []

@@ -54,8 +54,13 @@ def test_load_explains_slow_anchors_and_their_own_noise_widens_the_tolerance():
     p = _profile(**MACHINE)
     busy = anchor_verdict(p, 40.0, MachineSpeed(10.0, 50.0, 0.05), machine_busy=True)
     assert not busy.other_hardware and busy.judge_rates  # judged, and a drop is inconclusive
-    noisy = anchor_verdict(p, 80.0, MachineSpeed(20 / 1.5, 100 / 1.5, 0.6), machine_busy=False)
+    noisy = anchor_verdict(p, 80.0, MachineSpeed(20 / 1.5, 100 / 1.5, 0.6, 0.6), machine_busy=False)
     assert noisy.tolerance == pytest.approx(0.6) and not noisy.other_hardware
+    # A noisy copy bandwidth (one VM's moved 43 <-> 78 GB/s) does not widen the matmul's tolerance:
+    # 1.55x slower by the matmul is other hardware, as the emulated slower machine's third check was.
+    copy_noisy = anchor_verdict(p, 80.0, MachineSpeed(20 / 1.55, 100 / 1.55, 0.7, 0.04), False)
+    assert copy_noisy.tolerance == pytest.approx(0.3) and copy_noisy.other_hardware
+    assert faster(MachineSpeed(1.0, 2.0, 0.5, 0.2), MachineSpeed(2.0, 1.0, 0.3, 0.1)).matmul_spread == 0.1
 
 
 def test_without_machine_anchors_plain_decoding_decides_and_rates_are_not_judged():
