@@ -216,11 +216,11 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
     return settings, line
 
 
-def watched(noise: Any, snapshot: Any, progress: Progress) -> Any:
+def watched(noise: Any, snapshot: Any, progress: Progress, rule: Any = None) -> Any:
     """`noise` (domain.Noise) with what the OS said since `snapshot` (measure.noise.os_snapshot,
     taken before the search) as `during_search`; one line for the user when the machine turned
-    busy after the noise passes had found it quiet."""
-    window = machine_window(snapshot)
+    busy after the noise passes had found it quiet. `rule`: what counts as busy (machine_window)."""
+    window = machine_window(snapshot, rule=rule)
     line = during_line(window)
     if line and not busy(noise):
         progress.note(line)

@@ -43,7 +43,13 @@ from .common import (
     watched,
     workload_info,
 )
-from .engine_plan import after_probe, engine_noise_and_anchors, fit_engine_budget, oversubscribed_line
+from .engine_plan import (
+    after_probe,
+    engine_busy,
+    engine_noise_and_anchors,
+    fit_engine_budget,
+    oversubscribed_line,
+)
 
 SMOLLM2 = "smollm2-135m"
 DEFAULT_PROMPTS = 6  # prompts per pass unless --prompts says otherwise
@@ -273,7 +279,9 @@ def tune_engine(
             neighbour = [trial_params(results[b].results[0].config)] + [
                 start_params(d, settings.max_gamma) for d in s.specs
             ]
-        noise = watched(noise, watch, progress)
+        # busy by llama.cpp's own rule: its threads wait for any other work on their cores
+        cpus = os.cpu_count() or 1
+        noise = watched(noise, watch, progress, lambda info: engine_busy(info, s.backend.threads, cpus))
         first = results[batch_sizes[0]]
         exact = _exactness(s, first)
     finally:

@@ -143,10 +143,14 @@ def os_window(
     return result, os_since(snapshot, proc, cpus)
 
 
-def machine_window(snapshot: Snapshot, proc: Path = PROC) -> MachineWindow:
-    """What the OS said from `snapshot` (os_snapshot) until now, e.g. over a whole search."""
+def machine_window(
+    snapshot: Snapshot, proc: Path = PROC, rule: Callable[[dict[str, Any]], bool] | None = None
+) -> MachineWindow:
+    """What the OS said from `snapshot` (os_snapshot) until now, e.g. over a whole search; busy by
+    `rule` (default `busy_info`; an engine with its threads on every core has a stricter one)."""
     info = os_since(snapshot, proc)
-    return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy_info(info), **info)
+    busy = (rule or busy_info)(info)
+    return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy, **info)
 
 
 def busy_info(info: dict[str, Any]) -> bool:

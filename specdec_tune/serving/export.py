@@ -128,6 +128,9 @@ def export(
     out.load = 1 if e.key == "hf" else load
     batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
     notes += more
+    if e.key == "llamacpp":
+        threads, more = measured_threads(getattr(profile, "backend", None))
+        batch, notes = batch + threads, notes + more
     _check(fs, settings, batch)
     out.settings, out.exported = settings, chosen
     out.warnings += notes
@@ -152,6 +155,18 @@ def _check(fs: FlagSet, settings: Any, batch: list[str]) -> None:
     bad = problems(fs, given) + (problems(fs, batch) if not isinstance(settings, list) else [])
     if bad:  # a bug in this module, not the user's input
         raise RuntimeError(f"export to {fs.engine} {fs.version} emitted options it refuses: {'; '.join(bad)}")
+
+
+def measured_threads(backend: object) -> tuple[list[str], list[str]]:
+    """(-t/-tb flags, notes) of a llamacpp-backend profile measured with a set thread count: the
+    threads are part of what ran (on 2 cores one thread sharing a busy core took SmolLM2 from 165 to
+    0.8 tokens/s), so the command runs with them, not with llama.cpp's own default."""
+    threads = backend.get("threads") if isinstance(backend, dict) else getattr(backend, "threads", None)
+    name = backend.get("name") if isinstance(backend, dict) else getattr(backend, "name", None)
+    if name != "llamacpp" or not isinstance(threads, int) or threads < 1:
+        return [], []
+    t = str(threads)
+    return ["-t", t, "-tb", t], [f"-t {t} -tb {t}: the CPU threads every config was measured with"]
 
 
 def _fallback_warning(best: Result, chosen: Result, display: str, lost: list[str], where: str = "") -> str:

@@ -61,10 +61,13 @@ _LLAMA_REMOVED = {
     "--spec-ngram-min-hits": "the argument has been removed. use the respective --spec-ngram-*-min-hits",
 }
 _COUNT = Option("int", low=0)
-# llama-server options every set shares: the target model and the parallel slots (0 is refused)
+# llama-server options every set shares: the target model, the parallel slots (0 is refused) and
+# the CPU threads a llamacpp-backend profile was measured with
 _LLAMA_SERVER = {
     "-m": Option("str", aliases=("--model",)),
     "-np": Option("int", low=1, aliases=("--parallel",)),
+    "-t": Option("int", low=1, aliases=("--threads",)),
+    "-tb": Option("int", low=1, aliases=("--threads-batch",)),
 }
 _NGRAM = Option("int", low=1, high=1024)
 _P = Option("float", low=0.0, high=1.0)

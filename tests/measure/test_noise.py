@@ -154,3 +154,17 @@ def test_processes_that_came_and_went_inside_the_window_are_counted(tmp_path):
     )
     quiet = noise.os_since(snapshot, tmp_path, cpus=2)
     assert quiet["others_cpu_share"] == 0.0 and quiet["busiest"] == []
+
+
+def test_a_window_takes_the_engines_own_busy_rule(tmp_path):
+    """llama.cpp with its threads on both cores: bursts of a fifth of all CPUs are not busy by the
+    native 25 % rule but are by the engine's (app.engine_plan.engine_busy)."""
+    from specdec_tune.app.engine_plan import engine_busy
+
+    _fake_proc(tmp_path, 1000, 0, {101: ("bursts", 1, 0)})
+    snapshot = noise.os_snapshot(tmp_path)
+    _fake_proc(tmp_path, 2000, 0, {101: ("bursts", 1, 200)})
+    assert not noise.machine_window(snapshot, tmp_path).busy
+    strict = noise.machine_window(snapshot, tmp_path, rule=lambda info: engine_busy(info, 2, 2))
+    assert strict.busy and strict.others_cpu_share == 0.2
+    assert not noise.machine_window(snapshot, tmp_path, rule=lambda info: engine_busy(info, 1, 2)).busy

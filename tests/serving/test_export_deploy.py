@@ -191,3 +191,18 @@ def test_cli_formats(fmt):
     r = invoke("export", EPYC, "--to", "vllm", "--format", fmt)
     assert r.exit_code == 0, r.output
     assert invoke("export", EPYC, "--to", "vllm", "--format", "yaml").exit_code == 2
+
+
+def test_llamacpp_backend_profiles_export_the_threads_they_were_measured_with():
+    p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
+    p.backend = {"name": "llamacpp", "build": {"number": 11434}, "threads": 1}
+    r = export(p, "llamacpp")
+    args = shlex.split(r.text)
+    assert args[args.index("-t") + 1] == "1" and args[args.index("-tb") + 1] == "1"
+    assert any(w.startswith("-t 1 -tb 1: the CPU threads") for w in r.warnings)
+    assert problems(flagset("llamacpp"), args[1:]) == []
+    # llama.cpp's own default measured (no --threads), or a native profile: nothing to add.
+    p.backend = {"name": "llamacpp", "build": {"number": 11434}, "threads": None}
+    assert "-t" not in shlex.split(export(p, "llamacpp").text)
+    p.backend = {}
+    assert "-t" not in shlex.split(export(p, "llamacpp").text)
