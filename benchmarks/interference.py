@@ -9,8 +9,9 @@
 (b) check: M `check`s of the quiet profile on the quiet machine and M under the load; false
     regressions (exit 1) and inconclusives (exit 6) counted.
 (c) A planted 15 % slowdown of the target forward (each target forward sleeps 15 % of its own
-    duration; the in-process patch of `planted_regression.py`, applied to the target instead of
-    the draft): M checks, catches (exit 1) and inconclusives counted.
+    duration; the patch of `planted_regression.py`, applied to the target instead of the draft,
+    as a sitecustomize so the fresh processes a check confirms in carry it too): M checks,
+    catches (exit 1) and inconclusives counted.
 
 (d) A slower machine of the same slug, emulated (root and the cgroup-v1 freezer needed, else
     skipped and said): the check's processes are frozen for --slower-frozen of every
@@ -57,9 +58,11 @@ BURSTS = (
     "while True:\n    end = time.perf_counter() + on\n    while time.perf_counter() < end:\n        pass\n"
     "    time.sleep(off)\n"
 )
-# The target forward made 15 % slower: each forward sleeps 15 % of its own duration.
-PLANTED = f"""
-import sys, time
+# The target forward made 15 % slower: each forward sleeps 15 % of its own duration. It is a
+# sitecustomize on PYTHONPATH, so every process of a planted check has it: the check and the fresh
+# processes it confirms a doubtful result in (app.checking), as a slower model or library would.
+PLANT = f"""
+import time
 from specdec_tune.runtime import session
 real = session.load_model
 state = {{"target": True}}
@@ -75,10 +78,18 @@ def load(*a, **k):
         model.forward = slower
     return loaded
 session.load_model = load
-from specdec_tune.cli import main
-sys.argv = ["specdec-tune", *sys.argv[1:]]
-main()
 """
+
+
+def planted_env(env: dict[str, str], work: Path) -> dict[str, str]:
+    """`env` with the plant's sitecustomize first on PYTHONPATH (written into `work`)."""
+    folder = work / "plant"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(PLANT)
+    path = os.pathsep.join(x for x in (str(folder), env.get("PYTHONPATH", "")) if x)
+    return {**env, "PYTHONPATH": path}
+
+
 FREEZER = Path("/sys/fs/cgroup/freezer/specdec-interference")
 CLI = "import sys\nfrom specdec_tune.cli import main\nsys.argv = ['specdec-tune', *sys.argv[1:]]\nmain()\n"
 
@@ -163,14 +174,16 @@ def locked(path: Path | None) -> Iterator[None]:
 def cli(
     args: list[str],
     env: dict[str, str],
-    planted: bool = False,
+    planted: Path | None = None,
     timeout: float = 3600,
     preexec: object = None,
 ) -> tuple[int, str, float, str]:
-    """Run the CLI in a fresh process: (exit code, stdout, seconds, stderr)."""
+    """Run the CLI in a fresh process: (exit code, stdout, seconds, stderr); `planted`: the work
+    folder the plant's sitecustomize goes into (PLANT), None for the real setup."""
     t0 = time.perf_counter()
+    env = planted_env(env, planted) if planted is not None else env
     done = subprocess.run(
-        [sys.executable, "-c", PLANTED if planted else CLI, *args],
+        [sys.executable, "-c", CLI, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec,
     )  # fmt: skip
     if done.returncode == 2:
@@ -300,11 +313,12 @@ def checks(
         pattern = None if load is None else (load if load != "both" else ("busy", "bursts")[i % 2])
         with locked(args.lock), Load(pattern, args.burst_on, args.burst_off):
             argv = ["check", str(profile), "--device", "cpu", "--format", "json"]
+            plant = args.work if planted else None
             if slower is None:
-                code, out, secs, err = cli(argv, env, planted)
+                code, out, secs, err = cli(argv, env, plant)
             else:
                 with slower:
-                    code, out, secs, err = cli(argv, env, planted, preexec=Slower.enter)
+                    code, out, secs, err = cli(argv, env, plant, preexec=Slower.enter)
         codes.append(code)
         said = err.strip().splitlines()[-1:] if code == 3 else []  # "other hardware (measured N× slower …)"
         details.append(check_detail(out) | {"seconds": round(secs, 1)} | ({"said": said[0]} if said else {}))

@@ -53,7 +53,8 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     if threads is not None:
         torch.set_num_threads(threads)
     p = load_profile(path)
-    s, spec = open_profile_models(p, path, device)
+    # the slug was judged by whoever started this process (run here, or check with its flags)
+    s, spec = open_profile_models(p, path, device, allow_other_hardware=True)
     cfg = p.best.config
     drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
     (machine, m), _, busy = noise.busy_window(
@@ -74,9 +75,9 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     }
 
 
-def command(path: Path, threads: int | None = None) -> list[str]:
+def command(path: Path, threads: int | None = None, device: str = "auto") -> list[str]:
     """The command line of one reference process (`main` in a fresh interpreter)."""
-    return [sys.executable, "-c", CHILD, str(path)] + ([str(threads)] if threads else [])
+    return [sys.executable, "-c", CHILD, str(path), str(threads or 0), device]
 
 
 # Not `-m specdec_tune.app.reference`: the package imports this module first, and runpy warns.
@@ -96,6 +97,8 @@ def record_reference(
     pass_s: float | None = None,
     threads: int | None = None,
     run: Any = subprocess.run,
+    device: str = "auto",
+    what: str = "reference process",
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
@@ -110,18 +113,18 @@ def record_reference(
     planned, i = processes, 0
     while i < planned:
         if budget_s is not None and time.monotonic() - started + estimate > budget_s:
-            notes.append(f"{planned - i} of {planned} reference processes did not fit the budget")
+            notes.append(f"{planned - i} of {planned} {what}es did not fit the budget")
             break
         i += 1
         try:
             done = run(
-                command(path, threads),
+                command(path, threads, device),
                 capture_output=True,
                 text=True,
                 timeout=max(4 * estimate, 60.0),
             )
         except subprocess.TimeoutExpired:
-            notes.append(f"reference process {i} timed out")
+            notes.append(f"{what} {i} timed out")
             continue
         line = (done.stdout.strip().splitlines() or [""])[-1]
         try:
@@ -130,14 +133,14 @@ def record_reference(
             got = None
         if not isinstance(got, dict):
             why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            notes.append(f"reference process {i} failed: {why}")
+            notes.append(f"{what} {i} failed: {why}")
         elif got.get("busy") or (got.get("baseline_spread") or 0.0) > MAX_PLAIN_SPREAD:
             why = (
                 "other work was running"
                 if got.get("busy")
                 else f"its plain passes varied {got['baseline_spread']:.0%}, disturbed"
             )
-            notes.append(f"reference process {i} left out: {why}")
+            notes.append(f"{what} {i} left out: {why}")
             planned = min(planned + 1, processes + EXTRA_PROCESSES)
         else:
             kept.append(got)
@@ -146,11 +149,12 @@ def record_reference(
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2) or (len(args) == 2 and not args[1].isdigit()):
-        print("usage: reference PROFILE [THREADS]", file=sys.stderr)
+    if not 1 <= len(args) <= 3 or (len(args) >= 2 and not args[1].isdigit()):
+        print("usage: reference PROFILE [THREADS (0: torch's default) [DEVICE]]", file=sys.stderr)
         return 2
+    threads = int(args[1]) if len(args) >= 2 and int(args[1]) > 0 else None
     try:
-        print(json.dumps(measure_here(Path(args[0]), int(args[1]) if len(args) == 2 else None)))
+        print(json.dumps(measure_here(Path(args[0]), threads, args[2] if len(args) == 3 else "auto")))
     except SpecDecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

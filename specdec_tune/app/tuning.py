@@ -224,6 +224,7 @@ def _reference(
         return profile
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
+    profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
     matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
     profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
     save_profile(profile, out)

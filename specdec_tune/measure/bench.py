@@ -39,6 +39,7 @@ class Measurement:
     # per repeat: the config's tokens/s and the plain target's (`check` judges them)
     rates: list[float] = field(default_factory=list)
     baseline_rates: list[float] = field(default_factory=list)
+    processes: int = 0  # > 0: medians of that many fresh processes, one sample each (app.checking)
 
     def as_dict(self) -> dict[str, Any]:
         return {

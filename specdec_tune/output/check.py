@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from ..domain import MIN_REFERENCE_PROCESSES
 from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, judge_speedup
@@ -139,7 +140,7 @@ def judge_config(
     stored = stored_result.metrics
     m = measured.metrics
     items = []
-    judged = judge_measured(stored, measured, again, tolerance)
+    judged = judge_measured(stored, measured, again, tolerance, reference)
     if busy and judged.verdict == REGRESSION:
         judged.verdict = INCONCLUSIVE
     confirm = ""
@@ -147,7 +148,17 @@ def judge_config(
         # Judged on all repeats together: a real regression stays below the floor, one noisy run
         # on a busy machine does not fail CI alone.
         confirm = f"; first {m.speedup:.3f}, so re-measured: {len(samples_of(measured, again))} repeats"
-    against = "stored repeats" if stored.speedup_samples else "stored median"
+        if getattr(again, "processes", 0):
+            n = again.processes
+            confirm = (
+                f"; first {m.speedup:.3f}, so re-measured in {n} fresh process{'es' * (n > 1)}: "
+                f"judged on {len(samples_of(measured, again))} process medians"
+            )
+    ref = reference_speedups(reference)
+    if ref:
+        against = f"the reference ({len(ref)} fresh processes)"
+    else:
+        against = "stored repeats" if stored.speedup_samples else "stored median"
     note = f"{judged.note} vs {against}{confirm}"
     if judged.verdict == INCONCLUSIVE:
         note += "; inconclusive: " + ("the machine was busy" if busy else "too noisy to tell")
@@ -156,8 +167,8 @@ def judge_config(
     items.append(
         CheckItem(
             f"speedup{where}",
-            round(stored.speedup, 4),
-            round(judged.ratio * stored.speedup, 4),
+            round(statistics.median(ref) if ref else stored.speedup, 4),
+            round(judged.ratio * (statistics.median(ref) if ref else stored.speedup), 4),
             judged.verdict != REGRESSION,
             note,
             inconclusive=judged.verdict == INCONCLUSIVE,
@@ -207,11 +218,28 @@ def samples_of(measured: Any, again: Any | None) -> list[float]:
     return out + (list(again.speedups or [again.metrics.speedup]) if again is not None else [])
 
 
-def judge_measured(stored: Any, measured: Any, again: Any | None, tolerance: float) -> Any:
-    """`stats.judge_speedup` of a re-measurement against stored metrics."""
+def judge_measured(
+    stored: Any,
+    measured: Any,
+    again: Any | None,
+    tolerance: float,
+    reference: dict[str, list[float]] | None = None,
+) -> Any:
+    """`stats.judge_speedup` of a re-measurement against the reference processes' speedups where the
+    profile has them (`reference_of`), else against the stored metrics (the final round's repeats,
+    all from the one process that ran the search)."""
     if not 0 < tolerance < 1:
         raise SpecDecError(f"--tolerance must be in (0, 1), got {tolerance}")
+    ref = reference_speedups(reference)
+    if ref:
+        return judge_speedup(samples_of(measured, again), ref, statistics.median(ref), tolerance)
     return judge_speedup(samples_of(measured, again), stored.speedup_samples, stored.speedup, tolerance)
+
+
+def reference_speedups(reference: dict[str, list[float]] | None) -> list[float]:
+    """The reference processes' speedups (one each), when at least two processes recorded one."""
+    ref = (reference or {}).get("speedup") or []
+    return list(ref) if len(ref) >= MIN_REFERENCE_PROCESSES else []
 
 
 MAX_CONFIRM_REPEATS = 12
@@ -240,6 +268,7 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
     return {
         "tokens_per_s": list(a.reference_tokens_per_s),
         "baseline_tokens_per_s": list(a.reference_baseline_tokens_per_s),
+        "speedup": list(a.reference_speedups),
     }
 
 
@@ -306,6 +335,9 @@ def rate_items(
         base = statistics.median(ref) if ref else getattr(stored, metric)
         against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
         note = f"{judged.note} vs {against}; the machine anchors agree"
+        if getattr(again, "processes", 0):
+            n = len(rates_of(measured, again, metric))
+            note += f"; re-measured in {again.processes} fresh processes: judged on {n} process medians"
         if scale != 1.0:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:
@@ -332,7 +364,7 @@ def needs_confirmation(
     reference: dict[str, list[float]] | None = None,
 ) -> bool:
     """Measure again? When the speedup (or, judged, the plain tokens/s) did not clearly pass."""
-    if judge_measured(stored, measured, None, tolerance).verdict != PASS:
+    if judge_measured(stored, measured, None, tolerance, reference).verdict != PASS:
         return True
     return judge_rates and any(
         judge_rate(stored, measured, None, metric, tolerance, rate_scale, reference).verdict != PASS

@@ -244,10 +244,13 @@ def _run_table(p: Profile) -> Table:
         if a.has_reference:
             plain = ", ".join(f"{x:.1f}" for x in a.reference_baseline_tokens_per_s)
             spec = ", ".join(f"{x:.1f}" for x in a.reference_tokens_per_s)
+            speedups = ", ".join(f"{x:.3f}×" for x in a.reference_speedups)
             rows.append(
                 (
                     "check's reference",
-                    f"plain {plain} tokens/s, best {spec} tokens/s "
+                    f"plain {plain} tokens/s, best {spec} tokens/s"
+                    + (f" ({speedups})" if speedups else "")
+                    + " "
                     f"({len(a.reference_baseline_tokens_per_s)} fresh processes, measured as check measures)",
                 )
             )

@@ -128,7 +128,7 @@ def _validate(p: Profile) -> None:
         for name in ("copy_bandwidth_gbps", "matmul_gflops", "reference_matmul_gflops"):
             if getattr(p.anchors, name) is not None:
                 _positive(getattr(p.anchors, name), f"anchors.{name}")
-        for name in ("reference_tokens_per_s", "reference_baseline_tokens_per_s"):
+        for name in ("reference_tokens_per_s", "reference_baseline_tokens_per_s", "reference_speedups"):
             for i, x in enumerate(getattr(p.anchors, name)):
                 _positive(x, f"anchors.{name}[{i}]")
 

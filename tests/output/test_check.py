@@ -389,9 +389,13 @@ def test_rates_are_judged_against_the_fresh_process_reference(monkeypatch, store
         "reference_tokens_per_s": [110.0, 111.0, 109.0],
         "reference_baseline_tokens_per_s": [88.0, 87.0, 89.0],
     }
+    from specdec_tune.app import checking
+
     edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=anchors)
     _machine(monkeypatch)
     _quiet(monkeypatch)
+    # No fresh process measured (they could not carry this fake): confirmed in this process.
+    monkeypatch.setattr(checking, "confirm_in_fresh_processes", lambda *a, **k: ([], False))
     slower = {"rates": [94.0, 94.5, 93.5], "baseline_rates": [76.0, 76.2, 75.8]}
     monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.01, 0.99], **slower))
     r = invoke("check", edited, "--repeats", "3", "--json")
@@ -434,3 +438,67 @@ def test_a_reference_process_measures_the_best_as_check_does(stored_profile):
         timeout=300,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")
+
+
+REFERENCE = {
+    "plain_tokens_per_s": 80.0,
+    "copy_bandwidth_gbps": 20.0,
+    "matmul_gflops": 100.0,
+    "reference_tokens_per_s": [100.0, 100.5, 99.5],
+    "reference_baseline_tokens_per_s": [80.0, 80.5, 79.5],
+    "reference_matmul_gflops": 100.0,
+    "reference_speedups": [1.0, 1.01, 0.99],
+}
+
+
+@pytest.mark.parametrize(
+    ("first", "fresh", "busy", "verdict"),
+    [
+        # 15 % slower plain decoding here and in both fresh processes: a regression
+        ([68.0, 68.5, 67.6], [68.2, 67.9], False, "regression"),
+        # this process alone ran 12 % slow; the fresh processes measure the reference's speed
+        ([70.0, 70.5, 69.8], [80.1, 79.9], False, "pass"),
+        # a fresh process saw other work: a drop is the load's, inconclusive
+        ([68.0, 68.5, 67.6], [68.2, 67.9], True, "inconclusive"),
+    ],
+)
+def test_a_doubtful_result_is_measured_again_in_fresh_processes(
+    monkeypatch, stored_profile, tiny_dirs, tmp_path, first, fresh, busy, verdict
+):
+    """A profile with a fresh-process reference is confirmed in fresh processes (a process keeps
+    its own speed over its repeats), one sample each, judged against that reference."""
+    import subprocess
+
+    from specdec_tune import app
+    from specdec_tune.app import checking
+    from specdec_tune.measure import bench
+    from specdec_tune.measure.anchors import MachineSpeed
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=dict(REFERENCE))
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.0, 1.0], [85.0] * 3, first))
+    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (MachineSpeed(20.0, 100.0), work()))
+    _quiet(monkeypatch)
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append((cmd, kwargs))
+        rate = fresh[min(len(calls), len(fresh)) - 1]
+        got = {"speedup": 1.0, "tokens_per_s": rate * 1.25, "baseline_tokens_per_s": rate}
+        got |= {"matmul_gflops": 100.0, "baseline_spread": 0.01, "busy": busy and len(calls) == 1}
+        return type("Done", (), {"returncode": 0, "stdout": json.dumps(got) + "\n", "stderr": ""})()
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    from pathlib import Path
+
+    root = Path(tiny_dirs["target"]).parent  # the confined check passes its --models-root on
+    report = app.check(edited, "cpu", 0.1, None, 3, False, models_root=root)
+    plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
+    speedup = next(i for i in report.items if i.metric == "speedup")
+    # Busy: the busy process is replaced by one more (app.reference), so three ran.
+    assert len(calls) == (3 if busy else 2)
+    cmd, kwargs = calls[0]
+    assert str(edited) in cmd and kwargs["env"]["SPECDEC_MODELS_ROOT"] == str(root)
+    assert "2 fresh processes: judged on 3 process medians" in plain.note or verdict == "inconclusive"
+    assert speedup.ok and speedup.stored == 1.0 and "the reference (3 fresh processes)" in speedup.note
+    got = "inconclusive" if plain.inconclusive else ("pass" if plain.ok else "regression")
+    assert got == verdict, plain.note

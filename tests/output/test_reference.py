@@ -49,7 +49,7 @@ def test_quiet_processes_are_kept_and_the_others_say_why(tmp_path):
         "process 4 timed out" in note and "process 6 left out: its plain passes varied 30%, disturbed" in note
     )
     cmd, kwargs = calls[0]
-    assert cmd[-1] == str(tmp_path / "p.yaml") and "specdec_tune.app.reference" in cmd[2]
+    assert cmd[3:] == [str(tmp_path / "p.yaml"), "0", "auto"] and "specdec_tune.app.reference" in cmd[2]
     assert kwargs["timeout"] > 0  # a stuck process is killed, never left behind
 
 
@@ -78,6 +78,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     quiet = Noise(1.0, 0.01, 3, 2, 0.1, 0.0, 0.0, [], 2)
     got = [
         {"tokens_per_s": 400.0 + i, "baseline_tokens_per_s": 200.0 + i, "matmul_gflops": 210.0 + i}
+        | {"speedup": 2.0 + i / 10}
         for i in range(3)
     ]
     monkeypatch.setattr(tuning, "record_reference", lambda *a, **k: (list(got), ""))
@@ -90,6 +91,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     )
     assert again.anchors.reference_tokens_per_s == [400.0, 401.0, 402.0] and notes == []
     assert again.anchors.reference_matmul_gflops == 211.0
+    assert again.anchors.reference_speedups == [2.0, 2.1, 2.2]  # check judges the speedup by these
     from helpers import invoke
 
     shown = invoke("show", out)
