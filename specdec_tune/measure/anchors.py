@@ -8,6 +8,7 @@ exist the faster of each is kept (`faster`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,9 @@ class MachineSpeed:
     matmul_gflops: float
     spread: float = 0.0
     matmul_spread: float = 0.0
+    # measure_twice: how far the matmul rate moved from before the work to after it, relative to
+    # the faster (the machine's own speed moving while it was measured: a shared host's neighbours)
+    drift: float = 0.0
 
 
 def measure_matmul_gflops(device: str, n: int | None = None, repeats: int = REPEATS) -> tuple[float, float]:
@@ -79,7 +83,18 @@ def faster(a: MachineSpeed, b: MachineSpeed) -> MachineSpeed:
 
 
 def measure_twice(device: str, work: Callable[[], Any]) -> tuple[MachineSpeed, Any]:
-    """The anchors measured before and after `work()` (kept: the faster of each), and its result."""
+    """The anchors measured before and after `work()` (kept: the faster of each, with how far the
+    matmul rate moved between them as `drift`), and its result."""
     before = machine_speed(device)
     result = work()
-    return faster(before, machine_speed(device)), result
+    after = machine_speed(device)
+    both = faster(before, after)
+    return dataclasses.replace(
+        both, drift=round(drift([before.matmul_gflops, after.matmul_gflops]), 4)
+    ), result
+
+
+def drift(rates: list[float]) -> float:
+    """(max - min) / max of some matmul rates (0 with fewer than two positive ones)."""
+    good = [r for r in rates if r and r > 0]
+    return (max(good) - min(good)) / max(good) if len(good) > 1 else 0.0

@@ -341,7 +341,8 @@ def rate_items(
         if scale != 1.0:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:
-            note += "; inconclusive: " + ("the machine was not quiet" if busy else "too noisy to tell")
+            why = "the machine was not quiet (other work, or its own speed moved)"
+            note += "; inconclusive: " + (why if busy else "too noisy to tell")
         items.append(
             CheckItem(
                 f"{metric}{where}",

@@ -168,3 +168,13 @@ def test_rates_judged_against_the_reference_read_at_the_reference_processes_spee
     # Other hardware: nothing is scaled at all.
     far = MachineSpeed(20.0, 50.0, 0.02)
     assert rate_scale_for(ref, anchor_verdict(ref, 80.0, far, False), far) == 1.0
+
+
+def test_measure_twice_says_how_far_the_matmul_moved(monkeypatch):
+    from specdec_tune.measure import anchors
+
+    seen = iter([MachineSpeed(20.0, 100.0, 0.02, 0.01), MachineSpeed(22.0, 90.0, 0.03, 0.02)])
+    monkeypatch.setattr(anchors, "machine_speed", lambda device: next(seen))
+    both, result = anchors.measure_twice("cpu", lambda: "done")
+    assert result == "done" and both.matmul_gflops == 100.0 and both.copy_bandwidth_gbps == 22.0
+    assert both.drift == pytest.approx(0.1) and anchors.drift([100.0]) == 0.0
