@@ -12,7 +12,6 @@ from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
 from ..measure import noise
 from ..measure.anchors import drift, measure_twice
-from ..measure.hardware import hardware_info, hardware_slug, same_hardware
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.stats import PASS
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for, rates_busy
@@ -23,21 +22,20 @@ from ..output.check import (
     judge,
     judge_config,
     judge_measured,
-    junit_xml,
     needs_confirmation,
     reference_of,
     speedup_floor,
 )
+from ..output.junit import junit_xml
 from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
 from ..store.atomic import atomic_write_text
-from ..store.refs import resolve_ref, target_ref
 from ..store.yamlio import load_profile
-from .common import Models, check_writable
-from .confine import confine_model, confine_workload
-from .confine import models_root as models_root_of
+from .common import check_writable
 from .engine_checks import check_engine
 from .engine_plan import server_failures
+from .profile_models import open_profile_models
+from .reference import record_reference
 
 
 def check(
@@ -189,8 +187,6 @@ def confirm_in_fresh_processes(
 
     import torch
 
-    from .reference import record_reference
-
     env = dict(os.environ)
     if models_root is not None:
         env["SPECDEC_MODELS_ROOT"] = str(models_root)
@@ -233,74 +229,6 @@ def merged(m: Any, fresh: list[dict[str, Any]]) -> Any:
     return dataclasses.replace(
         m, metrics=metrics, speedups=speedups, rates=rates, baseline_rates=base, processes=len(fresh)
     )
-
-
-def open_profile_models(
-    p: Any,
-    path: Path,
-    device: str = "auto",
-    models_root: Path | None = None,
-    rows: list[Any] | None = None,
-    allow_other_hardware: bool = False,
-) -> tuple[Any, Any]:
-    """The models and workload a stored profile names, loaded here (confined to `models_root`
-    when given), with its best config's draft spec. Raises OtherHardwareError on another slug
-    (unless allowed) and SpecDecError when the workload changed."""
-    # models are named relative to the profile's folder (store.refs), so any working directory works
-    folder = Path(path).parent
-
-    def local(spec: Any) -> Any:
-        return dataclasses.replace(spec, path=resolve_ref(spec.path, folder)) if spec.path else spec
-
-    spec = local(p.best.config.draft)
-    extra = [local(r.best.config.draft) for r in rows or [] if r.best.config.draft.kind != "none"]
-    specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
-    target = resolve_ref(target_ref(p), folder)
-    root = models_root_of(models_root)
-    confine_model(target, root, "target")
-    for d in specs.values():
-        if d.path:
-            confine_model(d.path, root, f"draft '{d.name}'")
-    confine_workload(p.workload.name, root)
-    s = open_models(
-        Models(
-            target=target,
-            drafts=list(specs.values()),
-            workload=p.workload.name,
-            prompts=p.workload.prompts,
-            max_new_tokens=p.workload.max_new_tokens,
-            temperature=p.workload.temperature,
-            device=device,
-            dtype=p.target.dtype,
-            engine_mode=p.engine_mode,
-        )
-    )
-    hw = hardware_info(s.device)
-    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
-        raise OtherHardwareError(
-            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
-            "re-run `specdec-tune run` here or pass --allow-other-hardware"
-        )
-    if s.workload.sha256 != p.workload.sha256:
-        raise SpecDecError(
-            f"workload '{p.workload.name}' has changed since the profile was made "
-            f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
-        )
-    return s, spec
-
-
-def open_models(models: Models) -> Any:
-    """Load what a stored profile names. Whatever the loaders raise for a folder the profile points
-    at (a broken config.json, a tokenizer that will not build) is the profile's problem: exit 2."""
-    try:
-        return models.open(lazy_drafts=False)
-    except (SpecDecError, MemoryError):
-        raise
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise SpecDecError(
-            f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
-        ) from None
 
 
 def judge_batch_rows(

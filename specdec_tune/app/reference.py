@@ -28,7 +28,7 @@ from ..measure.anchors import measure_twice
 from ..measure.timing import spread
 from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
-from .checking import open_profile_models
+from .profile_models import open_profile_models
 
 PROCESSES = 3
 REPEATS = 3  # check's default
