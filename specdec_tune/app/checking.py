@@ -116,12 +116,12 @@ def check(
         moved = getattr(machine, "drift", 0.0)
         # the load's rates are not judged anyway
         scale = 1.0 if busy_rates else rate_scale_for(p, verdict, machine)
-        again = None
-        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale, reference_of(p)):
+        again, reference = None, reference_of(p)
+        if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale, reference):
             # Fresh processes where the reference came from fresh processes (app.reference): a
             # sample of the same kind; an older profile's final round came from one process.
             fresh, fresh_busy = [], False
-            if reference_of(p):
+            if reference:
                 fresh, fresh_busy = confirm_in_fresh_processes(path, s.device, models_root, machine)
             if fresh:
                 # one sample per process: its repeats share one process's speed (see CONFIRM_PROCESSES)
