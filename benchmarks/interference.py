@@ -288,11 +288,25 @@ def check_detail(stdout: str) -> dict:
     return {
         "failed": {i["metric"]: [i["stored"], i["measured"]] for i in r["items"] if not i["ok"]},
         "inconclusive": [i["metric"] for i in r["items"] if i.get("inconclusive")],
+        # why: the notes of the items that did not simply pass
+        "notes": {i["metric"]: i["note"] for i in r["items"] if not i["ok"] or i.get("inconclusive")},
         "measured": {i["metric"]: [i["stored"], i["measured"]] for i in r["items"]},
         "anchors": {
-            k: a.get(k) for k in ("slowdown", "by", "rates_judged", "copy_bandwidth_gbps", "matmul_gflops")
+            k: a.get(k)
+            for k in (
+                "slowdown",
+                "by",
+                "rates_judged",
+                "copy_bandwidth_gbps",
+                "matmul_gflops",
+                "rate_scale",
+                "plain_per_anchor",
+            )
         },
         "busy": (r.get("noise") or {}).get("busy"),
+        "noise": {
+            k: (r.get("noise") or {}).get(k) for k in ("others_cpu_share", "steal_share", "anchor_drift")
+        },
     }
 
 

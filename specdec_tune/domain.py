@@ -284,6 +284,15 @@ class MachineWindow:
 
 
 @dataclass
+class DecodeAnchorSpec:
+    """The decode anchor's shape (measure.decode_anchor): per weight shape of the target, [rows,
+    columns, how many], in the order the target has them, and the target's dtype."""
+
+    matrices: list[list[int]]
+    dtype: str = "float32"
+
+
+@dataclass
 class Anchors:
     """Measured performance of this machine, so `check` can tell other (slower) hardware from a
     regression: the hardware slug names a kind of machine, not its speed."""
@@ -303,12 +312,24 @@ class Anchors:
     # fresh processes of one quiet VM measured 2.04x or 2.43x, each process stable within 2 %: the
     # final round's speedup is one process's, so `check` judges the speedup against these.
     reference_speedups: list[float] = field(default_factory=list)
+    # The decode anchor's shape (absent in older profiles), and per reference process the median of
+    # its repeats' plain tokens/s divided by the decode anchor's steps/s, timed interleaved prompt
+    # by prompt: the machine's own speed cancels in it, so `check` judges the plain rate by it.
+    decode_anchor: DecodeAnchorSpec | None = None
+    reference_plain_per_anchor: list[float] = field(default_factory=list)
 
     @property
     def has_reference(self) -> bool:
         """Whether `check` judges against the reference: at least MIN_REFERENCE_PROCESSES quiet ones
         (one alone carries no spread between processes)."""
         return min(len(self.reference_tokens_per_s), len(self.reference_baseline_tokens_per_s)) >= (
+            MIN_REFERENCE_PROCESSES
+        )
+
+    @property
+    def has_anchor_reference(self) -> bool:
+        """Whether `check` judges the plain rate per decode-anchor step (measure.decode_anchor)."""
+        return self.decode_anchor is not None and len(self.reference_plain_per_anchor) >= (
             MIN_REFERENCE_PROCESSES
         )
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..output.check import (
     speedup_floor,
 )
 from ..output.junit import junit_xml
+from ..output.rates import per_anchor_of
 from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
 from ..store.atomic import atomic_write_text
@@ -35,7 +37,7 @@ from .common import check_writable
 from .engine_checks import check_engine
 from .engine_plan import server_failures
 from .profile_models import open_profile_models
-from .reference import record_reference
+from .reference import decode_anchor_of, record_reference
 
 
 def check(
@@ -100,12 +102,21 @@ def check(
     if batch_size is None:
         cfg = p.best.config
         drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+        # The plain rate is judged per decode-anchor step where the reference has that ratio.
+        anchor = decode_anchor_of(p, s.device) if p.anchors and p.anchors.has_anchor_reference else None
         # The machine anchors (copy, matmul) before and after the measurement (output.anchors).
         (machine, m), os_noise, machine_busy = noise.busy_window(
             lambda: measure_twice(
                 s.device,
                 lambda: measure(
-                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx
+                    s.target.model,
+                    drafter,
+                    cfg.gamma,
+                    cfg.threshold,
+                    s.case,
+                    repeats=repeats,
+                    ctx=s.ctx,
+                    anchor=anchor,
                 ),
             )
         )
@@ -131,12 +142,14 @@ def check(
             else:  # no fresh process measured: again in this one
                 n = confirm_repeats(m, repeats)
                 again = measure(
-                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx
-                )
+                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx,
+                    anchor=anchor,
+                )  # fmt: skip
         # The machine's own speed moved while this check measured (a shared host's neighbours):
         # absolute rates then say as much about the host as about the setup, so a drop of them is
-        # inconclusive. The speedup, timed against plain passes in the same process, is judged.
-        drifting = moved > MAX_ANCHOR_DRIFT
+        # inconclusive. The speedup, timed against plain passes in the same process, is judged, and
+        # so is the plain rate per decode-anchor step, in which the host's speed cancels.
+        drifting = moved > MAX_ANCHOR_DRIFT and not m.plain_per_anchor
         report = judge(
             p, str(path), m, again, weights, tolerance, acceptance_tolerance, machine_busy,
             verdict.judge_rates, busy_rates or drifting, scale,
@@ -144,6 +157,12 @@ def check(
         report.noise = {**os_noise, "busy": machine_busy, "anchor_drift": round(moved, 4)}
         if verdict.slowdown is not None:
             report.anchors = {**verdict.as_dict(), "rate_scale": round(scale, 4)}
+        if anchor is not None and m.plain_per_anchor:  # [the reference's median, this check's]
+            ref, now = p.anchors.reference_plain_per_anchor, per_anchor_of(m, again)
+            report.anchors["plain_per_anchor"] = [
+                round(statistics.median(ref), 5),
+                round(statistics.median(now), 5),
+            ]
         # The best config is the batch size 1 answer; the table's other rows follow.
         others = [r for r in rows if r.batch_size != 1]
         report.items += judge_batch_rows(
@@ -207,15 +226,15 @@ def confirm_in_fresh_processes(
 def per_process(m: Any) -> Any:
     """A measurement as one sample: its medians (its repeats share one process's speed)."""
     x = m.metrics
+    per_anchor = [statistics.median(m.plain_per_anchor)] if m.plain_per_anchor else []
     return dataclasses.replace(
-        m, speedups=[x.speedup], rates=[x.tokens_per_s], baseline_rates=[x.baseline_tokens_per_s]
-    )
+        m, speedups=[x.speedup], rates=[x.tokens_per_s], baseline_rates=[x.baseline_tokens_per_s],
+        plain_per_anchor=per_anchor,
+    )  # fmt: skip
 
 
 def merged(m: Any, fresh: list[dict[str, Any]]) -> Any:
     """The fresh processes' medians as one measurement beside `m` (`again` of output.check)."""
-    import statistics
-
     speedups = [k["speedup"] for k in fresh]
     rates = [k["tokens_per_s"] for k in fresh]
     base = [k["baseline_tokens_per_s"] for k in fresh]
@@ -225,9 +244,11 @@ def merged(m: Any, fresh: list[dict[str, Any]]) -> Any:
         tokens_per_s=statistics.median(rates),
         baseline_tokens_per_s=statistics.median(base),
     )
+    per_anchor = [k["plain_per_anchor"] for k in fresh if k.get("plain_per_anchor")]
     return dataclasses.replace(
-        m, metrics=metrics, speedups=speedups, rates=rates, baseline_rates=base, processes=len(fresh)
-    )
+        m, metrics=metrics, speedups=speedups, rates=rates, baseline_rates=base, processes=len(fresh),
+        plain_per_anchor=per_anchor if len(per_anchor) == len(fresh) else [],
+    )  # fmt: skip
 
 
 def judge_batch_rows(

@@ -25,7 +25,8 @@ from typing import Any
 from ..errors import SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
-from ..measure.timing import spread
+from ..measure.decode_anchor import DecodeAnchor
+from ..measure.timing import median, spread
 from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
 from .profile_models import open_profile_models
@@ -57,15 +58,23 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     s, spec = open_profile_models(p, path, device, allow_other_hardware=True)
     cfg = p.best.config
     drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
+    anchor = decode_anchor_of(p, s.device)
     (machine, m), _, busy = noise.busy_window(
         lambda: measure_twice(
             s.device,
             lambda: measure(
-                s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=REPEATS, ctx=s.ctx
+                s.target.model,
+                drafter,
+                cfg.gamma,
+                cfg.threshold,
+                s.case,
+                repeats=REPEATS,
+                ctx=s.ctx,
+                anchor=anchor,
             ),
         )
     )
-    return {
+    got = {
         "tokens_per_s": round(m.metrics.tokens_per_s, 3),
         "baseline_tokens_per_s": round(m.metrics.baseline_tokens_per_s, 3),
         "speedup": round(m.metrics.speedup, 4),
@@ -73,6 +82,15 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
         "baseline_spread": round(spread(m.baseline_rates), 4) if m.baseline_rates else 0.0,
         "busy": busy,
     }
+    if m.plain_per_anchor:
+        got["plain_per_anchor"] = round(median(m.plain_per_anchor), 5)
+    return got
+
+
+def decode_anchor_of(p: Any, device: str) -> Any:
+    """The decode anchor of profile `p` on `device` (measure.decode_anchor), None without one."""
+    spec = p.anchors.decode_anchor if p.anchors is not None else None
+    return DecodeAnchor(spec, device) if spec is not None else None
 
 
 def command(path: Path, threads: int | None = None, device: str = "auto") -> list[str]:
@@ -84,10 +102,16 @@ def command(path: Path, threads: int | None = None, device: str = "auto") -> lis
 CHILD = "import sys; from specdec_tune.app.reference import main; sys.exit(main(sys.argv[1:]))"
 
 
-def process_seconds(pass_s: float, gamma_share: float = 0.5) -> float:
+# The decode anchor's parts beside one plain pass, as a share of it: half as many steps as tokens
+# (decode_anchor.STEPS_PER_TOKEN), a step about 0.7 of a token's time on the demo pair.
+ANCHOR_SHARE = 0.4
+
+
+def process_seconds(pass_s: float, gamma_share: float = 0.5, anchor_share: float = ANCHOR_SHARE) -> float:
     """About how long one reference process takes: start-up, then REPEATS plain passes and as many
-    speculative ones (`gamma_share` of a plain pass each), plus the warm-up."""
-    return STARTUP_S + (REPEATS + 1) * pass_s * (1 + gamma_share)
+    speculative ones (`gamma_share` of a plain pass each) and decode-anchor parts (`anchor_share`),
+    plus the warm-up."""
+    return STARTUP_S + (REPEATS + 1) * pass_s * (1 + gamma_share + anchor_share)
 
 
 def record_reference(

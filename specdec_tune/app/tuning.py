@@ -15,6 +15,7 @@ from ..domain import MIN_REFERENCE_PROCESSES, Anchors, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.anchors import measure_twice
+from ..measure.decode_anchor import spec_of
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.llamacpp.args import DEFAULT_DRAFTS
 from ..measure.llamacpp.server import servers_die_with_us
@@ -227,6 +228,9 @@ def _reference(
     profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
     matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
     profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
+    per_anchor = [k["plain_per_anchor"] for k in kept if k.get("plain_per_anchor")]
+    if len(per_anchor) >= MIN_REFERENCE_PROCESSES:
+        profile.anchors.reference_plain_per_anchor = per_anchor
     save_profile(profile, out)
     return profile
 
@@ -257,7 +261,9 @@ def _noise_and_anchors(s: Any) -> tuple[Any, Any]:
     rate = tokens[0] / noise.plain_pass_s
     full_s = noise.plain_pass_s * sum(s.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
     noise = dataclasses.replace(noise, plain_pass_s=round(full_s, 5))
-    return noise, Anchors(round(rate, 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
+    anchors = Anchors(round(rate, 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
+    anchors.decode_anchor = spec_of(s.target.model)  # its reference: the fresh processes' (_reference)
+    return noise, anchors
 
 
 def _expected_speedup(costs: Any, case: Any, settings: TuneSettings) -> float | None:

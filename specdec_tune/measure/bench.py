@@ -21,6 +21,7 @@ from ..runtime.drafting.drafters import Drafter
 from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
+from .decode_anchor import DecodeAnchor, steps_for
 from .timing import interleaved_parts, median, spread
 
 
@@ -40,6 +41,10 @@ class Measurement:
     rates: list[float] = field(default_factory=list)
     baseline_rates: list[float] = field(default_factory=list)
     processes: int = 0  # > 0: medians of that many fresh processes, one sample each (app.checking)
+    # measured with a decode anchor (measure.decode_anchor): per repeat, its steps/s and the plain
+    # tokens/s divided by them (timed prompt by prompt between the plain passes)
+    anchor_rates: list[float] = field(default_factory=list)
+    plain_per_anchor: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,13 +127,16 @@ def measure(
     seed: int = 0,
     on_repeat: Callable[[int, float], None] | None = None,
     ctx: ExecutionContext | None = None,
+    anchor: DecodeAnchor | None = None,
 ) -> Measurement:
     """Time `case` with the config and with the plain target, interleaved, `repeats` times each.
 
     `on_repeat(i, speedup_so_far)` is called after each repeat (a tuner may stop early there).
+    `anchor`: a decode anchor timed between them too (`Measurement.plain_per_anchor`).
     """
     hook = None if on_repeat is None else (lambda r, speedups: on_repeat(r, speedups[0]))
-    return measure_many(target, [Entry(drafter, gamma, threshold)], case, repeats, warmup, seed, hook, ctx)[0]
+    entries = [Entry(drafter, gamma, threshold)]
+    return measure_many(target, entries, case, repeats, warmup, seed, hook, ctx, anchor)[0]
 
 
 def measure_many(
@@ -140,12 +148,15 @@ def measure_many(
     seed: int = 0,
     on_repeat: Callable[[int, list[float]], None] | None = None,
     ctx: ExecutionContext | None = None,
+    anchor: DecodeAnchor | None = None,
 ) -> list[Measurement]:
     """Time several configs and the plain target in one interleaved run: one Measurement each.
 
     Every repeat runs the baseline and each config once (plain-target entries share the baseline
     pass). A config's speedup is the median over repeats of its rate divided by the baseline
-    rate of the same repeat. `on_repeat(i, medians_so_far)` is called after each repeat.
+    rate of the same repeat. `on_repeat(i, medians_so_far)` is called after each repeat. With
+    `anchor` (measure.decode_anchor), its steps take their turn too, prompt by prompt, and each
+    Measurement carries the plain tokens/s per anchor step/s of every repeat.
     """
     if not entries:
         raise ValueError("measure_many needs at least one entry")
@@ -165,6 +176,8 @@ def measure_many(
                     run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed, ctx)
         # Every graph another prompt can reach (other draft widths near a request's end).
         prebuild(ctx, target, [e.gamma for e in entries if e.speculative])
+        if anchor is not None:
+            anchor.run(1)
 
     # Key -1 is the baseline; the entries follow by index. The passes alternate prompt by prompt
     # (timing.interleaved_parts); a pass's generator lives from its first prompt to its last.
@@ -184,6 +197,9 @@ def measure_many(
     for i, e in enumerate(entries):
         if e.speculative:
             runs[i] = part(i, e)
+    if anchor is not None:  # key -2: the decode anchor, a part's steps (its result) per prompt
+        steps = steps_for(case.max_new_tokens)
+        runs[-2] = lambda r, p: anchor.run(steps[p])
 
     def rate(sec_parts: tuple[float, list[Any]]) -> float:
         sec, parts = sec_parts
@@ -207,6 +223,8 @@ def measure_many(
     compiled = ctx is not None and ctx.compiled
     timings = timed_without_compiles(timing, build) if compiled else timing()
     base_rates = [rate(t) for t in timings[-1]]
+    anchor_rates = [sum(parts) / sec for sec, parts in timings.get(-2, [])]
+    per_anchor = [b / a for b, a in zip(base_rates, anchor_rates, strict=False)]
     base_out = [tokens for tokens, _ in timings[-1][-1][1]]
     result = []
     for i, e in enumerate(entries):
@@ -234,7 +252,17 @@ def measure_many(
         )
         result.append(
             Measurement(
-                metrics, sum(map(len, outs)), mismatches, ratios[i], stats, outs, build, own_rates, base_rates
+                metrics,
+                sum(map(len, outs)),
+                mismatches,
+                ratios[i],
+                stats,
+                outs,
+                build,
+                own_rates,
+                base_rates,
+                anchor_rates=list(anchor_rates),
+                plain_per_anchor=list(per_anchor),
             )
         )
     return result

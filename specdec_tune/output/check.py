@@ -18,7 +18,6 @@ rule: plain tokens/s decides other hardware and tokens/s is information only.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..domain import MIN_REFERENCE_PROCESSES
@@ -26,47 +25,10 @@ from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, judge_speedup
 from ..store.schema import Profile
+from .rates import JUDGED_RATES, PER_ANCHOR, RATES, info_item, judge_rate, rate_items
+from .verdicts import CheckItem, CheckReport
 
-
-@dataclass
-class CheckItem:
-    metric: str
-    stored: float | str | None
-    measured: float | str | None
-    ok: bool
-    note: str = ""
-    inconclusive: bool = False  # too noisy to decide (ok stays True: not a regression)
-
-
-@dataclass
-class CheckReport:
-    profile: str
-    config: str
-    items: list[CheckItem] = field(default_factory=list)
-    seconds: float = 0.0
-    noise: dict[str, Any] = field(default_factory=dict)  # what the OS said while re-measuring
-    anchors: dict[str, Any] = field(default_factory=dict)  # stored vs measured speed of the machine
-
-    @property
-    def passed(self) -> bool:
-        return all(i.ok for i in self.items)
-
-    @property
-    def inconclusive(self) -> bool:
-        """No regression, but some speedup could not be judged on this noisy machine (exit 6)."""
-        return self.passed and any(i.inconclusive for i in self.items)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile,
-            "config": self.config,
-            "passed": self.passed,
-            "inconclusive": self.inconclusive,
-            "items": [asdict(i) for i in self.items],
-            "seconds": self.seconds,
-            "noise": self.noise,
-            "anchors": self.anchors,
-        }
+__all__ = ["CheckItem", "CheckReport", "rate_items"]  # where callers have always found them
 
 
 def speedup_floor(profile: Profile, tolerance: float, stored: Any = None) -> float:
@@ -206,11 +168,6 @@ def judge_config(
     return items
 
 
-def info_item(name: str, stored: float, measured: float, note: str = "information only") -> CheckItem:
-    """A rate reported beside the verdict, never judged (it passes whatever it is)."""
-    return CheckItem(name, round(stored, 2), round(measured, 2), True, note)
-
-
 def samples_of(measured: Any, again: Any | None) -> list[float]:
     """Every per-repeat speedup of a re-measurement (and its confirmation)."""
     out = list(measured.speedups or [measured.metrics.speedup])
@@ -242,20 +199,6 @@ def reference_speedups(reference: dict[str, list[float]] | None) -> list[float]:
 
 
 MAX_CONFIRM_REPEATS = 12
-RATES = {"tokens_per_s": "rates", "baseline_tokens_per_s": "baseline_rates"}  # metric: per-repeat field
-# The one rate judged: the speculative tokens/s is the speedup times the plain tokens/s, both judged
-# on their own, and as their product it carries both their noise (in benchmarks/interference.py 3
-# of 10 quiet checks failed on it alone, the speedup and the plain rate passing).
-JUDGED_RATES = ("baseline_tokens_per_s",)
-
-
-def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
-    """Every per-repeat tokens/s of `metric` in a re-measurement and its confirmation (the median
-    alone where a measurement kept no repeats)."""
-    out = []
-    for m in (measured, again) if again is not None else (measured,):
-        out += list(getattr(m, RATES[metric], None) or [getattr(m.metrics, metric)])
-    return out
 
 
 def reference_of(profile: Profile) -> dict[str, list[float]]:
@@ -264,95 +207,14 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
     a = profile.anchors
     if a is None or not a.has_reference:
         return {}
-    return {
+    out = {
         "tokens_per_s": list(a.reference_tokens_per_s),
         "baseline_tokens_per_s": list(a.reference_baseline_tokens_per_s),
         "speedup": list(a.reference_speedups),
     }
-
-
-def judge_rate(
-    stored: Any,
-    measured: Any,
-    again: Any | None,
-    metric: str,
-    tolerance: float,
-    scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
-) -> Any:
-    """`stats.judge_speedup` of a tokens/s against the reference processes' medians when the
-    profile has them (their spread widens the interval), else against the final round's median;
-    `scale`: the measured rates times this first (see `rate_items`)."""
-    rates = [r * scale for r in rates_of(measured, again, metric)]
-    ref = (reference or {}).get(metric)
-    if ref:
-        return judge_speedup(rates, ref, statistics.median(ref), tolerance)
-    return judge_speedup(rates, [], getattr(stored, metric), tolerance)
-
-
-def rate_items(
-    stored: Any,
-    measured: Any,
-    again: Any | None,
-    tolerance: float,
-    busy: bool,
-    where: str = "",
-    scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
-) -> list[CheckItem]:
-    """The plain tokens/s judged like the speedup (the machine anchors agreed, so a drop is the
-    setup's): a regression when clearly below stored × (1 - tolerance); inconclusive instead when
-    too noisy, or on a `busy` machine (absolute rates are the load's). The speculative tokens/s is
-    reported, not judged (`JUDGED_RATES`).
-
-    `scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed the
-    profile's machine had: a VM measures a few per cent faster or slower from one minute to the
-    next, and unscaled that hid a 15 % slower target forward whenever the machine ran 2-5 %
-    faster (benchmarks/interference.py). The reported value stays the unscaled one.
-
-    `reference` (`reference_of`): the medians of fresh processes that measured the best config as
-    `check` does right after the run; the stored value is then their median (app.reference says
-    why the final round's own rate is a poorer one)."""
-    items = []
-    reference = reference or {}
-    for metric in RATES:
-        if metric not in JUDGED_RATES:
-            ref = reference.get(metric)
-            items.append(
-                info_item(
-                    f"{metric}{where}",
-                    statistics.median(ref) if ref else getattr(stored, metric),
-                    statistics.median(rates_of(measured, again, metric)),
-                    "information only: the speedup times the plain tokens/s, both judged",
-                )
-            )
-            continue
-        judged = judge_rate(stored, measured, again, metric, tolerance, scale, reference)
-        if busy and judged.verdict == REGRESSION:
-            judged.verdict = INCONCLUSIVE
-        ref = reference.get(metric)
-        base = statistics.median(ref) if ref else getattr(stored, metric)
-        against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
-        note = f"{judged.note} vs {against}; the machine anchors agree"
-        if getattr(again, "processes", 0):
-            n = len(rates_of(measured, again, metric))
-            note += f"; re-measured in {again.processes} fresh processes: judged on {n} process medians"
-        if scale != 1.0:
-            note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
-        if judged.verdict == INCONCLUSIVE:
-            why = "the machine was not quiet (other work, or its own speed moved)"
-            note += "; inconclusive: " + (why if busy else "too noisy to tell")
-        items.append(
-            CheckItem(
-                f"{metric}{where}",
-                round(base, 2),
-                round(judged.ratio * base / scale, 2),
-                judged.verdict != REGRESSION,
-                note,
-                inconclusive=judged.verdict == INCONCLUSIVE,
-            )
-        )
-    return items
+    if a.has_anchor_reference:
+        out[PER_ANCHOR] = list(a.reference_plain_per_anchor)
+    return out
 
 
 def needs_confirmation(

@@ -254,6 +254,17 @@ def _run_table(p: Profile) -> Table:
                     f"({len(a.reference_baseline_tokens_per_s)} fresh processes, measured as check measures)",
                 )
             )
+        if a.has_anchor_reference:
+            ratios = ", ".join(f"{x:.4f}" for x in a.reference_plain_per_anchor)
+            n = sum(m[2] for m in a.decode_anchor.matrices)
+            rows.append(
+                (
+                    "decode anchor",
+                    f"plain tokens/s per anchor step/s {ratios} ({n} matrices of the target's "
+                    f"{len(a.decode_anchor.matrices)} shapes, {a.decode_anchor.dtype}; check judges "
+                    "plain decoding by this ratio)",
+                )
+            )
     return kv_table("Run", rows)
 
 

@@ -128,9 +128,41 @@ def _validate(p: Profile) -> None:
         for name in ("copy_bandwidth_gbps", "matmul_gflops", "reference_matmul_gflops"):
             if getattr(p.anchors, name) is not None:
                 _positive(getattr(p.anchors, name), f"anchors.{name}")
-        for name in ("reference_tokens_per_s", "reference_baseline_tokens_per_s", "reference_speedups"):
+        for name in (
+            "reference_tokens_per_s",
+            "reference_baseline_tokens_per_s",
+            "reference_speedups",
+            "reference_plain_per_anchor",
+        ):
             for i, x in enumerate(getattr(p.anchors, name)):
                 _positive(x, f"anchors.{name}[{i}]")
+        if p.anchors.decode_anchor is not None:
+            validate_decode_anchor(p.anchors.decode_anchor, "anchors.decode_anchor")
+
+
+# The dtypes a decode anchor is built in (names of torch dtypes; validating imports no torch).
+ANCHOR_DTYPES = ("float32", "float16", "bfloat16", "float64")
+MAX_ANCHOR_DIM = 2**20
+MAX_ANCHOR_ELEMENTS = 2**28  # one matrix (1 GiB in float32: a 70B model's embedding is 2**30 / 4)
+MAX_ANCHOR_MATRICES = 2**14  # per step, all shapes together
+
+
+def validate_decode_anchor(spec: Any, path: str) -> None:
+    """Shapes [rows, columns, count] of positive ints (at most MAX_ITEMS of them, bounded so a
+    hand-edited profile cannot make `check` allocate or loop without end), a float dtype."""
+    _one_of(spec.dtype, ANCHOR_DTYPES, f"{path}.dtype")
+    if not 1 <= len(spec.matrices) <= MAX_ITEMS:
+        raise field_error(f"{path}.matrices", f"must have 1 to {MAX_ITEMS} entries", spec.matrices)
+    for i, m in enumerate(spec.matrices):
+        if len(m) != 3:
+            raise field_error(f"{path}.matrices[{i}]", "must be [rows, columns, count]", m)
+        for j, n in enumerate(m):
+            _in_range(n, 1, MAX_ANCHOR_DIM, f"{path}.matrices[{i}][{j}]")
+        if m[0] * m[1] > MAX_ANCHOR_ELEMENTS:
+            raise field_error(f"{path}.matrices[{i}]", f"must have at most {MAX_ANCHOR_ELEMENTS} elements", m)
+    total = sum(m[2] for m in spec.matrices)
+    if total > MAX_ANCHOR_MATRICES:
+        raise field_error(f"{path}.matrices", f"must count at most {MAX_ANCHOR_MATRICES} matrices", total)
 
 
 def validate_costs(c: Costs, path: str = "costs") -> None:

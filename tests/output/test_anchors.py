@@ -178,3 +178,36 @@ def test_measure_twice_says_how_far_the_matmul_moved(monkeypatch):
     both, result = anchors.measure_twice("cpu", lambda: "done")
     assert result == "done" and both.matmul_gflops == 100.0 and both.copy_bandwidth_gbps == 22.0
     assert both.drift == pytest.approx(0.1) and anchors.drift([100.0]) == 0.0
+
+
+def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
+    """Measured beside a decode anchor, the plain rate is judged by its ratio to the anchor's
+    against the reference's ratio: a slower host is no regression, a slower target is one."""
+    stored = _metrics()
+    reference = {
+        "tokens_per_s": [100.0, 100.5, 99.5],
+        "baseline_tokens_per_s": [80.0, 80.5, 79.5],
+        "speedup": [1.25, 1.26, 1.24],
+        "plain_per_anchor": [0.70, 0.705, 0.695],
+    }
+
+    def judged(baseline, per_anchor, busy=False):
+        m = _measured([85.0, 86.0, 84.5], baseline)
+        m.plain_per_anchor = list(per_anchor)
+        items = {i.metric: i for i in rate_items(stored, m, None, 0.10, busy, reference=reference)}
+        return m, items["baseline_tokens_per_s"]
+
+    slow_host, item = judged([64.0, 64.5, 63.8], [0.70, 0.702, 0.699])
+    assert item.ok and not item.inconclusive and item.measured == 64.0 and item.stored == 80.0
+    assert "per decode-anchor step" in item.note
+    assert not needs_confirmation(stored, slow_host, 0.10, True, 1.0, reference)
+    slow_target, item = judged([80.0, 80.5, 79.8], [0.595, 0.597, 0.594])  # the host 15 % faster
+    assert not item.ok and not item.inconclusive
+    assert needs_confirmation(stored, slow_target, 0.10, True, 1.0, reference)
+    _, item = judged([68.0, 68.5, 67.6], [0.595, 0.597, 0.594], busy=True)
+    assert item.ok and item.inconclusive  # other work: the load's, never a regression
+    # measured without the anchor (or a reference without its ratio): the absolute rate decides
+    m = _measured([85.0, 86.0, 84.5], [64.0, 64.5, 63.8])
+    items = {i.metric: i for i in rate_items(stored, m, None, 0.10, False, reference=reference)}
+    assert not items["baseline_tokens_per_s"].ok
+    assert "per decode-anchor step" not in items["baseline_tokens_per_s"].note

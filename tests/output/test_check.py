@@ -510,3 +510,70 @@ def test_a_doubtful_result_is_measured_again_in_fresh_processes(
     assert speedup.ok and speedup.stored == 1.0 and "the reference (3 fresh processes)" in speedup.note
     got = "inconclusive" if plain.inconclusive else ("pass" if plain.ok else "regression")
     assert got == verdict, plain.note
+
+
+ANCHORED = {
+    **REFERENCE,
+    "decode_anchor": {"matrices": [[16, 8, 2], [8, 16, 1]], "dtype": "float32"},
+    "reference_plain_per_anchor": [0.70, 0.705, 0.695],
+}
+
+
+@pytest.mark.parametrize(
+    ("first", "per_anchor", "fresh", "verdict"),
+    [
+        # the host 15 % slower while the matmul moved 10 % within this process: the plain rate per
+        # decode-anchor step is the reference's, so the drop is the host's (a pass, not inconclusive)
+        ([68.0, 68.5, 67.6], [0.70, 0.701, 0.699], [(68.2, 0.702), (67.9, 0.698)], "pass"),
+        # the same absolute rates, the ratio 15 % low here and in both fresh processes: a regression,
+        # however the machine's own speed moved
+        ([68.0, 68.5, 67.6], [0.595, 0.597, 0.594], [(68.2, 0.596), (67.9, 0.593)], "regression"),
+        # this process alone measured a low ratio; the fresh ones measure the reference's
+        ([80.0, 80.5, 79.8], [0.60, 0.61, 0.605], [(80.1, 0.701), (79.9, 0.704)], "pass"),
+    ],
+)
+def test_the_plain_rate_is_judged_per_decode_anchor_step_where_the_reference_has_it(
+    monkeypatch, stored_profile, tiny_dirs, tmp_path, first, per_anchor, fresh, verdict
+):
+    import subprocess
+
+    from specdec_tune import app
+    from specdec_tune.app import checking
+    from specdec_tune.measure import bench
+    from specdec_tune.measure.anchors import MachineSpeed
+    from specdec_tune.measure.decode_anchor import DecodeAnchor
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=dict(ANCHORED))
+    anchors = []
+
+    def fake_measure(*a, anchor=None, **k):
+        anchors.append(anchor)
+        m = _fake([1.0, 1.0, 1.0], [85.0] * 3, first)
+        m.plain_per_anchor = list(per_anchor)
+        return m
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    here = MachineSpeed(20.0, 100.0, drift=0.1)  # the machine's own speed moved while measuring
+    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (here, work()))
+    _quiet(monkeypatch)
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        rate, ratio = fresh[min(len(calls), len(fresh)) - 1]
+        got = {"speedup": 1.0, "tokens_per_s": rate * 1.25, "baseline_tokens_per_s": rate}
+        got |= {"matmul_gflops": 100.0, "baseline_spread": 0.01, "busy": False, "plain_per_anchor": ratio}
+        return type("Done", (), {"returncode": 0, "stdout": json.dumps(got) + "\n", "stderr": ""})()
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    report = app.check(edited, "cpu", 0.1, None, 3, False)
+    assert isinstance(anchors[0], DecodeAnchor) and anchors[0].matrices == 3  # the profile's shape
+    plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
+    assert "per decode-anchor step" in plain.note and "scaled" not in plain.note
+    confirmed = min(per_anchor) < 0.9 * 0.70  # a doubtful first result is confirmed in fresh processes
+    assert len(calls) == (2 if confirmed else 0)
+    samples = [statistics.median(first), *[r for r, _ in fresh]] if confirmed else first
+    assert plain.measured == pytest.approx(statistics.median(samples))
+    got = "inconclusive" if plain.inconclusive else ("pass" if plain.ok else "regression")
+    assert got == verdict, plain.note
+    assert report.anchors["plain_per_anchor"][0] == pytest.approx(0.70)

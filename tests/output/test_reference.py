@@ -67,7 +67,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     from pathlib import Path
 
     from specdec_tune.app import tuning
-    from specdec_tune.domain import Noise
+    from specdec_tune.domain import DecodeAnchorSpec, Noise
     from specdec_tune.store.yamlio import load_profile
 
     out = tmp_path / "demo.yaml"
@@ -78,9 +78,10 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     quiet = Noise(1.0, 0.01, 3, 2, 0.1, 0.0, 0.0, [], 2)
     got = [
         {"tokens_per_s": 400.0 + i, "baseline_tokens_per_s": 200.0 + i, "matmul_gflops": 210.0 + i}
-        | {"speedup": 2.0 + i / 10}
+        | {"speedup": 2.0 + i / 10, "plain_per_anchor": 0.7 + i / 100}
         for i in range(3)
     ]
+    profile.anchors.decode_anchor = DecodeAnchorSpec([[384, 384, 24], [4096, 384, 1]])
     monkeypatch.setattr(tuning, "record_reference", lambda *a, **k: (list(got), ""))
     saved = tuning._reference(profile, out, 3, 100.0, quiet, progress)
     again = load_profile(out)
@@ -92,12 +93,16 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     assert again.anchors.reference_tokens_per_s == [400.0, 401.0, 402.0] and notes == []
     assert again.anchors.reference_matmul_gflops == 211.0
     assert again.anchors.reference_speedups == [2.0, 2.1, 2.2]  # check judges the speedup by these
+    # and plain decoding per decode-anchor step by these (measure.decode_anchor)
+    assert again.anchors.reference_plain_per_anchor == [0.7, 0.71, 0.72]
+    assert again.anchors.decode_anchor == DecodeAnchorSpec([[384, 384, 24], [4096, 384, 1]], "float32")
     from helpers import invoke
 
     shown = invoke("show", out)
     assert (
         shown.exit_code == 0 and "check's reference" in shown.stdout and "200.0, 201.0, 202.0" in shown.stdout
     )
+    assert "decode anchor" in shown.stdout and "0.7000, 0.7100, 0.7200" in shown.stdout
     # A busy machine: no reference at all (check never judges the rates of a loaded run).
     busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
     fresh = load_profile(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")

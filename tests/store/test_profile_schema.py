@@ -375,3 +375,30 @@ def test_compile_time_round_trips_in_profile_and_costs_and_is_optional(tmp_path)
     assert loaded.compile is None and loaded.costs.compile is None
     bad = _write_modified(tmp_path, lambda d: d.__setitem__("compile", {"graphs": 3, "compile_s": -1.0}))
     assert "'compile.compile_s' must be a number >= 0.0" in _load_error(bad)
+
+
+@pytest.mark.parametrize(
+    ("anchor", "error"),
+    [
+        ({"matrices": [[384, 384]], "dtype": "float32"}, "'anchors.decode_anchor.matrices[0]' must be [rows"),
+        ({"matrices": [[384, 0, 2]]}, "'anchors.decode_anchor.matrices[0][1]' must be"),
+        ({"matrices": [[2**20, 2**20, 1]]}, "must have at most 268435456 elements"),
+        ({"matrices": [[8, 8, 2**15]]}, "must count at most 16384 matrices"),
+        ({"matrices": [[8, 8, 1]], "dtype": "int8"}, "'anchors.decode_anchor.dtype' must be one of"),
+        ({"matrices": []}, "'anchors.decode_anchor.matrices' must have 1 to"),
+    ],
+)
+def test_the_decode_anchor_round_trips_and_a_bad_one_is_named(tmp_path, anchor, error):
+    """A hand-edited decode anchor cannot make `check` allocate or loop without end."""
+    from specdec_tune.domain import Anchors, DecodeAnchorSpec
+
+    good = Anchors(100.0, 20.0, 200.0, decode_anchor=DecodeAnchorSpec([[384, 384, 24], [4096, 384, 1]]))
+    good.reference_plain_per_anchor = [0.7, 0.71]
+    p = dataclasses.replace(make_sample_profile(), anchors=good)
+    again = load_profile(save_profile(p, tmp_path / "p.yaml")).anchors
+    assert again.decode_anchor == good.decode_anchor and again.has_anchor_reference
+    data = profile_to_dict(p)
+    data["anchors"]["decode_anchor"] = anchor
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert error in _load_error(path)

@@ -1,0 +1,157 @@
+"""`check`'s judging of absolute tokens/s (the speedup is output.check's).
+
+The plain tokens/s is judged where the machine anchors agree (output.anchors): against the
+reference processes of the run (app.reference) where the profile has them, else the final round's
+median. Measured beside a decode anchor (measure.decode_anchor), it is judged per anchor step,
+against the reference's ratio: the machine's own speed cancels there.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ..measure.stats import INCONCLUSIVE, REGRESSION, judge_speedup
+from .verdicts import CheckItem
+
+
+def info_item(name: str, stored: float, measured: float, note: str = "information only") -> CheckItem:
+    """A rate reported beside the verdict, never judged (it passes whatever it is)."""
+    return CheckItem(name, round(stored, 2), round(measured, 2), True, note)
+
+
+RATES = {"tokens_per_s": "rates", "baseline_tokens_per_s": "baseline_rates"}  # metric: per-repeat field
+# The one rate judged: the speculative tokens/s is the speedup times the plain tokens/s, both judged
+# on their own, and as their product it carries both their noise (in benchmarks/interference.py 3
+# of 10 quiet checks failed on it alone, the speedup and the plain rate passing).
+JUDGED_RATES = ("baseline_tokens_per_s",)
+
+
+def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
+    """Every per-repeat tokens/s of `metric` in a re-measurement and its confirmation (the median
+    alone where a measurement kept no repeats)."""
+    out = []
+    for m in (measured, again) if again is not None else (measured,):
+        out += list(getattr(m, RATES[metric], None) or [getattr(m.metrics, metric)])
+    return out
+
+
+# The reference's plain tokens/s per decode-anchor step/s (measure.decode_anchor), one per process.
+PER_ANCHOR = "plain_per_anchor"
+
+
+def per_anchor_of(measured: Any, again: Any | None) -> list[float]:
+    """Every plain tokens/s per decode-anchor step/s of a re-measurement and its confirmation
+    (empty where the first was measured without the anchor)."""
+    out = list(getattr(measured, PER_ANCHOR, None) or [])
+    if out and again is not None:
+        out += list(getattr(again, PER_ANCHOR, None) or [])
+    return out
+
+
+def judge_rate(
+    stored: Any,
+    measured: Any,
+    again: Any | None,
+    metric: str,
+    tolerance: float,
+    scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
+) -> Any:
+    """`stats.judge_speedup` of a tokens/s against the reference processes' medians when the
+    profile has them (their spread widens the interval), else against the final round's median;
+    `scale`: the measured rates times this first (see `rate_items`). The plain tokens/s measured
+    beside a decode anchor is judged per anchor step against the reference's (`anchored`)."""
+    if anchored(metric, measured, again, reference):
+        ref = reference[PER_ANCHOR]
+        return judge_speedup(per_anchor_of(measured, again), ref, statistics.median(ref), tolerance)
+    rates = [r * scale for r in rates_of(measured, again, metric)]
+    ref = (reference or {}).get(metric)
+    if ref:
+        return judge_speedup(rates, ref, statistics.median(ref), tolerance)
+    return judge_speedup(rates, [], getattr(stored, metric), tolerance)
+
+
+def anchored(metric: str, measured: Any, again: Any | None, reference: dict[str, list[float]] | None) -> bool:
+    """Whether the plain tokens/s is judged per decode-anchor step: the profile has that reference
+    and this check measured the anchor beside plain decoding. The machine's own speed cancels in
+    the ratio, so neither `rate_scale` nor the anchor drift rule applies to it."""
+    return (
+        metric == "baseline_tokens_per_s"
+        and bool((reference or {}).get(PER_ANCHOR))
+        and bool(per_anchor_of(measured, again))
+    )
+
+
+def rate_items(
+    stored: Any,
+    measured: Any,
+    again: Any | None,
+    tolerance: float,
+    busy: bool,
+    where: str = "",
+    scale: float = 1.0,
+    reference: dict[str, list[float]] | None = None,
+) -> list[CheckItem]:
+    """The plain tokens/s judged like the speedup (the machine anchors agreed, so a drop is the
+    setup's): a regression when clearly below stored × (1 - tolerance); inconclusive instead when
+    too noisy, or on a `busy` machine (absolute rates are the load's). The speculative tokens/s is
+    reported, not judged (`JUDGED_RATES`).
+
+    `scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed the
+    profile's machine had: a VM measures a few per cent faster or slower from one minute to the
+    next, and unscaled that hid a 15 % slower target forward whenever the machine ran 2-5 %
+    faster (benchmarks/interference.py). The reported value stays the unscaled one.
+
+    `reference` (`reference_of`): the medians of fresh processes that measured the best config as
+    `check` does right after the run; the stored value is then their median (app.reference says
+    why the final round's own rate is a poorer one)."""
+    items = []
+    reference = reference or {}
+    for metric in RATES:
+        if metric not in JUDGED_RATES:
+            ref = reference.get(metric)
+            items.append(
+                info_item(
+                    f"{metric}{where}",
+                    statistics.median(ref) if ref else getattr(stored, metric),
+                    statistics.median(rates_of(measured, again, metric)),
+                    "information only: the speedup times the plain tokens/s, both judged",
+                )
+            )
+            continue
+        judged = judge_rate(stored, measured, again, metric, tolerance, scale, reference)
+        if busy and judged.verdict == REGRESSION:
+            judged.verdict = INCONCLUSIVE
+        ref = reference.get(metric)
+        base = statistics.median(ref) if ref else getattr(stored, metric)
+        against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
+        per_anchor = anchored(metric, measured, again, reference)
+        if per_anchor:  # judged by the ratio; stored and measured stay the absolute rates
+            note = (
+                f"per decode-anchor step (timed between the plain passes, the machine's own speed "
+                f"cancels): {judged.note} vs {against}; the machine anchors agree"
+            )
+            shown = statistics.median(rates_of(measured, again, metric))
+        else:
+            note = f"{judged.note} vs {against}; the machine anchors agree"
+            shown = judged.ratio * base / scale
+        if getattr(again, "processes", 0):
+            n = len(rates_of(measured, again, metric))
+            note += f"; re-measured in {again.processes} fresh processes: judged on {n} process medians"
+        if scale != 1.0 and not per_anchor:
+            note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
+        if judged.verdict == INCONCLUSIVE:
+            why = "the machine was not quiet (other work, or its own speed moved)"
+            note += "; inconclusive: " + (why if busy else "too noisy to tell")
+        items.append(
+            CheckItem(
+                f"{metric}{where}",
+                round(base, 2),
+                round(shown, 2),
+                judged.verdict != REGRESSION,
+                note,
+                inconclusive=judged.verdict == INCONCLUSIVE,
+            )
+        )
+    return items
