@@ -41,6 +41,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -380,6 +381,9 @@ def main() -> None:
                     help="leave benchmarks/dynamic.py's best out of the quiet comparison")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/interference.json")
     args = ap.parse_args()
+    # Killed with SIGTERM, unwind: the planted load's process and a frozen cgroup are released by
+    # their context managers, never left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick and args.budget is None:
         args.budget = 90.0
     args.work.mkdir(parents=True, exist_ok=True)
