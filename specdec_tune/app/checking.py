@@ -11,8 +11,9 @@ from typing import Any
 
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
+from ..measure import anchors as machine_anchors
 from ..measure import noise
-from ..measure.anchors import measure_twice
+from ..measure.anchors import faster, measure_twice
 from ..measure.llamacpp.server import servers_die_with_us
 from ..measure.stats import PASS
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for, rates_busy
@@ -122,6 +123,13 @@ def check(
         )
         verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
         if verdict.other_hardware and not allow_other_hardware:
+            # Before calling it other hardware, the anchors again, spaced out: load that comes and
+            # goes (2 s bursts) landed on both measurements of one check under load, a machine 2.17x
+            # slower "on a quiet machine" (benchmarks/interference.py). The faster of each is kept.
+            machine, busy_again = anchors_again(s.device, machine)
+            machine_busy = machine_busy or busy_again
+            verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
+        if verdict.other_hardware and not allow_other_hardware:
             raise OtherHardwareError(other_hardware_message(path, verdict))
         busy_rates = rates_busy(os_noise, machine_busy)
         moved = getattr(machine, "drift", 0.0)
@@ -191,6 +199,26 @@ CONFIRM_PROCESSES = 2
 # speed, and fresh processes differ by 5-10 % in it (a rule across them made planted regressions
 # inconclusive).
 MAX_ANCHOR_DRIFT = 0.05
+
+
+# Other hardware is confirmed by this many more anchor measurements, ANCHOR_GAP_S apart.
+ANCHOR_RETRIES = 3
+ANCHOR_GAP_S = 1.0
+
+
+def anchors_again(device: str, machine: Any) -> tuple[Any, bool]:
+    """The machine anchors measured ANCHOR_RETRIES more times, ANCHOR_GAP_S apart, each watched by
+    the OS: the faster of each anchor over all of them (the drift within the check kept), and
+    whether any window found other work."""
+    import time
+
+    busy = False
+    for _ in range(ANCHOR_RETRIES):
+        time.sleep(ANCHOR_GAP_S)
+        again, _, window_busy = noise.busy_window(lambda: machine_anchors.machine_speed(device))
+        busy = busy or window_busy
+        machine = dataclasses.replace(faster(machine, again), drift=getattr(machine, "drift", 0.0))
+    return machine, busy
 
 
 def confirm_in_fresh_processes(
