@@ -162,7 +162,11 @@ def test_sigterm_of_a_workers_parent_stops_its_children_and_a_rerun_completes(ti
     assert not os.path.exists(os.path.dirname(job))  # the job files (storage URL) are gone
     assert_no_orphans(tmp_path)
     study = optuna.load_study(study_name="shared", storage=storage)
-    assert "RUNNING" not in states(study) and counted(study) < TRIALS
+    # The hung trial was cut short (FAIL, marked interrupted below); the other worker may have
+    # completed every other trial meanwhile on a fast machine (CI once saw all 6), so no fewer
+    # than TRIALS is asked, only that the count never runs past it.
+    assert "RUNNING" not in states(study) and counted(study) <= TRIALS
+    assert states(study).get("FAIL", 0) >= 1
     assert all(
         t.user_attrs.get("interrupted") for t in study.get_trials(states=(optuna.trial.TrialState.FAIL,))
     )
