@@ -37,7 +37,7 @@ from ..store.yamlio import load_profile
 from .common import check_writable
 from .engine_checks import check_engine
 from .engine_plan import server_failures
-from .profile_models import open_profile_models
+from .profile_models import measure_best, open_profile_models
 from .reference import decode_anchor_of, record_reference
 
 
@@ -67,7 +67,6 @@ def check(
     """
     import time
 
-    from ..measure.bench import measure
     from ..runtime.drafting.build import build_drafter
 
     started = time.monotonic()
@@ -109,16 +108,7 @@ def check(
         (machine, m), os_noise, machine_busy = noise.busy_window(
             lambda: measure_twice(
                 s.device,
-                lambda: measure(
-                    s.target.model,
-                    drafter,
-                    cfg.gamma,
-                    cfg.threshold,
-                    s.case,
-                    repeats=repeats,
-                    ctx=s.ctx,
-                    anchor=anchor,
-                ),
+                lambda: measure_best(s, drafter, cfg, repeats, anchor),
             )
         )
         verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
@@ -149,10 +139,7 @@ def check(
                 busy_rates = busy_rates or fresh_busy
             else:  # no fresh process measured: again in this one
                 n = confirm_repeats(m, repeats)
-                again = measure(
-                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=n, seed=1, ctx=s.ctx,
-                    anchor=anchor,
-                )  # fmt: skip
+                again = measure_best(s, drafter, cfg, n, anchor, seed=1)
         # The machine's own speed moved while this check measured (a shared host's neighbours):
         # absolute rates then say as much about the host as about the setup, so a drop of them is
         # inconclusive. The speedup, timed against plain passes in the same process, is judged, and

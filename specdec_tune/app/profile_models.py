@@ -82,3 +82,14 @@ def open_models(models: Models) -> Any:
         raise SpecDecError(
             f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
         ) from None
+
+
+def measure_best(s: Any, drafter: Any, cfg: Any, repeats: int, anchor: Any = None, seed: int = 0) -> Any:
+    """Config `cfg` (a profile's best) against plain decoding over session `s`'s workload, as `check`
+    and its reference processes measure it (`bench.measure`; `anchor`: a decode anchor between)."""
+    from ..measure.bench import measure
+
+    return measure(
+        s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx,
+        anchor=anchor,
+    )  # fmt: skip

@@ -29,7 +29,7 @@ from ..measure.decode_anchor import DecodeAnchor
 from ..measure.timing import median, spread
 from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
-from .profile_models import open_profile_models
+from .profile_models import measure_best, open_profile_models
 
 PROCESSES = 3
 REPEATS = 3  # check's default
@@ -48,7 +48,6 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     `threads`: torch's CPU threads, as the run had them (`--threads` is part of the slug)."""
     import torch
 
-    from ..measure.bench import measure
     from ..runtime.drafting.build import build_drafter
 
     if threads is not None:
@@ -62,16 +61,7 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     (machine, m), _, busy = noise.busy_window(
         lambda: measure_twice(
             s.device,
-            lambda: measure(
-                s.target.model,
-                drafter,
-                cfg.gamma,
-                cfg.threshold,
-                s.case,
-                repeats=REPEATS,
-                ctx=s.ctx,
-                anchor=anchor,
-            ),
+            lambda: measure_best(s, drafter, cfg, REPEATS, anchor),
         )
     )
     got = {
