@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
+from ..measure.children import die_with_parent
 from ..measure.decode_anchor import DecodeAnchor
 from ..measure.timing import median, spread
 from ..search.policymodel import policy_drafter
@@ -113,12 +114,13 @@ def record_reference(
     run: Any = subprocess.run,
     device: str = "auto",
     what: str = "reference process",
+    extra: int = EXTRA_PROCESSES,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
     processes' measurements and a note on what was skipped. A process that fails is left out; one
     that finds the machine busy or whose plain passes disagree (MAX_PLAIN_SPREAD) is left out and
-    another takes its place (EXTRA_PROCESSES at most); each one is killed if it outlives four times
+    another takes its place (`extra` at most); each one is killed if it outlives four times
     its estimate (a minute at least). `threads`: torch's CPU threads in the processes (the run's)."""
     estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
@@ -136,6 +138,7 @@ def record_reference(
                 capture_output=True,
                 text=True,
                 timeout=max(4 * estimate, 60.0),
+                preexec_fn=die_with_parent,  # a killed run or check leaves none behind
             )
         except subprocess.TimeoutExpired:
             notes.append(f"{what} {i} timed out")
@@ -155,7 +158,7 @@ def record_reference(
                 else f"its plain passes varied {got['baseline_spread']:.0%}, disturbed"
             )
             notes.append(f"{what} {i} left out: {why}")
-            planned = min(planned + 1, processes + EXTRA_PROCESSES)
+            planned = min(planned + 1, processes + extra)
         else:
             kept.append(got)
     return kept, "; ".join(notes)

@@ -138,7 +138,8 @@ def rate_items(
             shown = judged.ratio * base / scale
         if getattr(again, "processes", 0):
             n = len(rates_of(measured, again, metric))
-            note += f"; re-measured in {again.processes} fresh processes: judged on {n} process medians"
+            k = again.processes
+            note += f"; re-measured in {k} fresh process{'es' * (k > 1)}: judged on {n} process medians"
         if scale != 1.0 and not per_anchor:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:

@@ -539,6 +539,54 @@ def test_a_doubtful_result_is_measured_again_in_fresh_processes(
     assert got == verdict, plain.note
 
 
+@pytest.mark.parametrize("fresh_busy", [True, False])
+def test_a_busy_check_confirms_in_one_fresh_process(
+    monkeypatch, stored_profile, tiny_dirs, tmp_path, fresh_busy
+):
+    """This check's own measurement saw other work: one fresh process confirms, and a busy one is
+    not replaced (under the same load the next is busy too); without a quiet one, this process
+    measures again. A drop stays the load's: inconclusive either way."""
+    import subprocess
+
+    from specdec_tune import app
+    from specdec_tune.app import checking
+    from specdec_tune.measure import bench
+    from specdec_tune.measure.anchors import MachineSpeed
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=dict(REFERENCE))
+    measured = []
+
+    def measure(*a, **k):
+        measured.append(a)
+        return _fake([1.0, 1.0, 1.0], [85.0] * 3, [60.0, 60.5, 59.8])
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (MachineSpeed(20.0, 100.0), work()))
+    _quiet(monkeypatch, busy=True, others=0.4)
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        got = {"speedup": 1.0, "tokens_per_s": 75.0, "baseline_tokens_per_s": 60.0, "matmul_gflops": 100.0}
+        got |= {"baseline_spread": 0.01, "busy": fresh_busy}
+        return type("Done", (), {"returncode": 0, "stdout": json.dumps(got) + "\n", "stderr": ""})()
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    from pathlib import Path
+
+    root = Path(tiny_dirs["target"]).parent
+    report = app.check(edited, "cpu", 0.1, None, 3, False, models_root=root)
+    plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
+    assert len(calls) == 1  # not replaced, not a second one
+    # a busy fresh process is left out: this process measures again, as many repeats as at first
+    # (more resolve only the load's level); a quiet one is merged
+    assert len(measured) == (2 if fresh_busy else 1)
+    speedup = next(i for i in report.items if i.metric == "speedup")
+    assert ("so re-measured: 6 repeats" in speedup.note) == fresh_busy, speedup.note
+    assert ("re-measured in 1 fresh process: judged on 2 process medians" in plain.note) != fresh_busy
+    assert plain.inconclusive and report.inconclusive and report.noise["busy"], plain.note
+
+
 ANCHORED = {
     **REFERENCE,
     "decode_anchor": {"matrices": [[16, 8, 2], [8, 16, 1]], "dtype": "float32"},

