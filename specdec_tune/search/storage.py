@@ -76,6 +76,11 @@ def engine_kwargs(url: str) -> dict[str, Any]:
     return {}
 
 
+# Opening a storage is tried four times, RETRY_S, 2 RETRY_S, 3 RETRY_S apart: a server that is still
+# starting, or workers creating the tables at the same time.
+RETRY_S = 0.25
+
+
 def open_storage(
     url: str, heartbeat_s: int | None = None, grace_s: int | None = None, on_lost: Any = None
 ) -> Any:
@@ -104,7 +109,7 @@ def open_storage(
                 break
         except Exception as exc:  # workers creating the tables at the same time race
             last = exc
-        time.sleep(0.25 * (attempt + 1))
+        time.sleep(RETRY_S * (attempt + 1))
     message = _clean(str(getattr(last, "orig", None) or last), url)
     raise SpecDecError(f"cannot open Optuna storage '{redact(url)}': {message}") from None
 

@@ -218,6 +218,33 @@ def _quiet(monkeypatch, busy=False, others=0.02):
     monkeypatch.setattr(noise, "busy_window", lambda work, proc=None: (work(), dict(info), busy))
 
 
+@pytest.mark.parametrize(("busy", "others", "verdict"), [(False, 0.02, "regression"), (False, 0.18, "inconclusive"), (True, 0.4, "inconclusive")])  # fmt: skip
+def test_a_batch_row_drop_under_other_work_is_inconclusive(
+    monkeypatch, stored_profile, tmp_path, busy, others, verdict
+):
+    """A batch table row's speedup, like the best's: a drop while other work took over 10 % of the
+    CPUs is the load's (bursts on one of two cores read 18 %, short of busy), a regression only on a
+    quiet machine."""
+    import copy
+
+    from specdec_tune import app
+    from specdec_tune.measure import batched
+
+    doc = yaml.safe_load(_edited(stored_profile, tmp_path, speedup=1.0).read_text())
+    row = copy.deepcopy(doc["best"])
+    row["metrics"]["speedup"] = 2.0
+    row["metrics"]["speedup_samples"] = [1.98, 2.0, 2.02]
+    doc["batch_table"] = [{"batch_size": 2, "best": row}]
+    edited = tmp_path / "rows.yaml"
+    edited.write_text(yaml.safe_dump(doc, sort_keys=False))
+    monkeypatch.setattr(batched, "measure_batched", lambda *a, **k: _fake([1.5, 1.5, 1.51]))
+    _quiet(monkeypatch, busy=busy, others=others)
+    report = app.check(edited, "cpu", 0.1, 2, 3, False)
+    item = next(i for i in report.items if i.metric == "speedup @ B=2")
+    got = "inconclusive" if item.inconclusive else ("pass" if item.ok else "regression")
+    assert got == verdict, item.note
+
+
 def test_a_too_noisy_machine_is_inconclusive_exit_6(monkeypatch, stored_profile, tmp_path):
     from specdec_tune.measure import bench
 
@@ -242,6 +269,10 @@ def test_a_busy_machine_turns_a_speedup_regression_into_inconclusive(monkeypatch
     for now in ([0.84, 0.85, 0.86], [0.74, 0.75, 0.76]):
         monkeypatch.setattr(bench, "measure", lambda *a, now=now, **k: _fake(now))
         _quiet(monkeypatch, busy=True, others=0.5)
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        assert item.ok and item.inconclusive and "inconclusive: the machine was busy" in item.note
+        # short of busy, yet past the rates' quiet line (bursts on one of two cores read 18 %)
+        _quiet(monkeypatch, busy=False, others=0.18)
         item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
         assert item.ok and item.inconclusive and "inconclusive: the machine was busy" in item.note
         _quiet(monkeypatch, busy=False)

@@ -38,7 +38,10 @@ def test_redaction_masks_every_form(url):
 
 @pytest.mark.parametrize("url", URLS)
 @pytest.mark.parametrize("command", ["list", "show"])
-def test_studies_on_hostile_urls_are_one_line_without_password(url, command):
+def test_studies_on_hostile_urls_are_one_line_without_password(url, command, monkeypatch):
+    from specdec_tune.search import storage
+
+    monkeypatch.setattr(storage, "RETRY_S", 0.0)  # nothing listens on port 1: no retry can reach it
     args = ["studies", command] + (["x"] if command == "show" else []) + ["--storage", url]
     result = invoke(*args)
     assert isinstance(result.exception, SystemExit), repr(result.exception)
