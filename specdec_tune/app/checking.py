@@ -121,10 +121,10 @@ def check(
             verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, machine_busy)
         if verdict.other_hardware and not allow_other_hardware:
             raise OtherHardwareError(other_hardware_message(path, verdict))
-        busy_rates = rates_busy(os_noise, machine_busy)
+        not_quiet = rates_busy(os_noise, machine_busy)
         moved = getattr(machine, "drift", 0.0)
         # the load's rates are not judged anyway
-        scale = 1.0 if busy_rates else rate_scale_for(p, verdict, machine)
+        scale = 1.0 if not_quiet else rate_scale_for(p, verdict, machine)
         again, reference = None, reference_of(p)
         if needs_confirmation(p.best.metrics, m, tolerance, verdict.judge_rates, scale, reference):
             # Fresh processes where the reference came from fresh processes (app.reference): a
@@ -138,7 +138,7 @@ def check(
                 # one sample per process: its repeats share one process's speed (see CONFIRM_PROCESSES)
                 m, again = per_process(m), merged(m, fresh)
                 machine_busy = machine_busy or fresh_busy
-                busy_rates = busy_rates or fresh_busy
+                not_quiet = not_quiet or fresh_busy
             else:  # no fresh process measured: again in this one
                 # Busy: the load, not the noise, moved the result, and more repeats under it only
                 # resolve the load's level; one more look at the same length is enough to pass.
@@ -153,8 +153,8 @@ def check(
         # "busy": under 2 s bursts on one of two cores (18 % of all CPUs) one check's speedup read
         # 2.43x in its process and 1.87x in the confirming one (benchmarks/interference.py).
         report = judge(
-            p, str(path), m, again, weights, tolerance, acceptance_tolerance, busy_rates,
-            verdict.judge_rates, busy_rates or drifting, scale,
+            p, str(path), m, again, weights, tolerance, acceptance_tolerance, not_quiet,
+            verdict.judge_rates, not_quiet or drifting, scale,
         )  # fmt: skip
         report.noise = {**os_noise, "busy": machine_busy, "anchor_drift": round(moved, 4)}
         if verdict.slowdown is not None:

@@ -15,7 +15,6 @@ SIGKILL after `STOP_GRACE_S`), the job files (they hold the storage URL) removed
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..measure.children import die_with_parent
 from ..search.space import TuneSettings
 from ..search.storage import check_url
 from ..search.study import default_storage
@@ -36,7 +36,6 @@ from .tuning import TuneOutcome, tune
 
 CHILD = "from specdec_tune.app.workers import child; child()"
 STOP_GRACE_S = 10.0  # a child stopped with SIGTERM gets this long to end its trial, then SIGKILL
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def core_shares(workers: int) -> list[list[int]]:
@@ -191,9 +190,7 @@ def _signals_ignored() -> Iterator[None]:
 def _die_with(parent: int) -> None:
     """Tie this process to its parent: killed when the parent dies (Linux), gone at once if the
     parent died before that could be set."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
 

@@ -26,8 +26,9 @@ _PRCTL = _resolve_prctl()
 
 
 def die_with_parent() -> None:
-    """A `preexec_fn`: the child (between fork and exec) is killed when its parent dies, on Linux,
-    so a killed command leaves no server or measuring process behind; elsewhere it does nothing."""
+    """Called in a child (as a `preexec_fn`, between fork and exec, or first thing in the child): it
+    is killed when its parent dies, on Linux, so a killed command leaves no server, worker or
+    measuring process behind; elsewhere it does nothing."""
     if _PRCTL is not None:
         with contextlib.suppress(Exception):
             _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)

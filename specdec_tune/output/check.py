@@ -25,7 +25,7 @@ from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, judge_speedup
 from ..store.schema import Profile
-from .rates import JUDGED_RATES, PER_ANCHOR, RATES, info_item, judge_rate, rate_items
+from .rates import JUDGED_RATES, PER_ANCHOR, RATES, in_fresh, info_item, judge_rate, rate_items
 from .verdicts import CheckItem, CheckReport
 
 __all__ = ["CheckItem", "CheckReport", "rate_items"]  # where callers have always found them
@@ -110,10 +110,8 @@ def judge_config(
         # on a busy machine does not fail CI alone.
         confirm = f"; first {m.speedup:.3f}, so re-measured: {len(samples_of(measured, again))} repeats"
         if getattr(again, "processes", 0):
-            n = again.processes
             confirm = (
-                f"; first {m.speedup:.3f}, so re-measured in {n} fresh process{'es' * (n > 1)}: "
-                f"judged on {len(samples_of(measured, again))} process medians"
+                f"; first {m.speedup:.3f}, so {in_fresh(again.processes, len(samples_of(measured, again)))}"
             )
     ref = reference_speedups(reference)
     if ref:

@@ -83,6 +83,11 @@ def anchored(metric: str, measured: Any, again: Any | None, reference: dict[str,
     )
 
 
+def in_fresh(processes: int, medians: int) -> str:
+    """A note's words for a confirmation in fresh processes, judged on one median per process."""
+    return f"re-measured in {processes} fresh process{'es' * (processes > 1)}: judged on {medians} process medians"
+
+
 def rate_items(
     stored: Any,
     measured: Any,
@@ -137,9 +142,7 @@ def rate_items(
             note = f"{judged.note} vs {against}; the machine anchors agree"
             shown = judged.ratio * base / scale
         if getattr(again, "processes", 0):
-            n = len(rates_of(measured, again, metric))
-            k = again.processes
-            note += f"; re-measured in {k} fresh process{'es' * (k > 1)}: judged on {n} process medians"
+            note += f"; {in_fresh(again.processes, len(rates_of(measured, again, metric)))}"
         if scale != 1.0 and not per_anchor:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:
