@@ -153,8 +153,6 @@ def measure_batched_many(
         check_decoding(e.gamma, e.threshold, case.temperature, min(case.max_new_tokens))
     device = str(next(target.parameters()).device)
     drafters = [e.make_drafter() if e.gamma > 0 else None for e in entries]
-    for d in drafters:
-        reset_sources(d)
     speculative = [d is not None for d in drafters]
     memory: dict[int, list[float | None]] = {i: [] for i in range(-1, len(entries))}
 
@@ -198,6 +196,8 @@ def measure_batched_many(
             x.clear()  # a round re-timed after a compile starts over
         for m in memory.values():
             m.clear()
+        for d in drafters:
+            reset_sources(d)  # a hybrid counts its timed passes only (not the warm-up's)
         return interleaved(runs, repeats, device, after_repeat)
 
     compiled = ctx is not None and ctx.compiled

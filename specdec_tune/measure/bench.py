@@ -18,7 +18,7 @@ from ..limits import check_count, check_decoding
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.drafting.drafters import Drafter
-from ..runtime.drafting.hybrid import reset_sources, source_stats
+from ..runtime.drafting.hybrid import SourceCounts, counts_setter, reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
@@ -182,13 +182,20 @@ def measure_many(
     # Key -1 is the baseline; the entries follow by index. The passes alternate prompt by prompt
     # (timing.interleaved_parts); a pass's generator lives from its first prompt to its last.
     generators: dict[tuple[int, int], torch.Generator | None] = {}
+    # A hybrid's per-source counts, per entry: entries may share one drafter object (gamma 7 and 8
+    # of one hybrid), and the warm-up above is not theirs.
+    counts: dict[int, SourceCounts] = {}
 
     def part(k: int, e: Entry | None) -> Callable[[int, int], Any]:
+        into = None if e is None else counts_setter(e.drafter)
+
         def run(r: int, p: int) -> tuple[list[int], SpecStats]:
             if p == 0:
                 generators[(k, r)] = _generator(target, case, seed + r)
             if e is None:
                 return run_prompt(target, None, 0, 0.0, case, p, generators[(k, r)], ctx)
+            if into is not None:
+                into(counts.setdefault(k, SourceCounts()))
             return run_prompt(target, e.drafter, e.gamma, e.threshold, case, p, generators[(k, r)], ctx)
 
         return run
@@ -218,6 +225,7 @@ def measure_many(
         for x in ratios:
             x.clear()  # a round re-timed after a compile starts over
         generators.clear()
+        counts.clear()
         return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat)
 
     compiled = ctx is not None and ctx.compiled
@@ -230,10 +238,15 @@ def measure_many(
     for i, e in enumerate(entries):
         own = timings[i] if e.speculative else timings[-1]
         stats = SpecStats()
+        per_source = {}
         if e.speculative:
             for _, parts in own:
                 for _, s in parts:
                     stats.add(s)
+            into = counts_setter(e.drafter)
+            if into is not None:
+                into(counts.get(i, SourceCounts()))
+                per_source = source_stats(e.drafter)
         outs = [tokens for tokens, _ in own[-1][1]]
         mismatches = 0
         if case.temperature == 0.0:
@@ -248,7 +261,7 @@ def measure_many(
             mean_accepted_len=stats.mean_accepted_len if e.speculative else 1.0,
             per_position_acceptance=stats.per_position_acceptance,
             repeats=repeats,
-            per_source=source_stats(e.drafter),
+            per_source=per_source,
         )
         result.append(
             Measurement(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from specdec_tune.domain import DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure import bench as measure_mod
+from specdec_tune.measure.batched import measure_batched
 from specdec_tune.measure.bench import Entry, measure, measure_many
 from specdec_tune.runtime.decode import SpecStats
+from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDrafter
+from specdec_tune.runtime.drafting.hybrid import HybridDrafter
 from specdec_tune.runtime.workloads import Case
 
 
@@ -135,3 +139,34 @@ def test_bad_arguments_are_user_errors(tiny_target, prompts):
         measure_many(tiny_target, [Entry(None, 1, threshold=1.5)], case(prompts), repeats=1)
     with pytest.raises(ValueError):
         measure_many(tiny_target, [], case(prompts))
+
+
+def _counted(m, gamma: int, requests: int) -> bool:
+    """Do m's per-source counts cover its own timed passes? A hybrid counts committed steps, so
+    each request's last step (up to gamma tokens) is missing, and nothing more or less."""
+    counted = sum(s["proposed"] for s in m.metrics.per_source.values())
+    return m.stats.proposed - gamma * requests <= counted <= m.stats.proposed
+
+
+def test_configs_sharing_one_hybrid_drafter_count_its_sources_apart(tiny_target, tiny_draft, prompts):
+    # gamma 2 and 4 of one hybrid share its drafter object (as the final round's neighbours do):
+    # each config's per-source counts are its own timed passes', not the pool of both plus the
+    # warm-up's.
+    hybrid = HybridDrafter(PromptLookupDrafter(1, 3), ModelDrafter(tiny_draft, "draft"), "hybrid")
+    small, large = measure_many(tiny_target, [Entry(hybrid, 2), Entry(hybrid, 4)], case(prompts), repeats=2)
+    for m, gamma in ((small, 2), (large, 4)):
+        assert set(m.metrics.per_source) == {"prompt-lookup", "draft"} and m.stats.proposed > 0
+        assert _counted(m, gamma, requests=2 * 3)
+        assert sum(s["share"] for s in m.metrics.per_source.values()) == pytest.approx(1.0)
+    assert small.stats.proposed != large.stats.proposed
+
+
+def test_a_batched_hybrid_counts_only_its_timed_passes(tiny_target, tiny_draft, prompts):
+    def make():
+        return build_drafter(
+            DraftSpec("p+draft", "hybrid", path="draft"), tiny_target, {"draft": tiny_draft}, rows=2
+        )
+
+    m = measure_batched(tiny_target, make, 3, 0.0, case(prompts), 2, repeats=2)
+    assert m.mismatches == 0 and m.stats.proposed > 0
+    assert _counted(m, 3, requests=2 * 3)

@@ -154,3 +154,25 @@ def test_judge_speedup_regression_pass_and_inconclusive():
     assert wild.verdict == stats.INCONCLUSIVE and wild.interval[1] - wild.interval[0] > 0.1
     # An old profile without samples: judged against its median alone.
     assert stats.judge_speedup([2.0, 2.05, 1.99], [], 2.02, 0.10).verdict == stats.PASS
+
+
+def test_a_leader_wholly_above_plain_decoding_stays_though_the_sign_test_disagrees():
+    # A loaded run's final round (bursts): one repeat of six hit by a burst. The sign test (5 of 6,
+    # p = 0.22) cannot resolve the leader against plain decoding, but its interval lies above 1.0:
+    # the leader stays best (plain decoding at 1.0 would be a best below every alternative).
+    rounds = {
+        0: [2.0, 1.6563, 2.0472, 1.2896, 0.86078, 2.3376],
+        1: [1.9698, 1.7839, 1.9516, 1.2888, 0.95845, 1.5315],
+    }
+
+    def measure_round(indices, repeats, rnd):
+        return [rounds[i] for i in indices]
+
+    out = race([Config(MODEL, 6), Config(MODEL, 7)], measure_round, 6, 3, max_repeats=6)
+    assert out.verdict == TIE and out.chosen == 0 and BASELINE in out.tied
+    assert stats.sign_test_p([x - 1 for x in rounds[0]]) > stats.SIGN_ALPHA
+    # The same leader pulled to 1.0 by the noise (interval reaching 1.0) still gives way.
+    rounds[0] = [1.08, 0.93, 1.1, 0.97, 1.05, 1.02]
+    rounds[1] = [1.0, 0.95, 1.01, 0.96, 1.0, 0.98]
+    out = race([Config(MODEL, 6), Config(MODEL, 7)], measure_round, 6, 3, max_repeats=6)
+    assert out.verdict == TIE and out.chosen == BASELINE

@@ -11,6 +11,7 @@ proposed what and how much of it was accepted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,9 @@ class BatchHybridDrafter(BatchDrafter):
     def reset_sources(self) -> None:
         self.counts = SourceCounts()
 
+    def count_into(self, counts: SourceCounts) -> None:
+        self.counts = counts
+
 
 class HybridDrafter(OneRow):
     """Batch-1 hybrid: `lookup` first, `drafter` (a model or layer-skip drafter) fills the rest."""
@@ -169,3 +173,9 @@ def reset_sources(drafter: Any) -> None:
     reset = _inner_with(drafter, "reset_sources")
     if reset is not None:
         reset()
+
+
+def counts_setter(drafter: Any) -> Callable[[SourceCounts], None] | None:
+    """What points `drafter`'s per-source counters (through its wrappers) at a SourceCounts of the
+    caller's, so that configs sharing one drafter object count apart; None for single-source ones."""
+    return _inner_with(drafter, "count_into")
