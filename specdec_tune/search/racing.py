@@ -113,13 +113,17 @@ def _outcome(configs: list[Config], samples: dict[int, Samples], rounds: int, se
     speculating for, so plain decoding is chosen. A leader whose whole interval lies above plain
     decoding stays, though the sign test did not agree: under bursts one repeat of six hit by a
     burst (5 of 6 above 1.0, p = 0.22) left a leader at 1.83x [1.08, 2.19] unresolved, and plain
-    decoding chosen in its place was a best listed below every alternative of its round."""
+    decoding chosen in its place was a best listed below every alternative of its round. Plain
+    decoding is then not named among the tied (its interval says it is slower); the verdict stays
+    a tie, since the sign test did not agree."""
     leader, open_ = standings(samples, seed)
     every = {**samples, BASELINE: _baseline_like(samples)}
     tied = sorted(open_, key=lambda i: (_simplicity_of(configs, i), -median_of(every[i])))
     chosen = BASELINE if BASELINE in open_ and _may_be_plain(every[leader], every[BASELINE], seed) else leader
     if chosen == BASELINE and leader != BASELINE:
         tied = [leader] + [i for i in tied if i != BASELINE]
+    elif chosen != BASELINE:
+        tied = [i for i in tied if i != BASELINE]
     verdict = TIE if open_ else RESOLVED
     others = [i for i in every if i != chosen]
     runner_up = max(others, key=lambda i: median_of(every[i])) if others else None
