@@ -120,9 +120,9 @@ def judge_config(
         against = "stored repeats" if stored.speedup_samples else "stored median"
     note = f"{judged.note} vs {against}{confirm}"
     if judged.verdict == INCONCLUSIVE:
-        note += "; inconclusive: " + ("the machine was busy" if busy else "too noisy to tell")
+        note += "; inconclusive: " + (SHARED if busy else "too noisy to tell")
     elif busy:
-        note += "; the machine was busy"
+        note += "; " + SHARED
     items.append(
         CheckItem(
             f"speedup{where}",
@@ -197,6 +197,9 @@ def reference_speedups(reference: dict[str, list[float]] | None) -> list[float]:
 
 
 MAX_CONFIRM_REPEATS = 12
+# A speedup measured while other work took over 10 % of the CPUs (or steal time rose): said so,
+# not "busy", which is the OS rule's word for over 25 % (the JSON's noise.busy)
+SHARED = "other work shared the machine"
 
 
 def reference_of(profile: Profile) -> dict[str, list[float]]:
