@@ -184,10 +184,12 @@ def measure_many(
     generators: dict[tuple[int, int], torch.Generator | None] = {}
     # A hybrid's per-source counts, per entry: entries may share one drafter object (gamma 7 and 8
     # of one hybrid), and the warm-up above is not theirs.
+    setters = {i: counts_setter(e.drafter) for i, e in enumerate(entries) if e.speculative}
+    setters = {i: into for i, into in setters.items() if into is not None}
     counts: dict[int, SourceCounts] = {}
 
     def part(k: int, e: Entry | None) -> Callable[[int, int], Any]:
-        into = None if e is None else counts_setter(e.drafter)
+        into = setters.get(k)
 
         def run(r: int, p: int) -> tuple[list[int], SpecStats]:
             if p == 0:
@@ -195,7 +197,7 @@ def measure_many(
             if e is None:
                 return run_prompt(target, None, 0, 0.0, case, p, generators[(k, r)], ctx)
             if into is not None:
-                into(counts.setdefault(k, SourceCounts()))
+                into(counts[k])
             return run_prompt(target, e.drafter, e.gamma, e.threshold, case, p, generators[(k, r)], ctx)
 
         return run
@@ -226,6 +228,7 @@ def measure_many(
             x.clear()  # a round re-timed after a compile starts over
         generators.clear()
         counts.clear()
+        counts.update({i: SourceCounts() for i in setters})  # made here, not per timed prompt
         return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat)
 
     compiled = ctx is not None and ctx.compiled
@@ -243,9 +246,8 @@ def measure_many(
             for _, parts in own:
                 for _, s in parts:
                     stats.add(s)
-            into = counts_setter(e.drafter)
-            if into is not None:
-                into(counts.get(i, SourceCounts()))
+            if i in setters:
+                setters[i](counts[i])
                 per_source = source_stats(e.drafter)
         outs = [tokens for tokens, _ in own[-1][1]]
         mismatches = 0
