@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from helpers import VOCAB, invoke, make_result, make_sample_profile, one_red_line, tiny_args
+from helpers import VOCAB, a_verdict, invoke, make_result, make_sample_profile, one_red_line, tiny_args
 
 from specdec_tune.domain import Config, DraftCosts, DraftSpec
 from specdec_tune.errors import SpecDecError
@@ -279,12 +279,16 @@ def test_run_with_hybrid_policies_and_per_category_end_to_end(tiny_dirs, two_cat
     shown = invoke("show", out)
     assert shown.exit_code == 0 and "Per category" in shown.stdout
     assert invoke("export", out, "--to", "hf").exit_code in (0, 5)
-    # `check` re-measures a hybrid with its gamma policy (0 pass or 1 regression, never a crash)
+    # `check` re-measures a hybrid with its gamma policy and judges it, never crashes
     hybrid = next(r for r in [p.best, *p.alternatives] if r.config.draft.kind == "hybrid")
     hybrid.config.gamma_policy = "costmodel"
     save_profile(dataclasses.replace(p, best=hybrid), out)
-    checked = invoke("check", out, "--repeats", "1", "--allow-other-hardware")
-    assert checked.exit_code in (0, 1), checked.output
+    checked = invoke("check", out, "--json", "--repeats", "1", "--allow-other-hardware")
+    a_verdict(checked)
+    report = json.loads(checked.stdout)
+    assert report["config"].startswith(hybrid.config.label) and "costmodel" in report["config"]
+    speedup = next(i for i in report["items"] if i["metric"] == "speedup")
+    assert speedup["measured"] > 0 and speedup["stored"] == pytest.approx(hybrid.metrics.speedup, abs=1e-4)
 
 
 def test_policy_drafter_wraps_only_adaptive_configs():

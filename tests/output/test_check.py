@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
-from helpers import invoke, one_red_line, tiny_args
+from helpers import a_verdict, invoke, one_red_line, tiny_args
 
 from specdec_tune.runtime.drafting import drafters
 
@@ -131,7 +131,7 @@ def test_other_hardware_is_exit_3(stored_profile, tmp_path):
     r = invoke("check", p, "--repeats", "1")
     assert r.exit_code == 3 and "nvidia-h200" in r.stderr
     r = invoke("check", p, "--repeats", "1", "--allow-other-hardware", "--tolerance", "0.5")
-    assert r.exit_code in (0, 1)
+    a_verdict(r)
 
 
 def test_missing_profile_is_exit_2(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import optuna
 import pytest
 import yaml
-from helpers import invoke, one_red_line, tiny_args
+from helpers import a_verdict, invoke, one_red_line, tiny_args
 
 from specdec_tune.app.common import adapt_to_noise
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Noise, Result
@@ -568,7 +568,7 @@ def test_check_re_measures_every_batch_row(tiny_dirs, tmp_path):
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--allow-other-hardware")
-    assert c.exit_code in (0, 1, 6), c.output  # 6: one repeat of a tiny model on a busy machine
+    a_verdict(c)
     metrics = [i["metric"] for i in json.loads(c.stdout)["items"]]
     assert "speedup" in metrics and "speedup @ B=2" in metrics and "speedup @ B=1" not in metrics
     assert metrics.count("target weights") == 1
