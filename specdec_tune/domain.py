@@ -10,9 +10,16 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-DRAFT_KINDS = ("none", "model", "prompt_lookup", "layer_skip", "hybrid", "ngram_mod")
-# Kinds only a serving engine runs (llama.cpp's ngram-mod hash pool): the native engine refuses them.
-ENGINE_ONLY_KINDS = ("ngram_mod",)
+DRAFT_KINDS = (
+    "none", "model", "prompt_lookup", "layer_skip", "hybrid",
+    "ngram_mod", "ngram_map_k", "ngram_map_k4v", "ngram_cache",
+)  # fmt: skip
+# Kinds only a serving engine runs (llama.cpp's ngram-mod hash pool, its n-gram maps with one or four
+# values per key, its 3-level n-gram cache): the native engine refuses them.
+ENGINE_ONLY_KINDS = ("ngram_mod", "ngram_map_k", "ngram_map_k4v", "ngram_cache")
+# Kinds whose draft length is the engine's, not a setting: llama.cpp's ngram-cache always drafts up to
+# 8 tokens (common/speculative.cpp, build 11434: `n_draft = 8; // TODO get from config?`).
+FIXED_GAMMA = {"ngram_cache": 8}
 # Drafters with a confidence to threshold (prompt lookup has none; a hybrid's model part has one).
 THRESHOLD_KINDS = ("model", "layer_skip", "hybrid")
 # How gamma is chosen per step (runtime/drafting/policies.py): fixed, transformers' heuristic, the cost model.

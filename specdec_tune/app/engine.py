@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..domain import DraftSpec
+from ..domain import FIXED_GAMMA, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count, check_temperature
 from ..measure.hardware import hardware_info
@@ -23,7 +23,7 @@ from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.noise import os_snapshot
 from ..measure.timing import median
-from ..runtime.models.ggufs import cut_layers, demo_gguf_paths
+from ..runtime.models.ggufs import cut_layers, demo_gguf_paths, gguf_cache_dir
 from ..runtime.models.loading import builtin_gguf
 from ..runtime.workloads import Prompt, Workload, load_workload, stratified
 from ..search.costmodel import CostModel
@@ -129,8 +129,7 @@ def _drafts(
 def _cache(cache_dir: Path | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specdec-tune" / "gguf"
+    return gguf_cache_dir()
 
 
 def open_engine(models: Models, batch_size: int = 1, cache_dir: Path | None = None) -> EngineSession:
@@ -292,7 +291,9 @@ def tune_engine(
         search.budget_s, search.budget_note = budget_s, "; ".join(notes)
     profile = Profile(
         hardware=hw,
-        target=TargetInfo(s.target.name, s.target.path, None, s.target.content_hash, "gguf", 0),
+        target=TargetInfo(
+            s.target.name, _target_ref(s.target, out.parent), None, s.target.content_hash, "gguf", 0
+        ),
         workload=workload_info(s.workload, s.case),
         costs=costs,
         search=search,
@@ -313,6 +314,15 @@ def tune_engine(
     rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     profile, csv_path = save_run(profile, out, rows, settings.force)
     return TuneOutcome(profile, out, csv_path, first, results)
+
+
+def _target_ref(target: GgufTarget, profile_dir: Path) -> str:
+    """How the profile names the target GGUF: a built-in by its name (its file lies in a package,
+    at another path on every machine), a file relative to the profile's folder (store.refs)."""
+    if target.name in (SMOLLM2, "demo"):
+        return target.name
+    rel = Path(os.path.relpath(Path(target.path).resolve(), Path(profile_dir).resolve())).as_posix()
+    return rel if rel.startswith("../") else f"./{rel}"
 
 
 def _acceptance(result: Any) -> dict[str, tuple[float, float, float]]:
@@ -353,7 +363,10 @@ def start_params(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
     gamma = (
         min(max_gamma, 4) if draft.kind in ("model", "layer_skip", "hybrid") else max(6, max_gamma * 3 // 4)
     )
-    params: dict[str, Any] = {"draft": draft.name, "gamma": min(max_gamma, gamma)}
+    params: dict[str, Any] = {
+        "draft": draft.name,
+        "gamma": FIXED_GAMMA.get(draft.kind) or min(max_gamma, gamma),
+    }
     if draft.has_threshold:
         params["threshold"] = 0.0
     return params

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..domain import GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
+from ..domain import FIXED_GAMMA, GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
 from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, MAX_TRIALS, check_count, check_gamma, threshold_ok
 from ..serving.capabilities import engine_info, gamma_policies_for, tunes_threshold
@@ -127,7 +127,8 @@ def seed_configs(
     if settings.sampler == "grid":
         for s in specs:
             thresholds = settings.grid_thresholds if tunes_threshold(s, settings.serving_engine) else (None,)
-            for g in range(1, settings.max_gamma + 1):
+            fixed = FIXED_GAMMA.get(s.kind)
+            for g in [fixed] if fixed else range(1, settings.max_gamma + 1):
                 for t in thresholds:
                     for policy in settings.gamma_policies:
                         c: dict[str, Any] = {"draft": s.name, "gamma": g}
@@ -184,7 +185,8 @@ def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> C
     draft = trial.suggest_categorical("draft", space["drafts"])
     if draft == "none":
         return Config(NO_DRAFT, 0, 0.0)
-    gamma = trial.suggest_int("gamma", *space["gamma"])
+    # a draft whose length the engine fixes (ngram-cache) is measured at that length, whatever is asked
+    gamma = FIXED_GAMMA.get(specs[draft].kind) or trial.suggest_int("gamma", *space["gamma"])
     threshold = 0.0
     if draft in space.get("threshold_drafts", ()):
         lo, hi, step = space["threshold"]
@@ -200,10 +202,11 @@ def config_of_params(params: dict[str, Any], specs: dict[str, DraftSpec]) -> Con
     draft = params.get("draft", "none")
     if draft == "none":
         return Config(NO_DRAFT, 0, 0.0)
-    if draft not in specs or params.get("gamma") is None:
+    if draft not in specs or (params.get("gamma") is None and specs[draft].kind not in FIXED_GAMMA):
         return None
     threshold = params.get("threshold")
     threshold = 0.0 if threshold is None or threshold != threshold else float(threshold)  # NaN: absent
     policy = params.get("gamma_policy")
     policy = policy if isinstance(policy, str) else "fixed"
-    return Config(specs[draft], int(params["gamma"]), round(threshold, 4), policy)
+    gamma = FIXED_GAMMA.get(specs[draft].kind) or int(params["gamma"])
+    return Config(specs[draft], gamma, round(threshold, 4), policy)

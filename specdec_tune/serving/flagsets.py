@@ -98,6 +98,14 @@ LLAMACPP = [
             "--spec-ngram-mod-n-match": Option("int", 1, 1024, requires=(("--spec-type", "ngram-mod"),)),
             "--spec-ngram-mod-n-min": Option("int", 0, 1024, requires=(("--spec-type", "ngram-mod"),)),
             "--spec-ngram-mod-n-max": Option("int", 0, 1024, requires=(("--spec-type", "ngram-mod"),)),
+            # the n-gram maps (one value per key, or four): read from build 11434's common/arg.cpp
+            **{
+                f"--spec-ngram-{kind}-{name}": Option(
+                    "int", 1, 1024, requires=(("--spec-type", f"ngram-{kind}"),)
+                )
+                for kind in ("map-k", "map-k4v")
+                for name in ("size-n", "size-m", "min-hits")
+            },
         },
         _LLAMA_REMOVED,
     ),

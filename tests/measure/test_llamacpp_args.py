@@ -65,3 +65,32 @@ def test_plain_server_has_no_speculative_flags():
 def test_unknown_or_out_of_range_drafts_are_user_errors(bad):
     with pytest.raises(SpecDecError):
         parse_llamacpp_draft(bad)
+
+
+@pytest.mark.parametrize("kind", ["k", "k4v"])
+def test_the_ngram_maps_draft_gamma_tokens_after_an_n_token_key(kind):
+    """llama.cpp's ngram-map-k (one value per key) and ngram-map-k4v (four): size-n is the key,
+    size-m the draft length, under their own flags (common/arg.cpp, build 11434)."""
+    f = flags(f"ngram-map-{kind}:5", 7)
+    assert f["--spec-type"] == f"ngram-map-{kind}"
+    assert f[f"--spec-ngram-map-{kind}-size-n"] == "5"
+    assert f[f"--spec-ngram-map-{kind}-size-m"] == "7"
+    spec = parse_llamacpp_draft(f"ngram-map-{kind}")
+    assert (spec.name, spec.kind, spec.ngram_max) == (f"ngram-map-{kind}:4", f"ngram_map_{kind}", 4)
+
+
+def test_ngram_cache_runs_at_the_length_llamacpp_fixes():
+    """ngram-cache takes no setting and drafts up to 8 tokens: measured at γ 8, refused at any other."""
+    assert spec_args(Config(parse_llamacpp_draft("ngram-cache"), 8)) == [
+        "--spec-type", "ngram-cache", "--spec-draft-n-max", "8",
+    ]  # fmt: skip
+    with pytest.raises(SpecDecError, match="always drafts up to 8"):
+        spec_args(Config(parse_llamacpp_draft("ngram-cache"), 4))
+
+
+def test_every_flag_of_the_new_kinds_is_in_the_current_flag_set():
+    from specdec_tune.serving.flagcheck import problems
+    from specdec_tune.serving.flagsets import flagset
+
+    for text, gamma in (("ngram-map-k:3", 6), ("ngram-map-k4v:6", 12), ("ngram-cache", 8)):
+        assert problems(flagset("llamacpp"), spec_args(Config(parse_llamacpp_draft(text), gamma))) == []

@@ -101,3 +101,22 @@ def test_study_names_and_redaction():
     assert a.startswith("specdec-demo-")
     assert redact("postgresql+psycopg://me:s3cret@db:5432/x") == "postgresql+psycopg://me:***@db:5432/x"
     assert redact("sqlite:///tmp/a.db") == "sqlite:///tmp/a.db"
+
+
+def test_a_draft_whose_length_the_engine_fixes_is_searched_at_that_length_only():
+    """ngram-cache drafts 8 tokens whatever is asked: every trial of it is the same config (γ 8),
+    and the grid holds it once, not once per γ."""
+    import optuna
+
+    from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft
+    from specdec_tune.search.space import TuneSettings, config_of_params, grid_size, search_space, suggest
+
+    cache, simple = parse_llamacpp_draft("ngram-cache"), parse_llamacpp_draft("ngram-simple:4")
+    specs = {s.name: s for s in (cache, simple)}
+    settings = TuneSettings(max_gamma=6, sampler="grid")
+    assert grid_size([cache, simple], settings) == 1 + 1 + 6
+    space = search_space([cache, simple], settings)
+    trial = optuna.trial.FixedTrial({"draft": "ngram-cache", "gamma": 3})
+    assert suggest(trial, specs, space).gamma == 8
+    assert config_of_params({"draft": "ngram-cache"}, specs).gamma == 8
+    assert config_of_params({"draft": "ngram-simple:4"}, specs) is None  # a γ it must have

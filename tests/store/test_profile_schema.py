@@ -254,8 +254,8 @@ def test_unknown_draft_kind(tmp_path):
     path = _write_modified(tmp_path, lambda d: d["best"]["config"]["draft"].__setitem__("kind", "eagle"))
     msg = _load_error(path)
     assert (
-        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, hybrid, ngram_mod, got 'eagle'"
-        in msg
+        "'best.config.draft.kind' must be one of none, model, prompt_lookup, layer_skip, hybrid, ngram_mod, "
+        "ngram_map_k, ngram_map_k4v, ngram_cache, got 'eagle'" in msg
     )
 
 
@@ -282,7 +282,7 @@ def test_version_1_profiles_still_load(tmp_path):
     """The committed demo profile was written before the batch table (schema version 1)."""
     from pathlib import Path
 
-    committed = Path(__file__).parents[2] / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
+    committed = Path(__file__).parents[1] / "data" / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
     p = load_profile(committed)
     assert p.schema_version == 1 and p.batch_table == [] and p.b_star is None
     path = _write_modified(tmp_path, lambda d: (d.__setitem__("schema_version", 1), d.pop("batch_table")))

@@ -7,7 +7,10 @@ Read from llama.cpp's `common/arg.cpp` and `common/speculative.cpp` (the tree in
 `ngram-simple` drafts `--spec-ngram-simple-size-m` tokens after a match of `-size-n` tokens;
 `ngram-mod` drafts up to `--spec-ngram-mod-n-max` and nothing when fewer than `-n-min` are found;
 `draft-simple` drafts up to `--spec-draft-n-max` with a draft model, stopping below
-`--spec-draft-p-min` (top-1 probability after top-k 10). The old `--draft-max` family is removed.
+`--spec-draft-p-min` (top-1 probability after top-k 10). `ngram-map-k` and `ngram-map-k4v` draft
+`--spec-ngram-map-k[4v]-size-m` tokens after a `-size-n`-token key (k4v keeps four candidate values
+per key); `ngram-cache` drafts up to 8 tokens from a 3-level n-gram cache and takes no setting. The
+old `--draft-max` family is removed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ...domain import Config, DraftSpec
+from ...domain import FIXED_GAMMA, Config, DraftSpec
 from ...errors import SpecDecError
 
 NGRAM_SIMPLE_N = 4  # lookup n-gram when `ngram-simple` has none: 12 in llama.cpp is long for chat
@@ -27,10 +30,12 @@ DEFAULT_DRAFTS = ("ngram-simple:4", "ngram-simple:6", "ngram-mod:12")
 ENGINE_MAX_GAMMA = 16
 
 DRAFT_HELP = (
-    "llama.cpp drafts: ngram-simple[:N], ngram-mod[:N_MATCH[:N_MIN]], a draft GGUF file, "
-    "layer-skip:K (the target's first K blocks), or hybrid:ngram-simple[:N]+DRAFT.gguf"
+    "llama.cpp drafts: ngram-simple[:N], ngram-map-k[:N], ngram-map-k4v[:N], ngram-mod[:N_MATCH[:N_MIN]], "
+    "ngram-cache, a draft GGUF file, layer-skip:K (the target's first K blocks), or "
+    "hybrid:ngram-simple[:N]+DRAFT.gguf"
 )
 _SIMPLE = re.compile(r"^ngram-simple(?::(\d+))?$")
+_MAP = re.compile(r"^ngram-map-(k|k4v)(?::(\d+))?$")
 _MOD = re.compile(r"^ngram-mod(?::(\d+)(?::(\d+))?)?$")
 _SKIP = re.compile(r"^layer-skip:(\d+)$")
 
@@ -45,6 +50,14 @@ def parse_llamacpp_draft(text: str) -> DraftSpec:
         return DraftSpec(
             name=f"ngram-simple:{n}", kind="prompt_lookup", ngram_min=n, ngram_max=n, lookup_match="latest"
         )
+    m = _MAP.match(text)
+    if m:
+        n = int(m.group(2) or NGRAM_SIMPLE_N)
+        _bounded(n, f"ngram-map-{m.group(1)} N")
+        kind = f"ngram_map_{m.group(1)}"
+        return DraftSpec(name=f"ngram-map-{m.group(1)}:{n}", kind=kind, ngram_min=n, ngram_max=n)
+    if text == "ngram-cache":
+        return DraftSpec(name="ngram-cache", kind="ngram_cache")
     m = _MOD.match(text)
     if m:
         match = int(m.group(1) or NGRAM_MOD_MATCH)
@@ -105,6 +118,16 @@ def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
             )
         types.append("ngram-simple")
         args += ["--spec-ngram-simple-size-n", str(d.ngram_max), "--spec-ngram-simple-size-m", str(gamma)]
+    if d.kind in ("ngram_map_k", "ngram_map_k4v"):
+        flag = "--spec-ngram-" + d.kind.removeprefix("ngram_").replace("_", "-")
+        types.append(flag.removeprefix("--spec-"))
+        args += [f"{flag}-size-n", str(d.ngram_max), f"{flag}-size-m", str(gamma)]
+    if d.kind == "ngram_cache":
+        if gamma != FIXED_GAMMA["ngram_cache"]:
+            raise SpecDecError(
+                f"llama.cpp's ngram-cache always drafts up to {FIXED_GAMMA['ngram_cache']} tokens; got γ={gamma}"
+            )
+        types.append("ngram-cache")
     if d.kind == "ngram_mod":
         n_min = min(d.min_draft or 1, gamma)
         types.append("ngram-mod")

@@ -31,8 +31,9 @@ from .server import LlamaServer, ServerError, build_info, find_server
 
 NEAR_TIE = 0.05  # plain top-1 minus top-2 probability below this: a near-tie, not a bug
 # Drafts whose state outlives a request (ngram-mod's n-gram pool is shared by every request of a
-# server): timed on a fresh server per pass, else repeating the workload would teach them the answers.
-STATEFUL_KINDS = ("ngram_mod",)
+# server; the n-gram maps and the n-gram cache keep a slot's keys from one request to the next):
+# timed on a fresh server per pass, else repeating the workload would teach them the answers.
+STATEFUL_KINDS = ("ngram_mod", "ngram_map_k", "ngram_map_k4v", "ngram_cache")
 WARMUP_PROMPT = "Once upon a time"
 
 
