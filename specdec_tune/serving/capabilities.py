@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..domain import Config, DraftSpec
+from ..domain import ENGINE_ONLY_KINDS, Config, DraftSpec
 from ..errors import SpecDecError
 
 ENGINES = ("hf", "vllm", "llamacpp", "sglang", "trtllm")
@@ -75,16 +75,20 @@ def tunes_threshold(spec: DraftSpec, engine: str | None) -> bool:
     return spec.has_threshold and (engine is None or engine_info(engine).threshold_mode is not None)
 
 
-def blockers(config: Config, engine: str) -> list[str]:
-    """Why `engine` cannot run `config` as it was measured; empty when it can.
+def blockers(config: Config, engine: str, measured_in: str | None = None) -> list[str]:
+    """Why `engine` cannot run `config` as it was measured; empty when it can. `measured_in`: the
+    engine the profile was measured inside (its measuring backend), whose stored flags ran every
+    config of it, so that engine runs each of them as measured, engine-only kinds included.
 
     A policy difference that leaves every tuned number meaning the same (which n-gram occurrence is
     continued) is not a blocker: export says it as a warning.
     """
     e = engine_info(engine)
     d = config.draft
-    if d.kind == "none":
+    if d.kind == "none" or measured_in == e.key:
         return []
+    if d.kind in ENGINE_ONLY_KINDS:
+        return [f"{e.display} has no counterpart of llama.cpp's {d.kind.replace('_', '-')} drafter"]
     if d.kind == "hybrid":
         return [f"{e.display} has no hybrid drafter (prompt lookup, then a draft model, in one step)"]
     policy = config.gamma_policy

@@ -178,18 +178,26 @@ def _fallback_warning(best: Result, chosen: Result, display: str, lost: list[str
     )
 
 
+def measured_in(profile: Profile) -> str | None:
+    """The serving engine a profile was measured inside (its measuring backend), None for ours."""
+    name = (getattr(profile, "backend", None) or {}).get("name")
+    return None if name in (None, "native") else str(name)
+
+
 def _choose(profile: Profile, engine: str, out: Export) -> Result | None:
     """The profile's best if `engine` runs it as measured, else the first ranked alternative that it
     runs and that beats plain decoding; None (with `out.nothing`) when there is none."""
     best, display = profile.best, engine_info(engine).display
-    out.lost = blockers(best.config, engine)
+    out.lost = blockers(best.config, engine, measured_in(profile))
     if not out.lost:
         return best
     chosen = next(
         (
             r
             for r in profile.alternatives
-            if r.config.draft.kind != "none" and r.metrics.speedup > 1.0 and not blockers(r.config, engine)
+            if r.config.draft.kind != "none"
+            and r.metrics.speedup > 1.0
+            and not blockers(r.config, engine, measured_in(profile))
         ),
         None,
     )
@@ -213,11 +221,18 @@ def _choose_at_load(profile: Profile, engine: str, load: int, out: Export) -> Re
             f"plain decoding was fastest{at} (the row for a load of {load}): nothing to speculate with"
         )
         return None
-    out.lost = blockers(row.best.config, engine)
+    out.lost = blockers(row.best.config, engine, measured_in(profile))
     if not out.lost:
         return row.best
     ranked = sorted(row.per_draft, key=lambda r: -r.metrics.speedup)
-    chosen = next((r for r in ranked if r.metrics.speedup > 1.0 and not blockers(r.config, engine)), None)
+    chosen = next(
+        (
+            r
+            for r in ranked
+            if r.metrics.speedup > 1.0 and not blockers(r.config, engine, measured_in(profile))
+        ),
+        None,
+    )
     if chosen is None:
         out.nothing = (
             f"nothing measured{at} runs on {display} as measured and beats plain decoding; "
