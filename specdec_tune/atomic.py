@@ -9,12 +9,14 @@ writes across processes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import SpecDecError
+from .paths import cache_dir
 
 try:
     import fcntl
@@ -98,15 +100,18 @@ def new_file_mode() -> int:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock for `path` across processes, held on a sidecar `.<name>.lock`
-    beside it (created, never removed: removing it would let two writers hold two locks)."""
+    """An exclusive advisory lock for `path` across processes, held on a lock file in the cache
+    folder named by a hash of `path`'s resolved location (created, never removed: removing it would
+    let two writers hold two locks). Not beside `path`: a run would leave `.<name>.lock` files
+    among a checkout's profiles, where `git status` shows them."""
     path = Path(path)
     if fcntl is None:
         yield
         return
-    lock = path.parent / f".{path.name}.lock"
+    lock = lock_file(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except OSError as e:
         raise SpecDecError(f"cannot lock {path} ({lock}): {e.strerror or e}") from None
@@ -115,6 +120,13 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def lock_file(path: Path) -> Path:
+    """The lock file `locked(path)` holds: one per resolved path, so two spellings of one file
+    (relative, absolute, through a symlinked folder) share one lock."""
+    where = str(path.parent.resolve() / path.name)
+    return cache_dir() / "locks" / f"{hashlib.sha256(where.encode()).hexdigest()[:24]}.lock"
 
 
 def _fsync_dir(folder: Path) -> None:

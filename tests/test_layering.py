@@ -1,5 +1,5 @@
 """The package's import graph (module-level imports of its own modules, read with `ast`) is acyclic
-and layered as DESIGN.md says: a stage imports only itself, the stages before it
+and layered as docs/architecture.md says ("The rules the layering test enforces"): a stage imports only itself, the stages before it
 (runtime → measure → search → store → serving → output → app → cli) and the shared leaves (domain,
 errors, limits, serving.capabilities, ...); `store` imports no stage at all (profiles are read without
 torch); no cycle, not even through imports inside functions; the package's own modules are imported
@@ -24,7 +24,7 @@ STAGES = ["runtime", "measure", "search", "store", "serving", "output", "app", "
 # both name; demo: the shipped models; atomic: the one atomic writer and file lock, which runtime's
 # caches and the store both write through). A leaf inside a stage folder imports that folder's
 # `__init__` too, which therefore imports nothing of the package.
-LEAVES = {"domain", "errors", "limits", "demo", "atomic", "serving.capabilities"}
+LEAVES = {"domain", "errors", "limits", "demo", "atomic", "paths", "serving.capabilities"}
 # Modules outside the stage folders and the stage they belong to.
 LOOSE = {"__init__": None}
 # Stages that import no other stage (only the shared leaves): store's profiles load without torch.

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from ..search.space import TuneSettings
 from .acceptance import GivenAcceptance
+from .check_plan import CheckPlan, plan_check
 from .checking import check
 from .common import Models, Progress
-from .files import ExportResult, ShowResult, export, show
+from .files import ExportResult, IndexResult, ShowResult, export, index_profiles, show
 from .measuring import BenchResult, CostsResult, bench, profile_costs
 from .tuning import TuneOutcome, make_profile, tune
 
 __all__ = [
     "BenchResult",
+    "CheckPlan",
     "CostsResult",
     "ExportResult",
     "GivenAcceptance",
+    "IndexResult",
     "Models",
     "Progress",
     "ShowResult",
@@ -32,7 +35,9 @@ __all__ = [
     "bench",
     "check",
     "export",
+    "index_profiles",
     "make_profile",
+    "plan_check",
     "profile_costs",
     "show",
     "tune",

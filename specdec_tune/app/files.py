@@ -7,16 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from ..output.categories import write_category_plot
+from ..output.index import INDEX_NAME, index_markdown, index_rows
 from ..output.plots import write_plots
 from ..output.trials import read_trials
 from ..serving.export import Export as ExportResult
 from ..serving.export import export as export_config
+from ..store.atomic import atomic_write_text
 from ..store.refs import engine_path
 from ..store.runfiles import trials_beside
 from ..store.schema import Profile
 from ..store.yamlio import load_profile
 
-__all__ = ["ExportResult", "ShowResult", "export", "show"]
+__all__ = ["ExportResult", "IndexResult", "ShowResult", "export", "index_profiles", "show"]
 
 # --------------------------------------------------------------------------------- export, show
 
@@ -71,3 +73,18 @@ def show(
         written = write_plots(p, plot, csv)
         written += [f for f in [write_category_plot(p, plot)] if f is not None]
     return ShowResult(p, other, df, written, [mismatch] if mismatch else [])
+
+
+@dataclass
+class IndexResult:
+    path: Path  # the index written: <folder>/README.md
+    rows: list[dict[str, str]]
+
+
+def index_profiles(folder: Path) -> IndexResult:
+    """Write the index of a folder of profiles (output.index) as `<folder>/README.md`, atomically;
+    the same profiles always give the same bytes, so a test can tell when it is out of date."""
+    rows = index_rows(folder)
+    out = Path(folder) / INDEX_NAME
+    atomic_write_text(out, index_markdown(rows))
+    return IndexResult(out, rows)

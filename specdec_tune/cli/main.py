@@ -18,7 +18,7 @@ from ..app.acceptance import parse_given
 from ..errors import SpecDecError
 from ..output.benchmark_action import benchmark_action_entries
 from ..output.categories import bench_categories_table, per_source_table
-from ..output.reports import bench_table, check_table, costs_report
+from ..output.reports import bench_table, check_plan_text, check_table, costs_report
 from ..store.yamlio import profile_to_dict
 from .gguf import gguf_app
 from .options import (
@@ -307,12 +307,27 @@ def check(
         bool,
         typer.Option("--allow-other-build", help="Compare even with another llama.cpp build (else exit 3)."),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Measure nothing: validate the profile, find what it names here (target, drafts, "
+            "workload) and list what `check` would re-measure.",
+        ),
+    ] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Re-measure a stored profile here. Exit 0 pass, 1 regression, 2 bad input, 3 other hardware
     or engine build, 6 inconclusive (too noisy to tell)."""
     with user_errors():
         quiet_libraries()
+        if dry_run:
+            plan = api.plan_check(profile, batch_size)
+            if json_out:
+                print_json(plan.as_dict())
+            else:
+                console().print(check_plan_text(plan), markup=False, highlight=False)
+            return
 
         if output_format not in ("table", "json", "benchmark-action"):
             raise SpecDecError(f"unknown --format '{output_format}': use table, json or benchmark-action")

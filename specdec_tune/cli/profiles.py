@@ -77,11 +77,26 @@ def show(
         typer.Option(help="Trials CSV to analyse and plot (default: the one beside the profile)."),
     ] = None,
     compare: Annotated[Path | None, typer.Option(help="Another profile to show side by side.")] = None,
+    index: Annotated[
+        bool,
+        typer.Option(
+            "--index",
+            help="PROFILE is a folder: write its README.md, one row per profile (the index of "
+            "profiles/ is generated this way, never by hand).",
+        ),
+    ] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Render a profile as tables (and its trials: best per draft and per γ); --plot writes pictures,
-    --compare puts two profiles side by side."""
+    --compare puts two profiles side by side, --index writes a folder's index."""
     with user_errors():
+        if index:
+            written = api.index_profiles(profile)
+            if json_out:
+                print_json({"index": str(written.path), "rows": written.rows})
+            else:
+                console().print(f"wrote {written.path} ({len(written.rows)} profiles)", markup=False)
+            return
         r = api.show(profile, compare, trials, plot)
         for w in r.warnings:  # on stderr, so `--json` stays one document
             error_line("warning", w, "yellow")

@@ -245,3 +245,20 @@ def check_table(report: Any) -> Table:
 
 def _fallbacks(lines: list[str]) -> str:
     return f" (compile failed, ran static: {'; '.join(lines)})" if lines else ""
+
+
+def check_plan_text(plan: Any) -> str:
+    """`check --dry-run` (app.check_plan.CheckPlan) as a few plain lines."""
+    lines = [
+        f"{plan.profile}: valid; `check` would re-measure in {plan.backend} (measured on {plan.measured_on}, "
+        f"this machine is {plan.here})",
+        f"  target: {plan.target}",
+        *(
+            f"  draft {name}: {where or 'no file (drafts from the context)'}"
+            for name, where in plan.drafts.items()
+        ),
+        f"  workload: {plan.workload} (unchanged)",
+        *(f"  re-measure: {item}" for item in plan.items),
+        *(f"  note: {n}" for n in plan.notes),
+    ]
+    return "\n".join(lines)

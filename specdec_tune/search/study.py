@@ -15,10 +15,10 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..errors import SpecDecError
+from ..paths import cache_dir
 from .storage import StorageLock, open_storage, redact
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"  # who ran a trial, in its user attrs
@@ -34,7 +34,7 @@ CREATED_BY, TOOL = "created_by", "specdec-tune"
 
 
 def default_storage() -> str:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-tune"
+    cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{cache / 'studies.db'}"
 

@@ -73,7 +73,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     from specdec_tune.store.yamlio import load_profile
 
     out = tmp_path / "demo.yaml"
-    shutil.copy(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml", out)
+    shutil.copy(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml", out)
     profile = load_profile(out)
     notes = []
     progress = SimpleNamespace(note=notes.append)
@@ -107,7 +107,7 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     assert "decode anchor" in shown.stdout and "0.7000, 0.7100, 0.7200" in shown.stdout
     # A busy machine: no reference at all (check never judges the rates of a loaded run).
     busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
-    fresh = load_profile(Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
+    fresh = load_profile(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
     assert tuning._reference(fresh, out, 3, 100.0, busy, progress).anchors.reference_tokens_per_s == []
     assert "busy" in notes[-1]
     # One quiet process is not a spread: nothing stored, and the note says so.

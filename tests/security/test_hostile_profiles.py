@@ -67,10 +67,14 @@ def test_crafted_profile_in_a_real_process(tmp_path, case):
     assert time.monotonic() - started < 30  # interpreter start included; the parse itself is < 5 s
 
 
-def test_committed_demo_profiles_still_load():
+def test_demo_profiles_of_earlier_versions_still_load():
+    """Fixed copies of profiles shipped before (schema 1 and 2); tests/test_committed_profiles.py
+    checks the ones shipped now."""
     from specdec_tune.store.yamlio import load_profile
 
-    for path in sorted((REPO / "profiles").glob("*/demo.yaml")):
+    paths = sorted((REPO / "tests" / "data" / "profiles").glob("*/demo.yaml"))
+    assert len(paths) == 2
+    for path in paths:
         assert load_profile(path).target.name == "demo"
 
 

@@ -25,7 +25,7 @@ from specdec_tune.serving.flagcheck import problems
 from specdec_tune.serving.flagsets import FLAGSETS, flagset
 
 GOLDEN = Path(__file__).parent / "golden"
-PROFILES = Path(__file__).parents[2] / "profiles"
+PROFILES = Path(__file__).parents[1] / "data" / "profiles"  # fixed copies: `run` rewrites ../profiles
 DEMO_PROFILE = PROFILES / "cpu-intel-xeon-2t" / "demo.yaml"
 ALL_SETS = [(e, fs.version) for e in ENGINES for fs in FLAGSETS[e]]
 

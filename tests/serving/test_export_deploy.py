@@ -18,7 +18,7 @@ from specdec_tune.serving.flagsets import flagset
 from specdec_tune.serving.llamacpp_args import llamacpp_args, measured_llamacpp_args
 from specdec_tune.store.schema import BatchRow
 
-EPYC = Path(__file__).parents[2] / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml"
+EPYC = Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml"
 
 
 def _at(result, gamma=None, speedup=None, spread=None):

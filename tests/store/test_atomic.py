@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.atomic import atomic_path, atomic_write_bytes, atomic_write_text, locked
+from specdec_tune.atomic import atomic_path, atomic_write_bytes, atomic_write_text, lock_file, locked
 from specdec_tune.errors import SpecDecError
 
 
@@ -132,7 +132,7 @@ def test_concurrent_writers_of_the_auto_memory_lose_no_entry(tmp_path):
         assert p.exitcode == 0
     known = json.loads(path.read_text())
     assert len(known) == 100 and all(f"cpu:w{w}:{i}" in known for w in range(4) for i in range(25))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".engine-auto.json.lock", "engine-auto.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine-auto.json"]  # the lock is in the cache
 
 
 def test_locked_excludes_another_process(tmp_path):
@@ -140,7 +140,7 @@ def test_locked_excludes_another_process(tmp_path):
     import fcntl
 
     path = tmp_path / "p.yaml"
-    lock = tmp_path / ".p.yaml.lock"
+    lock = lock_file(path)
 
     def try_lock(conn) -> None:
         fd = os.open(lock, os.O_RDWR)
@@ -166,3 +166,19 @@ def test_locked_excludes_another_process(tmp_path):
     results.append(parent.recv())
     p.join(30)
     assert results == [False, True]
+
+
+def test_a_lock_lives_in_the_cache_and_two_spellings_of_a_path_share_it(tmp_path, monkeypatch):
+    """A run leaves no `.<name>.lock` among a checkout's profiles (`git status` showed them): the
+    lock file is in the cache folder, keyed by the resolved path, so `./p.yaml` and its absolute
+    spelling serialise against each other."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "profiles"
+    monkeypatch.chdir(tmp_path)
+    with locked(Path("profiles") / "p.yaml"):
+        atomic_write_text(folder / "p.yaml", "x: 1\n")
+    assert sorted(p.name for p in folder.iterdir()) == ["p.yaml"]
+    assert lock_file(Path("profiles/p.yaml")) == lock_file(folder / "p.yaml")
+    assert lock_file(folder / "p.yaml").parent == tmp_path / "cache" / "specdec-tune" / "locks"
+    assert lock_file(folder / "p.yaml").is_file()
+    assert lock_file(folder / "q.yaml") != lock_file(folder / "p.yaml")

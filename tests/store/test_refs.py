@@ -29,7 +29,7 @@ from specdec_tune.store.refs import (
 )
 from specdec_tune.store.yamlio import load_profile
 
-DEMO_PROFILE = Path(__file__).parents[2] / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
+DEMO_PROFILE = Path(__file__).parents[1] / "data" / "profiles" / "cpu-intel-xeon-2t" / "demo.yaml"
 
 
 def test_references_are_demo_names_hf_ids_or_relative_folders(tmp_path):

@@ -6,10 +6,10 @@ torch is imported inside functions so this module stays cheap to import.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from ... import paths
 from ...errors import SpecDecError
 
 _DEVICE_RE = re.compile(r"^cuda(?::(\d+))?$")
@@ -52,6 +52,5 @@ def synchronize(device: str) -> None:
 
 
 def cache_dir() -> Path:
-    """specdec-tune's cache folder: `$XDG_CACHE_HOME/specdec-tune` when set, else `~/.cache/specdec-tune`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specdec-tune"
+    """specdec-tune's cache folder (`paths.cache_dir`)."""
+    return paths.cache_dir()

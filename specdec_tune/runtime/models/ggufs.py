@@ -7,13 +7,13 @@ Pure functions over the `gguf` package (imported lazily); every write is atomic.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from ...atomic import atomic_path
 from ...errors import SpecDecError
+from ...paths import cache_dir
 from .loading import content_hash, demo_path, file_sha256
 
 # Which shipped model each demo GGUF holds; "draft" is the default bench draft.
@@ -214,9 +214,8 @@ def demo_weights_key() -> str:
 
 
 def gguf_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/specdec-tune/gguf, or ~/.cache/specdec-tune/gguf."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specdec-tune" / "gguf"
+    """The cache folder's `gguf/` (`paths.cache_dir`)."""
+    return cache_dir() / "gguf"
 
 
 def demo_gguf_paths(cache_dir: Path | None = None) -> dict[str, Path]:

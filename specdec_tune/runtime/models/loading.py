@@ -28,7 +28,7 @@ __all__ = [
 ]
 from ...errors import SpecDecError
 from .loaded import LoadedModel, choose_dtype
-from .shapes import is_shape_ref, load_shape
+from .shapes import is_shape_ref, load_shape, shape_file
 
 # Built-in targets shipped as a GGUF inside a pip package: name -> (module, file, pip name).
 BUILTIN_GGUFS = {
@@ -101,6 +101,23 @@ def resolve_model_path(name_or_path: str) -> tuple[Path, str | None]:
             f"{name_or_path}`) or pass a folder"
         ) from None
     return folder, folder.name
+
+
+def locate_model(ref: str) -> Path:
+    """Where the model `ref` names lies, without loading it: a demo name, a built-in GGUF name, a
+    .gguf file, a model folder or an HF id in the local cache (`shape:` refs have no files: the
+    shape file). Raises SpecDecError saying what is missing, as loading it would."""
+    if is_shape_ref(ref):
+        return shape_file(ref)
+    gguf_file = builtin_gguf(ref)
+    if gguf_file is not None:
+        return gguf_file
+    p = Path(ref).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise SpecDecError(f"GGUF file '{ref}' does not exist")
+        return p
+    return resolve_model_path(ref)[0]
 
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
