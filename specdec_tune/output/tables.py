@@ -14,6 +14,7 @@ from rich.text import Text
 from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
+from ..urls import redact_url
 from .fmt import (
     add_columns,
     compile_words,
@@ -220,7 +221,7 @@ def _run_table(p: Profile) -> Table:
             if s.outliers
             else []
         ),
-        ("study", f"{s.study_name} in {s.storage}"),
+        ("study", f"{s.study_name} in {redact_url(s.storage)}"),  # a hand-written profile may hold a password
         (
             "engine mode",
             p.engine_mode

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..domain import Config
+from ..measure.llamacpp.args import reads_draft_n_max
 from .flagsets import FlagSet
 
 __all__ = ["SPEC_FLAGS", "llamacpp_args", "measured_llamacpp_args"]
@@ -35,11 +36,14 @@ def llamacpp_args(
     """(llama-server arguments, notes) that run `config` as measured under flag set `fs`.
 
     `measured`: the flags the llamacpp backend ran this config with; returned as they are.
-    `clamp_n_max`: also write --spec-draft-n-max = γ for n-gram drafting (some servers clamp every
-    slot's draft to it, default 3); False only for the round-2 fragment kept byte-identical.
+    `clamp_n_max`: for b8955-b9463 (flag set b8955) also write --spec-draft-n-max = γ for n-gram
+    drafting, as before: that their servers ignore it there was not read; False only for the round-2
+    fragment kept byte-identical. The current set writes only flags its n-gram drafting reads
+    (measure.llamacpp.args.reads_draft_n_max).
     """
     if measured is not None:
-        return list(measured), ["the flags are the ones the llamacpp backend measured this config with"]
+        notes = ["the flags are the ones the llamacpp backend measured this config with"]
+        return list(measured), notes + _inert_n_max_note(measured)
     d = config.draft
     old = fs.version == "b8953"
     g = str(config.gamma)
@@ -75,9 +79,27 @@ def llamacpp_args(
     if old:
         args = ["--spec-type", "ngram-simple", "--spec-ngram-size-n", str(d.ngram_max)]
         return [*args, "--spec-ngram-size-m", g, "--draft-max", g], notes
-    args = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(d.ngram_max)]
+    types = ["ngram-simple"]
+    args = ["--spec-type", ",".join(types), "--spec-ngram-simple-size-n", str(d.ngram_max)]
     args += ["--spec-ngram-simple-size-m", g]
-    return ([*args, "--spec-draft-n-max", g] if clamp_n_max else args), notes
+    # b8955's servers were not read on this: they keep the flag, as exported before
+    n_max = clamp_n_max and (fs.version == "b8955" or reads_draft_n_max(types))
+    return ([*args, "--spec-draft-n-max", g] if n_max else args), notes
+
+
+def _inert_n_max_note(argv: Sequence[str]) -> list[str]:
+    """Why a stored --spec-draft-n-max that none of the stored spec types reads is still emitted."""
+    argv = list(argv)
+    if "--spec-draft-n-max" not in argv or "--spec-type" not in argv[:-1]:
+        return []
+    types = argv[argv.index("--spec-type") + 1].split(",")
+    if reads_draft_n_max(types):
+        return []
+    return [
+        f"--spec-draft-n-max is kept as the server ran with it, though {','.join(types)} does not "
+        "read it: its draft length is --spec-ngram-simple-size-m (ngram-simple) or "
+        "--spec-ngram-mod-n-max (ngram-mod)"
+    ]
 
 
 def measured_llamacpp_args(backend: object, stored: object) -> list[str] | None:

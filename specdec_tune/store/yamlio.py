@@ -14,6 +14,7 @@ import yaml
 
 from ..domain import Costs
 from ..errors import SpecDecError
+from ..urls import redact_url
 from .atomic import atomic_write_text
 from .fields import SCHEMA_VERSION, convert_dataclass
 from .safeyaml import read_capped_text, safe_yaml
@@ -26,8 +27,14 @@ FLOAT_DIGITS = 5
 
 
 def profile_to_dict(p: Profile) -> dict[str, Any]:
-    """The profile as plain YAML/JSON-able data, keys in dataclass field order, floats rounded."""
-    return _plain(p)
+    """The profile as plain YAML/JSON-able data, keys in dataclass field order, floats rounded, and
+    the study storage URL without its password, whatever the profile held (a file written by hand
+    or by an older version): this is what `save_profile` writes and `show --json` prints."""
+    data = _plain(p)
+    search = data.get("search")
+    if isinstance(search, dict) and isinstance(search.get("storage"), str):
+        search["storage"] = redact_url(search["storage"])
+    return data
 
 
 def _plain(value: Any) -> Any:

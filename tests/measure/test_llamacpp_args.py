@@ -20,8 +20,17 @@ def test_ngram_simple_drafts_gamma_tokens_after_an_n_token_match():
     assert f["--spec-type"] == "ngram-simple"
     assert f["--spec-ngram-simple-size-n"] == "4"
     assert f["--spec-ngram-simple-size-m"] == "6"
-    # some servers clamp every slot's draft to --spec-draft-n-max: always set
-    assert f["--spec-draft-n-max"] == "6"
+    # ngram-simple's draft length is size-m: --spec-draft-n-max would do nothing, so it is not passed
+    assert "--spec-draft-n-max" not in f
+
+
+def test_spec_draft_n_max_is_passed_only_to_the_types_that_read_it(tmp_path):
+    assert "--spec-draft-n-max" not in flags("ngram-mod:12", 5)  # its own --spec-ngram-mod-n-max
+    g = tmp_path / "d.gguf"
+    g.write_bytes(b"GGUF")
+    assert flags(str(g), 4)["--spec-draft-n-max"] == "4"
+    hybrid = flags("hybrid:ngram-simple:3+layer-skip:2", 5, path="/c/first2.gguf")
+    assert hybrid["--spec-draft-n-max"] == "5"  # its draft-simple half reads it
 
 
 def test_ngram_mod_sets_its_own_range_and_keeps_n_min_within_gamma():

@@ -97,3 +97,44 @@ def test_delete_all_keeps_other_tools_and_running_studies(tmp_path):
     assert invoke("studies", "delete", "specdec-ours", "--yes", "--storage", url).exit_code == 0
     assert invoke("studies", "delete", "--all", "--yes", "--force", "--storage", url).exit_code == 0
     assert _names(url) == ["someone-elses"]
+
+
+def _profile_holding(url, tmp_path):
+    """A profile file whose study storage holds `url` as written (by hand or an older version)."""
+    import dataclasses
+    import json
+
+    from helpers import make_sample_profile
+
+    from specdec_tune.store.yamlio import save_profile
+
+    p = make_sample_profile()
+    p.search = dataclasses.replace(p.search, storage="sqlite:///PLACEHOLDER.db")
+    path = save_profile(p, tmp_path / "p.yaml")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("sqlite:///PLACEHOLDER.db", json.dumps(url)), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://user:{SECRET}@db.example/studies",
+        f"postgresql://user@db.example/studies?password={SECRET}",
+        f"mysql://:{SECRET}@db.example/studies",
+    ],
+)
+def test_show_and_save_never_print_or_write_the_storage_password(url, tmp_path, monkeypatch):
+    from specdec_tune.store.yamlio import load_profile, save_profile
+
+    monkeypatch.setenv("COLUMNS", "400")  # the study row on one line: a wrapped URL would hide it
+    path = _profile_holding(url, tmp_path)
+    assert SECRET in path.read_text(encoding="utf-8")  # the file as the user wrote it
+    table = invoke("show", path)
+    assert table.exit_code == 0, table.output
+    study = next(line for line in table.stdout.splitlines() if "db.example" in line)
+    assert SECRET not in table.output and "***" in study
+    j = invoke("show", path, "--json")
+    assert j.exit_code == 0 and SECRET not in j.output and "***" in j.stdout
+    saved = save_profile(load_profile(path), tmp_path / "again.yaml")
+    assert SECRET not in saved.read_text(encoding="utf-8")

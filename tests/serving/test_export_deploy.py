@@ -12,6 +12,7 @@ import pytest
 from helpers import invoke, make_sample_profile
 
 from specdec_tune.domain import NO_DRAFT, Config, Result
+from specdec_tune.measure.llamacpp.args import spec_args
 from specdec_tune.serving.export import export
 from specdec_tune.serving.flagcheck import problems
 from specdec_tune.serving.flagsets import flagset
@@ -145,11 +146,30 @@ def test_hf_note_is_not_garbled():
     assert not any("below it" in w for w in r.warnings)
 
 
-def test_llamacpp_ngram_writes_n_max_with_every_drafting_type():
+def test_llamacpp_ngram_exports_the_flags_its_server_was_started_with():
+    # ngram-simple:3 γ=4: the draft length is --spec-ngram-simple-size-m; --spec-draft-n-max does
+    # nothing there, so neither the measuring server nor the export passes it
     p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
+    p.best.config.draft.ngram_min = p.best.config.draft.ngram_max = 3
     args = export(p, "llamacpp").settings
-    assert args[args.index("--spec-draft-n-max") + 1] == str(p.best.config.gamma)
-    assert "--spec-draft-n-max" not in export(p, "llamacpp", fmt="flags").settings  # round 2, unchanged
+    assert args == [
+        "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4",
+    ]  # fmt: skip
+    assert args == spec_args(p.best.config)  # what the llamacpp backend starts llama-server with
+    assert export(p, "llamacpp", fmt="flags").settings == args  # round 2, unchanged
+    old = export(p, "llamacpp", "b8955").settings  # builds b8955-b9463: as exported before
+    assert old[old.index("--spec-draft-n-max") + 1] == "4"
+
+
+def test_a_stored_n_max_the_spec_type_does_not_read_is_kept_with_a_note():
+    ran = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "6", "--spec-draft-n-max", "6"]
+    p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
+    args, notes = llamacpp_args(p.best.config, flagset("llamacpp"), "", measured=ran)
+    assert args == ran  # an exported config is one that ran
+    assert any(n.startswith("--spec-draft-n-max is kept as the server ran with it") for n in notes)
+    hybrid = ["--spec-type", "ngram-simple,draft-simple", "--spec-draft-n-max", "6"]
+    _, notes = llamacpp_args(p.best.config, flagset("llamacpp"), "", measured=hybrid)
+    assert not any("--spec-draft-n-max is kept" in n for n in notes)
 
 
 def test_ngram_mod_and_parallel_slots_are_in_the_current_flag_set():

@@ -16,6 +16,7 @@ old `--draft-max` family is removed.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from ...domain import FIXED_GAMMA, Config, DraftSpec
@@ -28,6 +29,12 @@ DEFAULT_DRAFTS = ("ngram-simple:4", "ngram-simple:6", "ngram-mod:12")
 # nothing per drafted token, so long drafts pay where a model draft's would not (llama.cpp's own
 # defaults draft 48 to 64). See benchmarks/llamacpp_sweep.py.
 ENGINE_MAX_GAMMA = 16
+# The spec types that read --spec-draft-n-max (common_params_speculative.draft.n_max), as read in
+# build 11434's common/speculative.cpp: the draft-model types. ngram-simple drafts its
+# --spec-ngram-simple-size-m tokens and ngram-mod up to --spec-ngram-mod-n-max; the server caps a
+# slot's draft only by the context left (server-context.cpp get_n_draft_max), so for them the flag
+# does nothing.
+DRAFT_N_MAX_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 
 DRAFT_HELP = (
     "llama.cpp drafts: ngram-simple[:N], ngram-map-k[:N], ngram-map-k4v[:N], ngram-mod[:N_MATCH[:N_MIN]], "
@@ -143,8 +150,14 @@ def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
             args += ["--spec-draft-n-min", str(min(d.min_draft, gamma))]
     if not types:
         raise SpecDecError(f"llama.cpp has no counterpart of draft kind '{d.kind}' ({d.name})")
-    # Some servers clamp every slot's draft to --spec-draft-n-max (default 3): always set it.
-    return ["--spec-type", ",".join(types), *args, "--spec-draft-n-max", str(gamma)]
+    # only a flag that acts is passed: a stored command line then says exactly what ran
+    n_max = ["--spec-draft-n-max", str(gamma)] if reads_draft_n_max(types) else []
+    return ["--spec-type", ",".join(types), *args, *n_max]
+
+
+def reads_draft_n_max(spec_types: Iterable[str]) -> bool:
+    """Whether a server with these `--spec-type`s reads --spec-draft-n-max (DRAFT_N_MAX_TYPES)."""
+    return any(t in DRAFT_N_MAX_TYPES for t in spec_types)
 
 
 def server_args(
