@@ -90,9 +90,7 @@ def test_the_ngram_maps_draft_gamma_tokens_after_an_n_token_key(kind):
 
 def test_ngram_cache_runs_at_the_length_llamacpp_fixes():
     """ngram-cache takes no setting and drafts up to 8 tokens: measured at γ 8, refused at any other."""
-    assert spec_args(Config(parse_llamacpp_draft("ngram-cache"), 8)) == [
-        "--spec-type", "ngram-cache", "--spec-draft-n-max", "8",
-    ]  # fmt: skip
+    assert spec_args(Config(parse_llamacpp_draft("ngram-cache"), 8)) == ["--spec-type", "ngram-cache"]
     with pytest.raises(SpecDecError, match="always drafts up to 8"):
         spec_args(Config(parse_llamacpp_draft("ngram-cache"), 4))
 
