@@ -89,13 +89,16 @@ def export(
     fmt: str = "command",
     batch_size: int | None = None,
     schedule: bool = True,
+    target: str | None = None,
 ) -> Export:
     """The best config `to` can run as measured, as a deployment for engine `version` (None: current).
 
     `model_path` turns a stored model reference into what the engine should load (app passes the
-    resolver of the profile's portable references). `batch_size` names the load to size the server
-    for (default: the largest measured batch size where speculation won); `schedule=False` emits the
-    single best operating point for that load instead of a batch-size schedule.
+    resolver of the profile's portable references); `target` is the target as the engine loads it
+    (app passes it resolved as `check` resolves it; default: `model_path` of the stored path).
+    `batch_size` names the load to size the server for (default: the largest measured batch size
+    where speculation won); `schedule=False` emits the single best operating point for that load
+    instead of a batch-size schedule.
     """
     if fmt not in FORMATS:
         raise SpecDecError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -124,7 +127,7 @@ def export(
             notes = _lookup_note(chosen.config, "latest") + notes
     else:
         settings, notes = EXPORTERS[e.key](profile, chosen.config, fs, path)
-    out.target = resolve(profile.target.path)
+    out.target = target if target is not None else resolve(profile.target.path)
     out.load = 1 if e.key == "hf" else load
     batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
     notes += more
