@@ -97,8 +97,8 @@ def export(
     resolver of the profile's portable references); `target` is the target as the engine loads it
     (app passes it resolved as `check` resolves it; default: `model_path` of the stored path).
     `batch_size` names the load to size the server for (default: the largest measured batch size
-    where speculation won); `schedule=False` emits the single best operating point for that load
-    instead of a batch-size schedule.
+    where speculation won; HF always 1, see `_load`); `schedule=False` emits the single best
+    operating point for that load instead of a batch-size schedule.
     """
     if fmt not in FORMATS:
         raise SpecDecError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -111,7 +111,7 @@ def export(
         return out
     if fmt == "flags" and e.key != "trtllm":
         return _fragment(profile, e.key, fs, resolve, out)
-    load = batch_size if batch_size is not None else default_load(profile)
+    load = _load(profile, e.key, batch_size)
     per_load = profile.batch_table and load is not None and (e.key not in SCHEDULE_ENGINES or not schedule)
     chosen = _choose_at_load(profile, e.key, load, out) if per_load else _choose(profile, e.key, out)
     if chosen is None:
@@ -128,9 +128,9 @@ def export(
     else:
         settings, notes = EXPORTERS[e.key](profile, chosen.config, fs, path)
     out.target = target if target is not None else resolve(profile.target.path)
-    out.load = 1 if e.key == "hf" else load
+    out.load = load
     batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
-    notes += more
+    notes += more + _load_notes(profile, e.key, batch_size)
     if e.key == "llamacpp":
         threads, more = measured_threads(getattr(profile, "backend", None))
         batch, notes = batch + threads, notes + more
@@ -151,6 +151,27 @@ def export(
                 "convert_hf_to_gguf.py and pass the .gguf path to -m"
             )
     return out
+
+
+def _load(profile: Profile, engine: str, batch_size: int | None) -> int | None:
+    """The batch size the export is sized for: 1 for HF, whose generate() serves one sequence per
+    call whatever the server's load (HF_BATCH_NOTE); else `batch_size`, by default the largest
+    measured batch size where speculation won."""
+    if engine == "hf":
+        return 1
+    return batch_size if batch_size is not None else default_load(profile)
+
+
+def _load_notes(profile: Profile, engine: str, batch_size: int | None) -> list[str]:
+    """What the export says about a --batch-size it does not follow."""
+    if batch_size is None or batch_size == 1:
+        return []
+    if engine == "hf":
+        return [
+            f"--batch-size {batch_size} does not change the HF export: it runs one sequence per "
+            "generate() call, so the batch size 1 measurement is exported"
+        ]
+    return []
 
 
 def _check(fs: FlagSet, settings: Any, batch: list[str]) -> None:

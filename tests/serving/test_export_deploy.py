@@ -226,3 +226,13 @@ def test_llamacpp_backend_profiles_export_the_threads_they_were_measured_with():
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
     p.backend = {}
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
+
+
+def test_hf_exports_the_batch_size_1_row_it_says_applies():
+    # resolved(): γ4 at B = 1, γ2 at B = 16; HF runs one sequence per generate() call
+    r = export(resolved(), "hf")
+    assert r.settings["assistant_model.generation_config"]["num_assistant_tokens"] == 4
+    assert r.load == 1 and any("B = 1 row is what applies" in w for w in r.warnings)
+    asked = export(resolved(), "hf", batch_size=16)
+    assert asked.settings["assistant_model.generation_config"]["num_assistant_tokens"] == 4
+    assert any("--batch-size 16 does not change the HF export" in w for w in asked.warnings)
