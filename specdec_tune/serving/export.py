@@ -27,7 +27,7 @@ from .flagcheck import problems
 from .flagsets import FlagSet, flagset
 from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
 from .llamacpp_args import llamacpp_args, measured_llamacpp_args
-from .schedule import Tier, default_load, row_for_load, tiers
+from .schedule import Tier, default_load, largest_measured_batch, row_for_load, tiers
 
 __all__ = ["ENGINES", "FORMATS", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
 
@@ -163,7 +163,7 @@ def _load(profile: Profile, engine: str, batch_size: int | None) -> int | None:
 
 
 def _load_notes(profile: Profile, engine: str, batch_size: int | None) -> list[str]:
-    """What the export says about a --batch-size it does not follow."""
+    """What the export says about a --batch-size it does not follow or that was never measured."""
     if batch_size is None or batch_size == 1:
         return []
     if engine == "hf":
@@ -171,7 +171,14 @@ def _load_notes(profile: Profile, engine: str, batch_size: int | None) -> list[s
             f"--batch-size {batch_size} does not change the HF export: it runs one sequence per "
             "generate() call, so the batch size 1 measurement is exported"
         ]
-    return []
+    measured = largest_measured_batch(profile)
+    if batch_size <= measured:
+        return []
+    return [
+        f"--batch-size {batch_size} is beyond what was measured: this config was measured at batch size "
+        f"{measured} at most, so its speedup at {batch_size} is not known (`specdec-tune run "
+        f"--batch-sizes` with {batch_size} measures it)"
+    ]
 
 
 def _check(fs: FlagSet, settings: Any, batch: list[str]) -> None:
