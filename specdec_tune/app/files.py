@@ -13,7 +13,7 @@ from ..output.trials import read_trials
 from ..serving.export import Export as ExportResult
 from ..serving.export import export as export_config
 from ..store.atomic import atomic_write_text
-from ..store.refs import engine_path
+from ..store.refs import engine_path, target_ref
 from ..store.runfiles import trials_beside
 from ..store.schema import Profile
 from ..store.yamlio import load_profile
@@ -46,6 +46,8 @@ def export(
         fmt=fmt,
         batch_size=batch_size,
         schedule=schedule,
+        # the target `check` would load: a path that no longer exists falls back as it does there
+        target=engine_path(target_ref(p), folder),
     )
 
 

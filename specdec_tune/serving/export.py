@@ -27,7 +27,7 @@ from .flagcheck import problems
 from .flagsets import FlagSet, flagset
 from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
 from .llamacpp_args import llamacpp_args, measured_llamacpp_args
-from .schedule import Tier, default_load, row_for_load, tiers
+from .schedule import Tier, default_load, largest_measured_batch, row_for_load, tiers
 
 __all__ = ["ENGINES", "FORMATS", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
 
@@ -89,13 +89,16 @@ def export(
     fmt: str = "command",
     batch_size: int | None = None,
     schedule: bool = True,
+    target: str | None = None,
 ) -> Export:
     """The best config `to` can run as measured, as a deployment for engine `version` (None: current).
 
     `model_path` turns a stored model reference into what the engine should load (app passes the
-    resolver of the profile's portable references). `batch_size` names the load to size the server
-    for (default: the largest measured batch size where speculation won); `schedule=False` emits the
-    single best operating point for that load instead of a batch-size schedule.
+    resolver of the profile's portable references); `target` is the target as the engine loads it
+    (app passes it resolved as `check` resolves it; default: `model_path` of the stored path).
+    `batch_size` names the load to size the server for (default: the largest measured batch size
+    where speculation won; HF always 1, see `_load`); `schedule=False` emits the single best
+    operating point for that load instead of a batch-size schedule.
     """
     if fmt not in FORMATS:
         raise SpecDecError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -108,7 +111,7 @@ def export(
         return out
     if fmt == "flags" and e.key != "trtllm":
         return _fragment(profile, e.key, fs, resolve, out)
-    load = batch_size if batch_size is not None else default_load(profile)
+    load = _load(profile, e.key, batch_size)
     per_load = profile.batch_table and load is not None and (e.key not in SCHEDULE_ENGINES or not schedule)
     chosen = _choose_at_load(profile, e.key, load, out) if per_load else _choose(profile, e.key, out)
     if chosen is None:
@@ -124,10 +127,10 @@ def export(
             notes = _lookup_note(chosen.config, "latest") + notes
     else:
         settings, notes = EXPORTERS[e.key](profile, chosen.config, fs, path)
-    out.target = resolve(profile.target.path)
-    out.load = 1 if e.key == "hf" else load
+    out.target = target if target is not None else resolve(profile.target.path)
+    out.load = load
     batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
-    notes += more
+    notes += more + _load_notes(profile, e.key, batch_size)
     if e.key == "llamacpp":
         threads, more = measured_threads(getattr(profile, "backend", None))
         batch, notes = batch + threads, notes + more
@@ -148,6 +151,34 @@ def export(
                 "convert_hf_to_gguf.py and pass the .gguf path to -m"
             )
     return out
+
+
+def _load(profile: Profile, engine: str, batch_size: int | None) -> int | None:
+    """The batch size the export is sized for: 1 for HF, whose generate() serves one sequence per
+    call whatever the server's load (HF_BATCH_NOTE); else `batch_size`, by default the largest
+    measured batch size where speculation won."""
+    if engine == "hf":
+        return 1
+    return batch_size if batch_size is not None else default_load(profile)
+
+
+def _load_notes(profile: Profile, engine: str, batch_size: int | None) -> list[str]:
+    """What the export says about a --batch-size it does not follow or that was never measured."""
+    if batch_size is None or batch_size == 1:
+        return []
+    if engine == "hf":
+        return [
+            f"--batch-size {batch_size} does not change the HF export: it runs one sequence per "
+            "generate() call, so the batch size 1 measurement is exported"
+        ]
+    measured = largest_measured_batch(profile)
+    if batch_size <= measured:
+        return []
+    return [
+        f"--batch-size {batch_size} is beyond what was measured: this config was measured at batch size "
+        f"{measured} at most, so its speedup at {batch_size} is not known (`specdec-tune run "
+        f"--batch-sizes` with {batch_size} measures it)"
+    ]
 
 
 def _check(fs: FlagSet, settings: Any, batch: list[str]) -> None:

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from ..domain import Metrics, Result
 from ..store.schema import BatchRow, Profile
 
-__all__ = ["LAST_BATCH", "Tier", "default_load", "measured_range", "row_for_load", "tiers"]
+__all__ = [
+    "LAST_BATCH",
+    "Tier",
+    "default_load",
+    "largest_measured_batch",
+    "measured_range",
+    "row_for_load",
+    "tiers",
+]
 
 # The last tier ends here: beyond any concurrency a server is configured for.
 LAST_BATCH = 65536
@@ -117,6 +125,12 @@ def default_load(profile: Profile) -> int | None:
     None without a batch table or when it won nowhere."""
     wins = [r.batch_size for r in profile.batch_table if r.best.config.draft.kind != "none"]
     return max(wins) if wins else None
+
+
+def largest_measured_batch(profile: Profile) -> int:
+    """The largest batch size the profile measured; 1 without a batch table, as `run` without
+    --batch-sizes measures one request at a time."""
+    return max((r.batch_size for r in profile.batch_table), default=1)
 
 
 def row_for_load(profile: Profile, load: int) -> BatchRow:

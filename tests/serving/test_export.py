@@ -320,5 +320,22 @@ def test_cli_engine_version_of_llamacpp(tmp_path):
     new = invoke("export", path, "--to", "llamacpp")
     old = invoke("export", path, "--to", "llamacpp", "--engine-version", "b8953", "--format", "flags")
     assert "--spec-type draft-simple" in new.stdout and "--draft-max" not in new.stdout
-    assert new.stdout.startswith("llama-server -m /models/Llama-3.1-8B-Instruct ")
+    # /models/Llama-3.1-8B-Instruct is not here: as `check` does, the target is what the user passed
+    assert new.stdout.startswith("llama-server -m meta-llama/Llama-3.1-8B-Instruct ")
     assert old.stdout.startswith("-md ") and "--draft-max 4" in old.stdout
+
+
+def test_export_resolves_a_target_that_moved_as_check_does(tmp_path):
+    from specdec_tune.demo import demo_path
+    from specdec_tune.store.yamlio import save_profile
+
+    # an old profile: its target path is the folder the demo pair lived in before it moved
+    p = make_sample_profile(threshold=0.0)
+    gone = tmp_path / "old-checkout" / "specdec_tune" / "demo" / "target"
+    p.target = dataclasses.replace(p.target, name="demo", path=str(gone))
+    path = save_profile(p, tmp_path / "p.yaml")
+    r = invoke("export", path, "--to", "vllm", "--json")
+    assert r.exit_code == 0, r.output
+    target = json.loads(r.stdout)["target"]
+    assert target == str(demo_path("demo")) and (Path(target) / "config.json").is_file()
+    assert str(gone) not in r.stdout

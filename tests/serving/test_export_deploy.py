@@ -226,3 +226,30 @@ def test_llamacpp_backend_profiles_export_the_threads_they_were_measured_with():
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
     p.backend = {}
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
+
+
+def test_hf_exports_the_batch_size_1_row_it_says_applies():
+    # resolved(): γ4 at B = 1, γ2 at B = 16; HF runs one sequence per generate() call
+    r = export(resolved(), "hf")
+    assert r.settings["assistant_model.generation_config"]["num_assistant_tokens"] == 4
+    assert r.load == 1 and any("B = 1 row is what applies" in w for w in r.warnings)
+    asked = export(resolved(), "hf", batch_size=16)
+    assert asked.settings["assistant_model.generation_config"]["num_assistant_tokens"] == 4
+    assert any("--batch-size 16 does not change the HF export" in w for w in asked.warnings)
+
+
+def test_a_batch_size_beyond_the_table_names_the_batch_size_it_was_measured_at():
+    best = make_sample_profile(threshold=0.0).best
+    p = batched([(1, _at(best, speedup=1.30)), (16, _at(best, gamma=2, speedup=1.15))])
+    r = export(p, "llamacpp", batch_size=32)
+    args = shlex.split(r.text)
+    assert args[args.index("-np") + 1] == "32"
+    assert any(
+        "--batch-size 32 is beyond what was measured" in w and "batch size 16 at most" in w
+        for w in r.warnings
+    )
+    assert any("measured at batch size 16" in w for w in export(p, "vllm", batch_size=32).warnings)
+    assert not any("beyond what was measured" in w for w in export(p, "llamacpp", batch_size=16).warnings)
+    # without a batch table the profile was measured one request at a time
+    single = export(make_sample_profile(threshold=0.0), "sglang", batch_size=8)
+    assert any("measured at batch size 1 at most" in w for w in single.warnings)
