@@ -20,7 +20,15 @@ from ..measure.llamacpp.args import parse_llamacpp_draft
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.llamacpp.server import ServerError, build_info, find_server
 from ..output.anchors import anchor_verdict, other_hardware_message
-from ..output.check import CheckItem, CheckReport, Evidence, confirm_repeats, judge_config, weights_item
+from ..output.check import (
+    CheckItem,
+    CheckReport,
+    Evidence,
+    confirm_repeats,
+    judge_config,
+    needs_confirmation,
+    weights_item,
+)
 from ..output.environment import classify, other_software
 from ..store.refs import resolve_ref
 from ..store.yamlio import load_profile
@@ -110,7 +118,8 @@ def check_engine(
     other hardware (exit 3) on a quiet machine of the same slug (profiles without anchors skip
     that); on a busy machine (`policy`'s busy rule, stricter than the native one, as llama.cpp's
     threads wait for any other work: checkpolicy.LLAMACPP_CHECK_POLICY) a speedup drop is
-    inconclusive (exit 6), never a regression; a speedup below the floor is measured again with the repeats its spread needs."""
+    inconclusive (exit 6), never a regression; a speedup not clearly passing (the native rule,
+    output.check.needs_confirmation) is measured again with the repeats its spread needs."""
     started = time.monotonic()
     p = load_profile(path)
     check_count(repeats, "--repeats")
@@ -187,7 +196,7 @@ def check_engine(
                     env = classify(os_noise, policy, threads=s.backend.threads, cpus=cpus)
                 where = "" if b == 1 else f" @ B={b}"
                 e = Evidence(r, m, temperature=p.workload.temperature, environment=env, where=where)
-                if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
+                if needs_confirmation(e, tolerance, policy):  # the native rule (output.check)
                     (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats, policy))
                     e = replace(e, again=again)
                 report.items += judge_config(
