@@ -74,13 +74,13 @@ class CheckPolicy:
     which then read 2.17x slower "on a quiet machine" (a09a6c1, benchmarks/interference.py)."""
 
     anchor_gap_s: float = 1.0
-    """Seconds between those retries (half a 2 s burst of benchmarks/interference.py)."""
+    """Seconds between those retries, so that they do not all land in one 2 s burst (a09a6c1)."""
 
     # --------------------------------------------------------------------- the speedup test
     tolerance: float = 0.10
     """`--tolerance`'s default: a speedup (or a judged rate) clearly below stored x (1 - this) is a
-    regression. Above the committed profiles' own speedup spread (docs/ci.md), below the 15 % slower
-    target forward that benchmarks/planted_regression.py plants."""
+    regression. Kept above a profile's own speedup spread (docs/ci.md) and below the 15 % slower
+    target forward benchmarks/interference.py plants, which the judged plain rate catches."""
 
     confidence: float = 0.95
     """The bootstrap interval of now / stored that the floor is tested against (measure.stats)."""
