@@ -10,6 +10,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .checkpolicy import CHECK_POLICY
+
 DRAFT_KINDS = (
     "none", "model", "prompt_lookup", "layer_skip", "hybrid",
     "ngram_mod", "ngram_map_k", "ngram_map_k4v", "ngram_cache",
@@ -287,7 +289,7 @@ class MachineWindow:
     steal_share: float | None = None
     others_cpu_share: float | None = None
     busiest: list[str] = field(default_factory=list)
-    busy: bool = False  # other processes or steal beyond measure.noise's BUSY_* shares
+    busy: bool = False  # other processes or steal beyond checkpolicy's busy_* shares (measure.noise)
 
 
 @dataclass
@@ -327,21 +329,18 @@ class Anchors:
 
     @property
     def has_reference(self) -> bool:
-        """Whether `check` judges against the reference: at least MIN_REFERENCE_PROCESSES quiet ones
-        (one alone carries no spread between processes)."""
+        """Whether `check` judges against the reference: at least the policy's
+        `min_reference_processes` quiet ones (one alone carries no spread between processes)."""
         return min(len(self.reference_tokens_per_s), len(self.reference_baseline_tokens_per_s)) >= (
-            MIN_REFERENCE_PROCESSES
+            CHECK_POLICY.min_reference_processes
         )
 
     @property
     def has_anchor_reference(self) -> bool:
         """Whether `check` judges the plain rate per decode-anchor step (measure.decode_anchor)."""
         return self.decode_anchor is not None and len(self.reference_plain_per_anchor) >= (
-            MIN_REFERENCE_PROCESSES
+            CHECK_POLICY.min_reference_processes
         )
-
-
-MIN_REFERENCE_PROCESSES = 2
 
 
 def slugify(text: str) -> str:

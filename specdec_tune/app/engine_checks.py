@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpolicy import LLAMACPP_CHECK_POLICY, CheckPolicy
 from ..domain import Config
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import check_count, check_decoding
@@ -19,12 +20,21 @@ from ..measure.llamacpp.args import parse_llamacpp_draft
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.llamacpp.server import ServerError, build_info, find_server
 from ..output.anchors import anchor_verdict, other_hardware_message
-from ..output.check import CheckItem, CheckReport, confirm_repeats, judge_config
+from ..output.check import (
+    CheckItem,
+    CheckReport,
+    Evidence,
+    confirm_repeats,
+    judge_config,
+    needs_confirmation,
+    weights_item,
+)
+from ..output.environment import classify, other_software
 from ..store.refs import resolve_ref
 from ..store.yamlio import load_profile
 from .common import BenchResult, Models, Progress
 from .engine import SMOLLM2, open_engine, start_params
-from .engine_plan import engine_busy, load_hint
+from .engine_plan import load_hint
 
 
 def bench_engine(
@@ -90,23 +100,26 @@ def profile_engine(
 
 def check_engine(
     path: Path,
-    tolerance: float = 0.10,
+    tolerance: float = LLAMACPP_CHECK_POLICY.tolerance,
     acceptance_tolerance: float | None = None,
     repeats: int = 3,
+    *,
     allow_other_hardware: bool = False,
     allow_other_build: bool = False,
     batch_size: int | None = None,
     llama_server: str | None = None,
     threads: int | None = None,
+    policy: CheckPolicy = LLAMACPP_CHECK_POLICY,
 ) -> Any:
     """`check` of a profile measured in llama.cpp: the same build (else "other software", exit 3
     unless allowed), the same hardware, then every stored config re-measured in the engine.
 
     As the native check: the machine anchors (copy, matmul) measured around the first row decide
     other hardware (exit 3) on a quiet machine of the same slug (profiles without anchors skip
-    that); on a busy machine (app.engine_plan.engine_busy: stricter than the native rule, as
-    llama.cpp's threads wait for any other work) a speedup drop is inconclusive (exit 6), never a
-    regression; a speedup below the floor is measured again with the repeats its spread needs."""
+    that); on a busy machine (`policy`'s busy rule, stricter than the native one, as llama.cpp's
+    threads wait for any other work: checkpolicy.LLAMACPP_CHECK_POLICY) a speedup drop is
+    inconclusive (exit 6), never a regression; a speedup not clearly passing (the native rule,
+    output.check.needs_confirmation) is measured again with the repeats its spread needs."""
     started = time.monotonic()
     p = load_profile(path)
     check_count(repeats, "--repeats")
@@ -120,7 +133,7 @@ def check_engine(
         )
     build = build_info(find_server(llama_server))
     stored = (p.backend or {}).get("build") or {}
-    if stored.get("binary_sha256") != build["binary_sha256"] and not allow_other_build:
+    if other_software(stored, build) and not allow_other_build:
         raise OtherHardwareError(
             f"{path} was measured with another llama.cpp build ({stored.get('package', '?')}, binary "
             f"{stored.get('binary_sha256', '?')}; here {build.get('package', '?')}, {build['binary_sha256']}): "
@@ -153,10 +166,8 @@ def check_engine(
             raise SpecDecError(
                 f"workload '{p.workload.name}' has changed since the profile was made; re-run `specdec-tune run`"
             )
-        same = s.target.content_hash == p.target.content_hash
-        note = "" if same else "the target GGUF changed"
         report.items.append(
-            CheckItem("target weights", p.target.content_hash, s.target.content_hash, same, note)
+            weights_item(p.target.content_hash, s.target.content_hash, "the target GGUF changed")
         )
         by_name = {d.name: d for d in s.specs}
         snapshot, current, cpus = noise.os_snapshot(), rows[0], os.cpu_count() or 1
@@ -171,24 +182,25 @@ def check_engine(
                 if i == 0:  # the machine anchors (copy, matmul) before and after the first row
                     (machine, m), os_noise, _ = noise.busy_window(lambda: measure_twice("cpu", once))
                     plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
-                    machine_busy = engine_busy(os_noise, s.backend.threads, cpus)
-                    verdict = anchor_verdict(p, plain, machine, machine_busy)
+                    env = classify(os_noise, policy, threads=s.backend.threads, cpus=cpus)
+                    verdict = anchor_verdict(p, plain, machine, env.busy, policy)
                     if verdict.other_hardware and not allow_other_hardware:
                         raise OtherHardwareError(
                             other_hardware_message(path, verdict, "specdec-tune run --backend llamacpp")
                         )
-                    report.noise = {**os_noise, "busy": machine_busy}
+                    report.noise = {**os_noise, "busy": env.busy}
                     if verdict.slowdown is not None:
                         report.anchors = verdict.as_dict()
                 else:
                     m, os_noise, _ = noise.busy_window(once)
-                    machine_busy = engine_busy(os_noise, s.backend.threads, cpus)
-                again = None
-                if m.metrics.speedup < r.metrics.speedup * (1 - tolerance):
-                    (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats))
+                    env = classify(os_noise, policy, threads=s.backend.threads, cpus=cpus)
                 where = "" if b == 1 else f" @ B={b}"
+                e = Evidence(r, m, temperature=p.workload.temperature, environment=env, where=where)
+                if needs_confirmation(e, tolerance, policy):  # the native rule (output.check)
+                    (again,) = s.backend.measure([config], s.case, b, confirm_repeats(m, repeats, policy))
+                    e = replace(e, again=again)
                 report.items += judge_config(
-                    r, p.workload.temperature, m, again, tolerance, acceptance_tolerance, where, machine_busy
+                    e, tolerance, acceptance_tolerance=acceptance_tolerance, policy=policy
                 )
         except ServerError as exc:
             # A server that stops answering on a busy machine (llama.cpp's threads spin-wait for a

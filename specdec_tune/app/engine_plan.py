@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from ..checkpolicy import LLAMACPP_CHECK_POLICY
 from ..domain import Anchors, Noise
 from ..errors import SpecDecError
 from ..measure.anchors import measure_twice
@@ -103,19 +104,11 @@ def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> Tu
     return replace(settings, timeout_s=timeout, final_budget_s=final)
 
 
-# With its threads on every core, llama.cpp waits for any other work at every step: beyond the
-# cores its threads leave free, other processes taking this share of all CPUs is already a busy
-# machine (bursts averaging a quarter of a 2-core VM halved SmolLM2's plain decoding and took an
-# unchanged setup's speedup to 0.86x, which the 25 % rule of measure.noise let through as a regression).
-ENGINE_QUIET_SHARE = 0.10
-
-
 def engine_busy(info: dict[str, Any], threads: int | None, cpus: int) -> bool:
-    """Busy for llama.cpp with `threads` threads: measure.noise's rule, or other processes taking
-    more than the cores its threads leave free plus ENGINE_QUIET_SHARE of all CPUs."""
-    taken = (info.get("others_cpu_share") or 0.0) * cpus
-    free = max(0, cpus - (threads or cpus))
-    return busy_info(info) or taken > free + ENGINE_QUIET_SHARE * cpus
+    """Busy for llama.cpp with `threads` threads (measure.noise.busy_info by LLAMACPP_CHECK_POLICY):
+    with its threads on every core it waits for any other work at every step, so other processes
+    beyond the cores its threads leave free plus a tenth of all CPUs already make a busy machine."""
+    return busy_info(info, LLAMACPP_CHECK_POLICY, threads=threads, cpus=cpus)
 
 
 def load_hint(info: dict[str, Any], threads: int | None, cpus: int) -> str:

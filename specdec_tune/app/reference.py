@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
@@ -34,12 +35,6 @@ from .profile_models import measure_best, open_profile_models
 
 PROCESSES = 3
 REPEATS = 3  # check's default
-# A process whose own plain passes spread wider than this was disturbed though the OS saw nothing
-# (quiet, they agree within a few per cent): its median would make a reference that every later
-# check is judged by. It is left out, like a busy one, and up to EXTRA_PROCESSES more processes
-# take the places of those left out.
-MAX_PLAIN_SPREAD = 0.08
-EXTRA_PROCESSES = 2
 STARTUP_S = 5.0  # a fresh interpreter importing torch and loading the models, on a small pair
 
 
@@ -111,17 +106,22 @@ def record_reference(
     budget_s: float | None = None,
     pass_s: float | None = None,
     threads: int | None = None,
+    *,
     run: Any = subprocess.run,
     device: str = "auto",
     what: str = "reference process",
-    extra: int = EXTRA_PROCESSES,
+    extra: int | None = None,
+    policy: CheckPolicy = CHECK_POLICY,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
     processes' measurements and a note on what was skipped. A process that fails is left out; one
-    that finds the machine busy or whose plain passes disagree (MAX_PLAIN_SPREAD) is left out and
-    another takes its place (`extra` at most); each one is killed if it outlives four times
+    that finds the machine busy or whose plain passes spread beyond the policy's `max_plain_spread`
+    (disturbed though the OS saw nothing: its median would make a reference every later check is
+    judged by) is left out and another takes its place (`extra` at most, by default the policy's
+    `extra_processes`); each one is killed if it outlives four times
     its estimate (a minute at least). `threads`: torch's CPU threads in the processes (the run's)."""
+    extra = policy.extra_processes if extra is None else extra
     estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
     kept: list[dict[str, Any]] = []
@@ -151,7 +151,7 @@ def record_reference(
         if not isinstance(got, dict):
             why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
             notes.append(f"{what} {i} failed: {why}")
-        elif got.get("busy") or (got.get("baseline_spread") or 0.0) > MAX_PLAIN_SPREAD:
+        elif got.get("busy") or (got.get("baseline_spread") or 0.0) > policy.max_plain_spread:
             why = (
                 "other work was running"
                 if got.get("busy")

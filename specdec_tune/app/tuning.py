@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..domain import MIN_REFERENCE_PROCESSES, Anchors, DraftSpec
+from ..checkpolicy import CHECK_POLICY
+from ..domain import Anchors, DraftSpec
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.anchors import measure_twice
@@ -217,9 +218,10 @@ def _reference(
     kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, torch.get_num_threads())
     if note:
         progress.note(note)
-    if len(kept) < MIN_REFERENCE_PROCESSES:
+    least = CHECK_POLICY.min_reference_processes
+    if len(kept) < least:
         progress.note(
-            f"fewer than {MIN_REFERENCE_PROCESSES} quiet reference processes: check judges plain tokens/s "
+            f"fewer than {least} quiet reference processes: check judges plain tokens/s "
             "against the final round"
         )
         return profile
@@ -229,7 +231,7 @@ def _reference(
     matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
     profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
     per_anchor = [k["plain_per_anchor"] for k in kept if k.get("plain_per_anchor")]
-    if len(per_anchor) >= MIN_REFERENCE_PROCESSES:
+    if len(per_anchor) >= least:
         profile.anchors.reference_plain_per_anchor = per_anchor
     save_profile(profile, out)
     return profile

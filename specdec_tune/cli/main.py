@@ -15,6 +15,7 @@ import typer
 from .. import __version__
 from .. import app as api
 from ..app.acceptance import parse_given
+from ..checkpolicy import CHECK_POLICY
 from ..errors import SpecDecError
 from ..output.benchmark_action import benchmark_action_entries
 from ..output.categories import bench_categories_table, per_source_table
@@ -261,9 +262,15 @@ def profile_cmd(
 @app.command()
 def check(
     profile: Annotated[Path, typer.Argument(help="A profile YAML written by `specdec-tune run`.")],
-    tolerance: Annotated[float, typer.Option(help="Allowed relative drop of the speedup.")] = 0.10,
+    tolerance: Annotated[
+        float, typer.Option(help="Allowed relative drop of the speedup.")
+    ] = CHECK_POLICY.tolerance,
     acceptance_tolerance: Annotated[
-        float | None, typer.Option(help="Allowed absolute change of α (default 0.02 greedy, 0.08 sampling).")
+        float | None,
+        typer.Option(
+            help=f"Allowed absolute change of α (default {CHECK_POLICY.greedy_acceptance_tolerance} greedy, "
+            f"{CHECK_POLICY.sampled_acceptance_tolerance} sampling)."
+        ),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Timed repeats (median compared).")] = 3,
     allow_other_hardware: Annotated[
@@ -340,9 +347,9 @@ def check(
                 tolerance,
                 acceptance_tolerance,
                 repeats,
-                allow_other_hardware,
-                junit,
-                batch_size,
+                allow_other_hardware=allow_other_hardware,
+                junit=junit,
+                batch_size=batch_size,
                 models_root=models_root,
                 backend=backend,
                 llama_server=llama_server,

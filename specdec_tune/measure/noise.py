@@ -16,13 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..domain import MachineWindow, Noise
 
 PROC = Path("/proc")
-RESOLVE_SHARE = 0.05  # the smallest speedup difference the repeats should resolve
-# Beyond these the OS says the machine is busy: other processes' share of all CPUs, steal's share.
-BUSY_OTHERS = 0.25
-BUSY_STEAL = 0.10
+RESOLVE_SHARE = 0.05  # the smallest speedup difference `run`'s repeats should resolve
 # Busy time beyond what the processes seen at both ends used, by more than this share of all CPUs,
 # is named in `busiest` as short-lived processes.
 UNSEEN_NOTE = 0.02
@@ -153,12 +151,26 @@ def machine_window(
     return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy, **info)
 
 
-def busy_info(info: dict[str, Any]) -> bool:
-    """Whether what the OS said (os_since) is a busy machine: other processes over BUSY_OTHERS of
-    all CPUs, or the hypervisor's steal over BUSY_STEAL."""
-    return (info.get("others_cpu_share") or 0.0) > BUSY_OTHERS or (
-        info.get("steal_share") or 0.0
-    ) > BUSY_STEAL
+def busy_info(
+    info: dict[str, Any],
+    policy: CheckPolicy = CHECK_POLICY,
+    *,
+    threads: int | None = None,
+    cpus: int | None = None,
+) -> bool:
+    """Whether what the OS said (os_since) is a busy machine by `policy` (checkpolicy): other
+    processes over `busy_others_share` of all CPUs, or the hypervisor's steal over
+    `busy_steal_share`; where the policy has `busy_beyond_free_cores_share` (an engine whose
+    `threads` wait for each other, e.g. llama.cpp), also other processes taking more than the
+    cores those threads leave free plus that share of all `cpus`."""
+    others = info.get("others_cpu_share") or 0.0
+    if others > policy.busy_others_share or (info.get("steal_share") or 0.0) > policy.busy_steal_share:
+        return True
+    if policy.busy_beyond_free_cores_share is None:
+        return False
+    n = cpus or os.cpu_count() or 1
+    free = max(0, n - (threads or n))
+    return others * n > free + policy.busy_beyond_free_cores_share * n
 
 
 def during_line(window: MachineWindow) -> str:

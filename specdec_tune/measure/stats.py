@@ -16,6 +16,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..checkpolicy import CHECK_POLICY
+
+# The search's intervals (the check's are its policy's: `judge_speedup`).
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 # Fewer pairs than this never resolve a comparison: with four all on one side a sign test still
@@ -112,11 +115,12 @@ class Judgement:
     ratio: float  # median now / median stored
     interval: tuple[float, float]
     floor: float  # the ratio below which the speedup counts as regressed (1 - tolerance)
+    confidence: float = CHECK_POLICY.confidence  # of `interval`
 
     @property
     def note(self) -> str:
         lo, hi = self.interval
-        return f"now/stored {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] ({CONFIDENCE:.0%}), regressed below {self.floor:.3f}"
+        return f"now/stored {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] ({self.confidence:.0%}), regressed below {self.floor:.3f}"
 
 
 def judge_speedup(
@@ -125,6 +129,9 @@ def judge_speedup(
     stored_median: float,
     tolerance: float,
     seed: int = 0,
+    *,
+    confidence: float = CHECK_POLICY.confidence,
+    resamples: int = CHECK_POLICY.bootstrap_resamples,
 ) -> Judgement:
     """Is the speedup now (per-repeat ratios) below the stored one by more than `tolerance`?
 
@@ -133,6 +140,7 @@ def judge_speedup(
     wholly below the floor: regression; wholly above, or the estimate above it: pass. Across the
     floor with the estimate below it: a regression when the interval is narrower than the
     tolerance (the machine could resolve a change of that size), otherwise inconclusive.
+    `confidence` and `resamples`: the interval's (checkpolicy).
     """
     floor = 1 - tolerance
     rng = random.Random(seed)
@@ -144,13 +152,13 @@ def judge_speedup(
     now = list(now)
     ratio = statistics.median(now) / statistics.median(base)
     if len(now) < 2:
-        return Judgement(PASS if ratio >= floor else INCONCLUSIVE, ratio, (ratio, ratio), floor)
+        return Judgement(PASS if ratio >= floor else INCONCLUSIVE, ratio, (ratio, ratio), floor, confidence)
     draws = sorted(
         statistics.median(rng.choices(now, k=len(now))) / statistics.median(rng.choices(base, k=len(base)))
-        for _ in range(RESAMPLES)
+        for _ in range(resamples)
     )
-    tail = (1 - CONFIDENCE) / 2
-    lo, hi = draws[int(tail * (RESAMPLES - 1))], draws[math.ceil((1 - tail) * (RESAMPLES - 1))]
+    tail = (1 - confidence) / 2
+    lo, hi = draws[int(tail * (resamples - 1))], draws[math.ceil((1 - tail) * (resamples - 1))]
     if hi < floor:
         verdict = REGRESSION
     elif lo >= floor or ratio >= floor:
@@ -159,4 +167,4 @@ def judge_speedup(
         verdict = REGRESSION
     else:
         verdict = INCONCLUSIVE
-    return Judgement(verdict, ratio, (lo, hi), floor)
+    return Judgement(verdict, ratio, (lo, hi), floor, confidence)

@@ -2,7 +2,7 @@
 judging anything.
 
 The machine anchors (copy bandwidth and a small matmul rate, measure.anchors) depend on the
-machine alone: their geometric mean of stored / measured beyond ANCHOR_TOLERANCE (or their own
+machine alone: their geometric mean of stored / measured beyond the policy's `anchor_tolerance` (or their own
 noise) on a quiet machine is other hardware (CLI exit 3). Within it, the machine is the profile's, so
 a slower target is the target's: `check` then judges the tokens/s as well. A profile without machine
 anchors (written before them) keeps the older rule: the target's plain tokens/s decides other
@@ -14,18 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..measure.stats import geometric_mean
 from ..store.schema import Profile
 
-# Anchors this much slower (or faster) than the profile's, on a machine the OS says is quiet, are
-# other hardware, not a regression (a regression of the target itself moves no machine anchor).
-ANCHOR_TOLERANCE = 0.3
 MACHINE_ANCHORS = {"copy_bandwidth_gbps": "copy", "matmul_gflops": "matmul"}
-# Absolute tokens/s moves with any other work on the machine (a ratio timed in one run far less):
-# they are judged only while other processes took at most this share of all CPUs and steal this
-# little; otherwise a drop of them is inconclusive.
-RATE_QUIET_OTHERS = 0.10
-RATE_QUIET_STEAL = 0.05
 
 
 @dataclass
@@ -71,14 +64,25 @@ def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None
     return a.plain_tokens_per_s / plain_tokens_per_s
 
 
-def other_hardware(slowdown: float | None, machine_busy: bool, profile: Profile | None = None) -> bool:
-    """Plain decoding (older profiles) differs beyond the noise: a different machine, unless other
-    work explains it. Beyond the noise: more than ANCHOR_TOLERANCE, or four times the plain passes'
-    variation the profile recorded when that was larger (short passes of a small model vary a lot)."""
+def plain_tolerance(profile: Profile | None, policy: CheckPolicy = CHECK_POLICY) -> float:
+    """How far plain decoding (older profiles) may move before it says other hardware: the policy's
+    `anchor_tolerance`, or `plain_cv_multiple` times the plain passes' variation the profile
+    recorded when that is larger (short passes of a small model vary a lot)."""
+    cv = profile.noise.plain_pass_cv if profile is not None and profile.noise is not None else 0.0
+    return max(policy.anchor_tolerance, policy.plain_cv_multiple * cv)
+
+
+def other_hardware(
+    slowdown: float | None,
+    machine_busy: bool,
+    profile: Profile | None = None,
+    policy: CheckPolicy = CHECK_POLICY,
+) -> bool:
+    """Plain decoding (older profiles) differs beyond the noise (`plain_tolerance`): a different
+    machine, unless other work explains it."""
     if slowdown is None or machine_busy:
         return False
-    cv = profile.noise.plain_pass_cv if profile is not None and profile.noise is not None else 0.0
-    return beyond(slowdown, max(ANCHOR_TOLERANCE, 4 * cv))
+    return beyond(slowdown, plain_tolerance(profile, policy))
 
 
 def beyond(slowdown: float, tolerance: float) -> bool:
@@ -130,26 +134,35 @@ def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: Any) -> fl
 
 
 def anchor_verdict(
-    profile: Profile, plain_tokens_per_s: float, machine: Any, machine_busy: bool
+    profile: Profile,
+    plain_tokens_per_s: float,
+    machine: Any,
+    machine_busy: bool,
+    policy: CheckPolicy = CHECK_POLICY,
 ) -> AnchorVerdict:
     """Other hardware or not, from the machine anchors (`machine`: measure.anchors.MachineSpeed, or
-    None) when the profile has them, else from plain decoding (older profiles)."""
+    None) when the profile has them, else from plain decoding (older profiles); `machine_busy`:
+    the Environment's `busy` (output.environment).
+
+        matmul 100 stored, 95 here, quiet              -> same machine (1.05x), rates judged
+        matmul 100 stored, 55.6 here, quiet            -> other hardware (1.80x slower)
+        matmul 100 stored, 55.6 here, busy             -> the load's: not other hardware, rates judged
+        no machine anchors, plain 80 stored, 44.4 here -> other hardware (by plain tokens/s)"""
     plain = {}
     if profile.anchors is not None and plain_tokens_per_s > 0:
         plain = {"plain_tokens_per_s": [profile.anchors.plain_tokens_per_s, round(plain_tokens_per_s, 3)]}
     slow, pairs = machine_slowdown(profile, machine)
     if slow is not None:
-        tolerance = max(ANCHOR_TOLERANCE, deciding_spread(machine, pairs))
+        tolerance = max(policy.anchor_tolerance, deciding_spread(machine, pairs))
         other = beyond(slow, tolerance) and not machine_busy
         # Anchors apart on a busy machine: the load explains them, and judged rates say inconclusive.
         return AnchorVerdict(slow, "machine anchors", tolerance, other, not other, {**plain, **pairs})
     slow = anchor_slowdown(profile, plain_tokens_per_s)
     if slow is None:
-        return AnchorVerdict(None, "", ANCHOR_TOLERANCE, False, False)
-    cv = profile.noise.plain_pass_cv if profile.noise is not None else 0.0
-    tolerance = max(ANCHOR_TOLERANCE, 4 * cv)
+        return AnchorVerdict(None, "", policy.anchor_tolerance, False, False)
+    tolerance = plain_tolerance(profile, policy)
     return AnchorVerdict(
-        slow, "plain tokens/s", tolerance, other_hardware(slow, machine_busy, profile), False, plain
+        slow, "plain tokens/s", tolerance, other_hardware(slow, machine_busy, profile, policy), False, plain
     )
 
 
@@ -170,13 +183,4 @@ def other_hardware_message(path: Any, verdict: AnchorVerdict, rerun: str = "spec
     return (
         f"{path}: other hardware (measured {words}: {what}) on a quiet machine, though the slug is "
         f"the same; re-run `{rerun}` here or pass --allow-other-hardware to judge anyway"
-    )
-
-
-def rates_busy(os_noise: dict[str, Any], machine_busy: bool) -> bool:
-    """Too much other work for absolute tokens/s to be judged (see RATE_QUIET_OTHERS)."""
-    return (
-        machine_busy
-        or (os_noise.get("others_cpu_share") or 0.0) > RATE_QUIET_OTHERS
-        or (os_noise.get("steal_share") or 0.0) > RATE_QUIET_STEAL
     )

@@ -1,4 +1,6 @@
-"""Judge a re-measurement of a stored profile: the CI regression gate (the measuring is `app.check`).
+"""Judge a re-measurement of a stored profile: the CI regression gate, data -> verdict (the
+measuring is app.checking). Every threshold is the policy's (checkpolicy.CheckPolicy); what the
+machine did is an Environment (output.environment); one stored config's evidence is an Evidence.
 
 The speedup is judged with a test, not a single threshold: the bootstrap interval of (speedup now /
 speedup stored), over the per-repeat ratios of both, against the floor 1 - tolerance
@@ -6,103 +8,114 @@ speedup stored), over the per-repeat ratios of both, against the floor 1 - toler
 noisy to tell (CLI exit 6). Greedy acceptance is deterministic on the same hardware and dtype, so
 its tolerance is tight.
 
-Before judging, the anchors tell other hardware from a regression (`anchor_verdict`): the machine
-anchors (copy bandwidth, a small matmul rate: measure.anchors) far from the profile's on a quiet
-machine are other hardware (CLI exit 3). When they agree, a slower target is a regression even
-though its speedup holds, so the plain and the speculative tokens/s are judged too, with the same
-test (`rate_items`); absolute rates move with any other work, so on a machine that is not quiet a
-drop of them is inconclusive. Profiles without machine anchors (written before them) keep the older
-rule: plain tokens/s decides other hardware and tokens/s is information only.
+Before judging, the anchors tell other hardware from a regression (output.anchors). When they
+agree, a slower target is a regression even though its speedup holds, so the plain tokens/s is
+judged too, with the same test (output.rates); absolute rates move with any other work, so on a
+machine that is not quiet a drop of them is inconclusive. The rules, one example each (stored
+speedup 1.0, tolerance 0.10, so the floor is 0.90; `tests/output/test_verdict_rules.py`):
+
+    speedup [1.0, 1.01, 0.99], quiet              -> pass
+    speedup [0.50, 0.60, 0.55], quiet             -> regression (interval wholly below 0.90)
+    speedup [0.84, 0.85, 0.86], shared or busy    -> inconclusive: other work shared the machine
+    speedup [0.6, 1.3, 0.85, 1.2, 0.7], quiet     -> inconclusive: too noisy to tell
+    acceptance 0.70 stored, 0.69 now, greedy      -> pass (within ±0.02; ±0.08 when sampling)
+    acceptance 0.70 stored, 0.50 now              -> regression, whatever the load
+    greedy, 1 prompt's output differs             -> greedy exactness fails, whatever the load
+    no draft (config none)                        -> no acceptance item
+    anchors do not agree (judge_rates False)      -> tokens/s information only
+    first speedup [0.85, 0.88, 0.80]              -> not clearly a pass: measured again
+                                                     (the repeats its spread needs, 12 at most)
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
-from ..domain import MIN_REFERENCE_PROCESSES
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
-from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, judge_speedup
+from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, Judgement
 from ..store.schema import Profile
-from .rates import JUDGED_RATES, PER_ANCHOR, RATES, in_fresh, info_item, judge_rate, rate_items
-from .verdicts import CheckItem, CheckReport
+from .rates import PER_ANCHOR, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
+from .verdicts import CheckItem, CheckReport, Evidence
 
-__all__ = ["CheckItem", "CheckReport", "rate_items"]  # where callers have always found them
+__all__ = ["CheckItem", "CheckReport", "Evidence", "rate_items"]  # where callers have always found them
+
+# A speedup measured while other work took a share of the CPUs past the policy's shared line (or
+# steal rose): said so, not "busy", which is the OS rule's word (the JSON's noise.busy)
+SHARED = "other work shared the machine"
 
 
 def speedup_floor(profile: Profile, tolerance: float, stored: Any = None) -> float:
     """The lowest speedup that still passes: the stored one (the best config's, or `stored`
     metrics') minus `tolerance` (relative)."""
+    check_tolerance(tolerance)
+    return (stored or profile.best.metrics).speedup * (1 - tolerance)
+
+
+def check_tolerance(tolerance: float) -> None:
     if not 0 < tolerance < 1:
         raise SpecDecError(f"--tolerance must be in (0, 1), got {tolerance}")
-    return (stored or profile.best.metrics).speedup * (1 - tolerance)
+
+
+def weights_item(
+    stored_hash: str, hash_now: str, changed: str = "the target model files changed"
+) -> CheckItem:
+    """The target's weights: the same content hash as the profile's, else a failed item."""
+    same = hash_now == stored_hash
+    return CheckItem("target weights", stored_hash, hash_now, same, "" if same else changed)
 
 
 def judge(
     profile: Profile,
     profile_path: str,
-    measured: Any,
-    again: Any | None,
+    evidence: Evidence,
     weights_hash: str,
-    tolerance: float = 0.10,
+    tolerance: float = CHECK_POLICY.tolerance,
+    *,
     acceptance_tolerance: float | None = None,
-    busy: bool = False,
-    judge_rates: bool = False,
-    rates_busy: bool = False,
-    rate_scale: float = 1.0,
+    policy: CheckPolicy = CHECK_POLICY,
 ) -> CheckReport:
-    """Compare a re-measurement (`bench.Measurement` of the best config; `again`: the second one
-    taken when the first did not clearly pass) with what the profile stored. `busy`: the OS said
-    other work shared the machine meanwhile (see `judge_config`); `judge_rates`, `rates_busy`: see
-    `rate_items`."""
+    """The report of a profile's best config re-measured (`evidence`, output.verdicts): the
+    target's weights, then `judge_config`'s items."""
     report = CheckReport(profile=profile_path, config=profile.best.config.label)
-    same = weights_hash == profile.target.content_hash
-    note = "" if same else "the target model files changed"
-    report.items.append(CheckItem("target weights", profile.target.content_hash, weights_hash, same, note))
+    report.items.append(weights_item(profile.target.content_hash, weights_hash))
     report.items += judge_config(
-        profile.best,
-        profile.workload.temperature,
-        measured,
-        again,
-        tolerance,
-        acceptance_tolerance,
-        busy=busy,
-        judge_rates=judge_rates,
-        rates_busy=rates_busy,
-        rate_scale=rate_scale,
-        reference=reference_of(profile),
+        evidence, tolerance, acceptance_tolerance=acceptance_tolerance, policy=policy
     )
     return report
 
 
 def judge_config(
-    stored_result: Any,
-    temperature: float,
-    measured: Any,
-    again: Any | None,
-    tolerance: float = 0.10,
+    e: Evidence,
+    tolerance: float = CHECK_POLICY.tolerance,
+    *,
     acceptance_tolerance: float | None = None,
-    where: str = "",
-    busy: bool = False,
-    judge_rates: bool = False,
-    rates_busy: bool = False,
-    rate_scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
+    policy: CheckPolicy = CHECK_POLICY,
 ) -> list[CheckItem]:
-    """The items of one stored config re-measured (`where` names it, e.g. " @ B=4").
+    """The items of one stored config re-measured (`e.where` names it, e.g. " @ B=4"): the speedup,
+    the acceptance (a draft's), greedy exactness (temperature 0), and the rates (judged where
+    `e.judge_rates`, else information only)."""
+    items = [speedup_item(e, tolerance, policy)]
+    items += [i for i in (acceptance_item(e, acceptance_tolerance, policy), exactness_item(e)) if i]
+    if e.judge_rates:
+        return items + rate_items(e, tolerance, policy)
+    stored, m = e.stored.metrics, e.measured.metrics
+    return items + [info_item(f"{k}{e.where}", getattr(stored, k), getattr(m, k)) for k in RATES]
 
-    On a `busy` machine other work takes the target's cores and speculation gains less, by more
-    than any tolerance: with one core of two kept busy, checks of an unchanged setup measured
-    0.75-0.89 of the stored speedup (benchmarks/interference.py). A drop there cannot be told from
-    the load, so it is inconclusive, never a regression; acceptance and exactness, which no load
-    changes, are still judged.
-    """
-    stored = stored_result.metrics
-    m = measured.metrics
-    items = []
-    judged = judge_measured(stored, measured, again, tolerance, reference)
-    if busy and judged.verdict == REGRESSION:
+
+def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> CheckItem:
+    """The speedup's floor test (`judge_measured`). On a machine that is not quiet other work takes
+    the target's cores and speculation gains less, by more than any tolerance: with one core of two
+    kept busy, checks of an unchanged setup measured 0.75-0.89 of the stored speedup
+    (benchmarks/interference.py). A drop there cannot be told from the load, so it is
+    inconclusive, never a regression."""
+    stored, m, measured, again = e.stored.metrics, e.measured.metrics, e.measured, e.again
+    shared = not e.environment.quiet
+    judged = judge_measured(e, tolerance, policy)
+    if shared and judged.verdict == REGRESSION:
         judged.verdict = INCONCLUSIVE
     confirm = ""
     if again is not None:
@@ -113,57 +126,58 @@ def judge_config(
             confirm = (
                 f"; first {m.speedup:.3f}, so {in_fresh(again.processes, len(samples_of(measured, again)))}"
             )
-    ref = reference_speedups(reference)
+    ref = reference_speedups(e.reference, policy)
     if ref:
         against = f"the reference ({len(ref)} fresh processes)"
     else:
         against = "stored repeats" if stored.speedup_samples else "stored median"
     note = f"{judged.note} vs {against}{confirm}"
     if judged.verdict == INCONCLUSIVE:
-        note += "; inconclusive: " + (SHARED if busy else "too noisy to tell")
-    elif busy:
+        note += "; inconclusive: " + (SHARED if shared else "too noisy to tell")
+    elif shared:
         note += "; " + SHARED
-    items.append(
-        CheckItem(
-            f"speedup{where}",
-            round(statistics.median(ref) if ref else stored.speedup, 4),
-            round(judged.ratio * (statistics.median(ref) if ref else stored.speedup), 4),
-            judged.verdict != REGRESSION,
-            note,
-            inconclusive=judged.verdict == INCONCLUSIVE,
-        )
+    base = statistics.median(ref) if ref else stored.speedup
+    return CheckItem(
+        f"speedup{e.where}",
+        round(base, 4),
+        round(judged.ratio * base, 4),
+        judged.verdict != REGRESSION,
+        note,
+        inconclusive=judged.verdict == INCONCLUSIVE,
     )
-    if stored_result.config.draft.kind != "none":
-        tol = acceptance_tolerance
-        if tol is None:
-            tol = 0.02 if temperature == 0 else 0.08
-        diff = abs(m.acceptance_rate - stored.acceptance_rate)
-        items.append(
-            CheckItem(
-                f"acceptance_rate{where}",
-                round(stored.acceptance_rate, 4),
-                round(m.acceptance_rate, 4),
-                diff <= tol,
-                f"must be within ±{tol:.3f}",
-            )
-        )
-    if temperature == 0:
-        items.append(
-            CheckItem(
-                f"greedy exactness{where}",
-                0,
-                measured.mismatches,
-                measured.mismatches == 0,
-                "prompts whose speculative output differs from the target's own",
-            )
-        )
-    if judge_rates:
-        return items + rate_items(
-            stored, measured, again, tolerance, rates_busy, where, rate_scale, reference
-        )
-    for metric in RATES:
-        items.append(info_item(f"{metric}{where}", getattr(stored, metric), getattr(m, metric)))
-    return items
+
+
+def acceptance_item(
+    e: Evidence, acceptance_tolerance: float | None = None, policy: CheckPolicy = CHECK_POLICY
+) -> CheckItem | None:
+    """|α now - α stored| within `acceptance_tolerance` (default: the policy's, greedy or sampled);
+    no load changes α, so this is judged on any machine. None for a config without a draft."""
+    if e.stored.config.draft.kind == "none":
+        return None
+    tol = policy.acceptance_tolerance(e.temperature) if acceptance_tolerance is None else acceptance_tolerance
+    stored, now = e.stored.metrics.acceptance_rate, e.measured.metrics.acceptance_rate
+    return CheckItem(
+        f"acceptance_rate{e.where}",
+        round(stored, 4),
+        round(now, 4),
+        abs(now - stored) <= tol,
+        f"must be within ±{tol:.3f}",
+    )
+
+
+def exactness_item(e: Evidence) -> CheckItem | None:
+    """At temperature 0, no prompt's speculative output may differ from the target's own; None when
+    sampling."""
+    if e.temperature != 0:
+        return None
+    n = e.measured.mismatches
+    return CheckItem(
+        f"greedy exactness{e.where}",
+        0,
+        n,
+        n == 0,
+        "prompts whose speculative output differs from the target's own",
+    )
 
 
 def samples_of(measured: Any, again: Any | None) -> list[float]:
@@ -172,39 +186,31 @@ def samples_of(measured: Any, again: Any | None) -> list[float]:
     return out + (list(again.speedups or [again.metrics.speedup]) if again is not None else [])
 
 
-def judge_measured(
-    stored: Any,
-    measured: Any,
-    again: Any | None,
-    tolerance: float,
-    reference: dict[str, list[float]] | None = None,
-) -> Any:
-    """`stats.judge_speedup` of a re-measurement against the reference processes' speedups where the
-    profile has them (`reference_of`), else against the stored metrics (the final round's repeats,
-    all from the one process that ran the search)."""
-    if not 0 < tolerance < 1:
-        raise SpecDecError(f"--tolerance must be in (0, 1), got {tolerance}")
-    ref = reference_speedups(reference)
+def judge_measured(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> Judgement:
+    """The floor test of a re-measurement's speedups (and its confirmation's) against the reference
+    processes' speedups where the profile has them (`reference_of`), else against the stored
+    metrics (the final round's repeats, all from the one process that ran the search)."""
+    check_tolerance(tolerance)
+    now = samples_of(e.measured, e.again)
+    ref = reference_speedups(e.reference, policy)
     if ref:
-        return judge_speedup(samples_of(measured, again), ref, statistics.median(ref), tolerance)
-    return judge_speedup(samples_of(measured, again), stored.speedup_samples, stored.speedup, tolerance)
+        return floor_test(now, ref, statistics.median(ref), tolerance, policy)
+    stored = e.stored.metrics
+    return floor_test(now, stored.speedup_samples, stored.speedup, tolerance, policy)
 
 
-def reference_speedups(reference: dict[str, list[float]] | None) -> list[float]:
-    """The reference processes' speedups (one each), when at least two processes recorded one."""
+def reference_speedups(
+    reference: dict[str, list[float]] | None, policy: CheckPolicy = CHECK_POLICY
+) -> list[float]:
+    """The reference processes' speedups (one each), when at least the policy's
+    `min_reference_processes` recorded one."""
     ref = (reference or {}).get("speedup") or []
-    return list(ref) if len(ref) >= MIN_REFERENCE_PROCESSES else []
-
-
-MAX_CONFIRM_REPEATS = 12
-# A speedup measured while other work took over 10 % of the CPUs (or steal time rose): said so,
-# not "busy", which is the OS rule's word for over 25 % (the JSON's noise.busy)
-SHARED = "other work shared the machine"
+    return list(ref) if len(ref) >= policy.min_reference_processes else []
 
 
 def reference_of(profile: Profile) -> dict[str, list[float]]:
     """The profile's reference tokens/s per metric (app.reference: one median per fresh process,
-    measured as `check` measures), where it has at least two; {} for older profiles."""
+    measured as `check` measures), where it has enough; {} for older profiles."""
     a = profile.anchors
     if a is None or not a.has_reference:
         return {}
@@ -218,31 +224,28 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
     return out
 
 
-def needs_confirmation(
-    stored: Any,
-    measured: Any,
-    tolerance: float,
-    judge_rates: bool = False,
-    rate_scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
-) -> bool:
-    """Measure again? When the speedup (or, judged, the plain tokens/s) did not clearly pass."""
-    if judge_measured(stored, measured, None, tolerance, reference).verdict != PASS:
+def needs_confirmation(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> bool:
+    """Measure again? When the speedup (or, where `e.judge_rates`, a judged tokens/s) of the first
+    measurement did not clearly pass (`e.again` is not looked at)."""
+    if judge_measured(e, tolerance, policy).verdict != PASS:
         return True
-    return judge_rates and any(
-        judge_rate(stored, measured, None, metric, tolerance, rate_scale, reference).verdict != PASS
-        for metric in JUDGED_RATES
+    return e.judge_rates and any(
+        judge_rate(e, metric, tolerance, policy).verdict != PASS for metric in policy.judged_rates
     )
 
 
-def confirm_repeats(measured: Any, repeats: int) -> int:
+def confirm_repeats(measured: Any, repeats: int, policy: CheckPolicy = CHECK_POLICY) -> int:
     """Repeats for the confirming re-measurement: as many as the first one's spread needs to resolve
-    5 % (`noise.repeats_needed`; a ratio of two passes varies sqrt(2) times one pass), capped."""
-    import math
+    the policy's `confirm_resolve_share` (`noise.repeats_needed`; a ratio of two passes varies
+    sqrt(2) times one pass), at most `max_confirm_repeats`, never fewer than `repeats`.
 
+        speedups [0.97, 1.00, 1.03], 3 repeats -> 6 (cv 3 %: resolving 5 % needs 6)
+        speedups [0.85, 0.88, 0.80], 3 repeats -> 12 (cv 4.8 % needs 15: capped)
+        speedups [1.0], 3 repeats              -> 3 (no spread to size it by)"""
     xs = list(measured.speedups or [])
     if len(xs) < 2:
         return repeats
     mean = sum(xs) / len(xs)
     cv = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / mean if mean > 0 else 0.0
-    return max(repeats, min(MAX_CONFIRM_REPEATS, repeats_needed(cv / math.sqrt(2))))
+    needed = repeats_needed(cv / math.sqrt(2), policy.confirm_resolve_share)
+    return max(repeats, min(policy.max_confirm_repeats, needed))

@@ -11,8 +11,24 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..measure.stats import INCONCLUSIVE, REGRESSION, judge_speedup
-from .verdicts import CheckItem
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
+from ..measure.stats import INCONCLUSIVE, REGRESSION, Judgement, judge_speedup
+from .verdicts import CheckItem, Evidence
+
+
+def floor_test(
+    now: list[float], stored: list[float], stored_median: float, tolerance: float, policy: CheckPolicy
+) -> Judgement:
+    """`stats.judge_speedup` at the policy's confidence and resamples: now / stored against the
+    floor 1 - `tolerance` (pass, regression, or inconclusive when too noisy to tell)."""
+    return judge_speedup(
+        now,
+        stored,
+        stored_median,
+        tolerance,
+        confidence=policy.confidence,
+        resamples=policy.bootstrap_resamples,
+    )
 
 
 def info_item(name: str, stored: float, measured: float, note: str = "information only") -> CheckItem:
@@ -21,10 +37,6 @@ def info_item(name: str, stored: float, measured: float, note: str = "informatio
 
 
 RATES = {"tokens_per_s": "rates", "baseline_tokens_per_s": "baseline_rates"}  # metric: per-repeat field
-# The one rate judged: the speculative tokens/s is the speedup times the plain tokens/s, both judged
-# on their own, and as their product it carries both their noise (in benchmarks/interference.py 3
-# of 10 quiet checks failed on it alone, the speedup and the plain rate passing).
-JUDGED_RATES = ("baseline_tokens_per_s",)
 
 
 def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
@@ -49,37 +61,29 @@ def per_anchor_of(measured: Any, again: Any | None) -> list[float]:
     return out
 
 
-def judge_rate(
-    stored: Any,
-    measured: Any,
-    again: Any | None,
-    metric: str,
-    tolerance: float,
-    scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
-) -> Any:
-    """`stats.judge_speedup` of a tokens/s against the reference processes' medians when the
-    profile has them (their spread widens the interval), else against the final round's median;
-    `scale`: the measured rates times this first (see `rate_items`). The plain tokens/s measured
-    beside a decode anchor is judged per anchor step against the reference's (`anchored`)."""
-    if anchored(metric, measured, again, reference):
-        ref = reference[PER_ANCHOR]
-        return judge_speedup(per_anchor_of(measured, again), ref, statistics.median(ref), tolerance)
-    rates = [r * scale for r in rates_of(measured, again, metric)]
-    ref = (reference or {}).get(metric)
+def judge_rate(e: Evidence, metric: str, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> Judgement:
+    """The floor test of a tokens/s against the reference processes' medians when the profile has
+    them (their spread widens the interval), else against the final round's median; the measured
+    rates times `e.rate_scale` first (see `rate_items`). The plain tokens/s measured beside a
+    decode anchor is judged per anchor step against the reference's (`anchored`)."""
+    if anchored(metric, e):
+        ref = e.reference[PER_ANCHOR]
+        return floor_test(per_anchor_of(e.measured, e.again), ref, statistics.median(ref), tolerance, policy)
+    rates = [r * e.rate_scale for r in rates_of(e.measured, e.again, metric)]
+    ref = e.reference.get(metric)
     if ref:
-        return judge_speedup(rates, ref, statistics.median(ref), tolerance)
-    return judge_speedup(rates, [], getattr(stored, metric), tolerance)
+        return floor_test(rates, ref, statistics.median(ref), tolerance, policy)
+    return floor_test(rates, [], getattr(e.stored.metrics, metric), tolerance, policy)
 
 
-def anchored(metric: str, measured: Any, again: Any | None, reference: dict[str, list[float]] | None) -> bool:
+def anchored(metric: str, e: Evidence) -> bool:
     """Whether the plain tokens/s is judged per decode-anchor step: the profile has that reference
     and this check measured the anchor beside plain decoding. The machine's own speed cancels in
     the ratio, so neither `rate_scale` nor the anchor drift rule applies to it."""
     return (
         metric == "baseline_tokens_per_s"
-        and bool((reference or {}).get(PER_ANCHOR))
-        and bool(per_anchor_of(measured, again))
+        and bool(e.reference.get(PER_ANCHOR))
+        and bool(per_anchor_of(e.measured, e.again))
     )
 
 
@@ -88,34 +92,30 @@ def in_fresh(processes: int, medians: int) -> str:
     return f"re-measured in {processes} fresh process{'es' * (processes > 1)}: judged on {medians} process medians"
 
 
-def rate_items(
-    stored: Any,
-    measured: Any,
-    again: Any | None,
-    tolerance: float,
-    busy: bool,
-    where: str = "",
-    scale: float = 1.0,
-    reference: dict[str, list[float]] | None = None,
-) -> list[CheckItem]:
+def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> list[CheckItem]:
     """The plain tokens/s judged like the speedup (the machine anchors agreed, so a drop is the
     setup's): a regression when clearly below stored × (1 - tolerance); inconclusive instead when
-    too noisy, or on a `busy` machine (absolute rates are the load's). The speculative tokens/s is
-    reported, not judged (`JUDGED_RATES`).
+    too noisy, or when `e.environment.rates_doubtful` (not quiet, or drifting: absolute rates are
+    then the host's). The speculative tokens/s is reported, not judged (the policy's `judged_rates`).
 
-    `scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed the
-    profile's machine had: a VM measures a few per cent faster or slower from one minute to the
+        stored 80, measured [68.0, 68.5, 67.6], quiet    -> regression (now/stored 0.85 < 0.90)
+        the same, others 0.18 of the CPUs (shared)       -> inconclusive: the machine was not quiet
+        stored 80, measured [79, 81, 80], quiet          -> pass
+
+    `e.rate_scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed
+    the profile's machine had: a VM measures a few per cent faster or slower from one minute to the
     next, and unscaled that hid a 15 % slower target forward whenever the machine ran 2-5 %
     faster (benchmarks/interference.py). The reported value stays the unscaled one.
 
-    `reference` (`reference_of`): the medians of fresh processes that measured the best config as
+    `e.reference` (`reference_of`): the medians of fresh processes that measured the best config as
     `check` does right after the run; the stored value is then their median (app.reference says
     why the final round's own rate is a poorer one)."""
     items = []
-    reference = reference or {}
+    measured, again, where, scale, stored = e.measured, e.again, e.where, e.rate_scale, e.stored.metrics
+    busy = e.environment.rates_doubtful
     for metric in RATES:
-        if metric not in JUDGED_RATES:
-            ref = reference.get(metric)
+        if metric not in policy.judged_rates:
+            ref = e.reference.get(metric)
             items.append(
                 info_item(
                     f"{metric}{where}",
@@ -125,13 +125,13 @@ def rate_items(
                 )
             )
             continue
-        judged = judge_rate(stored, measured, again, metric, tolerance, scale, reference)
+        judged = judge_rate(e, metric, tolerance, policy)
         if busy and judged.verdict == REGRESSION:
             judged.verdict = INCONCLUSIVE
-        ref = reference.get(metric)
+        ref = e.reference.get(metric)
         base = statistics.median(ref) if ref else getattr(stored, metric)
         against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
-        per_anchor = anchored(metric, measured, again, reference)
+        per_anchor = anchored(metric, e)
         if per_anchor:  # judged by the ratio; stored and measured stay the absolute rates
             note = (
                 f"per decode-anchor step (timed between the plain passes, the machine's own speed "

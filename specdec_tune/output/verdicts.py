@@ -1,10 +1,34 @@
-"""What `check` reports: one item per judged or reported metric, and the report of one profile
-(the judging is output.check and output.rates; the rendering output.reports and output.junit)."""
+"""What `check` judges and what it reports: the evidence of one stored config re-measured, one item
+per judged or reported metric, and the report of one profile (the judging is output.check and
+output.rates; the rendering output.reports and output.junit)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .environment import Environment
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What `check` gathered for one stored config: what it stored (`stored`: a search Result, its
+    `config` and `metrics`), what it measured now (`measured`: a bench.Measurement; `again`: the
+    confirmation, None when the first clearly passed) and on what machine (`environment`).
+
+    `judge_rates`: the machine anchors agree, so the plain tokens/s is judged, at `rate_scale`
+    (output.anchors.rate_scale_for); `reference`: the profile's fresh-process reference
+    (output.check.reference_of, {} for older profiles); `where`: the items' suffix (" @ B=4")."""
+
+    stored: Any
+    measured: Any
+    again: Any | None = None
+    temperature: float = 0.0
+    environment: Environment = field(default_factory=Environment)
+    judge_rates: bool = False
+    rate_scale: float = 1.0
+    reference: dict[str, list[float]] = field(default_factory=dict)
+    where: str = ""
 
 
 @dataclass

@@ -8,8 +8,9 @@ import pytest
 
 from specdec_tune.domain import Anchors, Metrics
 from specdec_tune.measure.anchors import MachineSpeed, faster
-from specdec_tune.output.anchors import anchor_verdict, other_hardware_message, rates_busy
-from specdec_tune.output.check import needs_confirmation, rate_items
+from specdec_tune.output.anchors import anchor_verdict, other_hardware_message
+from specdec_tune.output.check import Evidence, needs_confirmation, rate_items
+from specdec_tune.output.environment import BUSY, QUIET, SHARED, Environment, load_of
 
 
 def _profile(**anchors):
@@ -30,6 +31,24 @@ def _measured(rates, baseline_rates, speedups=(1.25, 1.26, 1.24)):
 
 
 MACHINE = {"copy_bandwidth_gbps": 20.0, "matmul_gflops": 100.0}
+STORED = SimpleNamespace(config=None, metrics=_metrics())
+
+
+def _evidence(measured, busy=False, scale=1.0, reference=None, judge_rates=True):
+    """What check gathered: the stored metrics, `measured`, on a quiet (or not quiet) machine."""
+    env = Environment(BUSY if busy else QUIET)
+    return Evidence(
+        STORED,
+        measured,
+        environment=env,
+        judge_rates=judge_rates,
+        rate_scale=scale,
+        reference=reference or {},
+    )
+
+
+def _rates(measured, busy=False, scale=1.0, reference=None):
+    return rate_items(_evidence(measured, busy, scale, reference), 0.10)
 
 
 def test_the_matmul_anchor_decides_and_copy_is_reported():
@@ -75,21 +94,20 @@ def test_without_machine_anchors_plain_decoding_decides_and_rates_are_not_judged
 
 
 def test_a_clearly_lower_rate_is_a_regression_and_inconclusive_when_not_quiet():
-    stored = _metrics()
     slower = _measured([85.0, 86.0, 84.5], [68.0, 68.5, 67.6])
-    items = {i.metric: i for i in rate_items(stored, slower, None, 0.10, busy=False)}
+    items = {i.metric: i for i in _rates(slower)}
     assert not items["baseline_tokens_per_s"].ok
     assert items["baseline_tokens_per_s"].measured == pytest.approx(68.0)
     # The speculative rate is the speedup times the plain rate: reported, never judged on its own.
     assert items["tokens_per_s"].ok and items["tokens_per_s"].note.startswith("information only")
     assert items["tokens_per_s"].measured == pytest.approx(85.0)
-    items = {i.metric: i for i in rate_items(stored, slower, None, 0.10, busy=True)}
+    items = {i.metric: i for i in _rates(slower, busy=True)}
     assert items["baseline_tokens_per_s"].ok and items["baseline_tokens_per_s"].inconclusive
     same = _measured([99.0, 101.0, 100.0], [79.0, 81.0, 80.0])
-    assert all(i.ok and not i.inconclusive for i in rate_items(stored, same, None, 0.10, busy=False))
+    assert all(i.ok and not i.inconclusive for i in _rates(same))
     # Judged rates ask for the confirming measurement; the speedup alone would not.
-    assert needs_confirmation(stored, slower, 0.10, judge_rates=True)
-    assert not needs_confirmation(stored, slower, 0.10, judge_rates=False)
+    assert needs_confirmation(_evidence(slower), 0.10)
+    assert not needs_confirmation(_evidence(slower, judge_rates=False), 0.10)
 
 
 def test_rates_are_judged_at_the_profiles_machine_speed():
@@ -99,28 +117,27 @@ def test_rates_are_judged_at_the_profiles_machine_speed():
     v = anchor_verdict(p, 73.9, MachineSpeed(20.0, 105.0, 0.05), machine_busy=False)
     assert v.judge_rates and not v.other_hardware and v.rate_scale == pytest.approx(100 / 105)
     assert v.as_dict()["rate_scale"] == pytest.approx(0.9524, abs=1e-4)
-    stored = _metrics()
     slower = _measured([93.0, 93.5, 92.5], [73.9, 74.2, 73.6])
-    assert all(i.ok for i in rate_items(stored, slower, None, 0.10, busy=False))
-    items = {i.metric: i for i in rate_items(stored, slower, None, 0.10, busy=False, scale=v.rate_scale)}
+    assert all(i.ok for i in _rates(slower))
+    items = {i.metric: i for i in _rates(slower, scale=v.rate_scale)}
     assert not items["baseline_tokens_per_s"].ok
     assert items["baseline_tokens_per_s"].measured == pytest.approx(73.9)  # reported unscaled
     assert "scaled ×0.952" in items["baseline_tokens_per_s"].note
-    assert needs_confirmation(stored, slower, 0.10, judge_rates=True, rate_scale=v.rate_scale)
+    assert needs_confirmation(_evidence(slower, scale=v.rate_scale), 0.10)
     # The same machine measured 5 % slower: an unchanged target passes once scaled.
     v = anchor_verdict(p, 76.2, MachineSpeed(20.0, 95.0, 0.05), machine_busy=False)
     same = _measured([95.0, 95.4, 94.6], [76.2, 76.0, 76.5])
-    assert all(i.ok for i in rate_items(stored, same, None, 0.10, busy=False, scale=v.rate_scale))
+    assert all(i.ok for i in _rates(same, scale=v.rate_scale))
     # Other hardware, or no machine anchors: nothing is scaled.
     assert anchor_verdict(p, 80.0, MachineSpeed(20.0, 50.0, 0.05), machine_busy=False).rate_scale == 1.0
     assert anchor_verdict(_profile(), 80.0, MachineSpeed(20.0, 50.0), machine_busy=False).rate_scale == 1.0
 
 
-def test_rates_busy_and_the_faster_of_two_measurements():
-    assert not rates_busy({"others_cpu_share": 0.05, "steal_share": 0.0}, False)
-    assert rates_busy({"others_cpu_share": 0.2, "steal_share": 0.0}, False)
-    assert rates_busy({"others_cpu_share": None, "steal_share": 0.2}, False)
-    assert rates_busy({}, True)
+def test_the_load_and_the_faster_of_two_measurements():
+    assert load_of({"others_cpu_share": 0.05, "steal_share": 0.0}) == QUIET
+    assert load_of({"others_cpu_share": 0.2, "steal_share": 0.0}) == SHARED
+    assert load_of({"others_cpu_share": None, "steal_share": 0.2}) == BUSY
+    assert load_of({}, busy_seen=True) == BUSY
     assert faster(MachineSpeed(10.0, 90.0, 0.3), MachineSpeed(12.0, 80.0, 0.1)) == MachineSpeed(
         12.0, 90.0, 0.1
     )
@@ -183,7 +200,6 @@ def test_measure_twice_says_how_far_the_matmul_moved(monkeypatch):
 def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
     """Measured beside a decode anchor, the plain rate is judged by its ratio to the anchor's
     against the reference's ratio: a slower host is no regression, a slower target is one."""
-    stored = _metrics()
     reference = {
         "tokens_per_s": [100.0, 100.5, 99.5],
         "baseline_tokens_per_s": [80.0, 80.5, 79.5],
@@ -194,20 +210,20 @@ def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
     def judged(baseline, per_anchor, busy=False):
         m = _measured([85.0, 86.0, 84.5], baseline)
         m.plain_per_anchor = list(per_anchor)
-        items = {i.metric: i for i in rate_items(stored, m, None, 0.10, busy, reference=reference)}
+        items = {i.metric: i for i in _rates(m, busy, reference=reference)}
         return m, items["baseline_tokens_per_s"]
 
     slow_host, item = judged([64.0, 64.5, 63.8], [0.70, 0.702, 0.699])
     assert item.ok and not item.inconclusive and item.measured == 64.0 and item.stored == 80.0
     assert "per decode-anchor step" in item.note
-    assert not needs_confirmation(stored, slow_host, 0.10, True, 1.0, reference)
+    assert not needs_confirmation(_evidence(slow_host, reference=reference), 0.10)
     slow_target, item = judged([80.0, 80.5, 79.8], [0.595, 0.597, 0.594])  # the host 15 % faster
     assert not item.ok and not item.inconclusive
-    assert needs_confirmation(stored, slow_target, 0.10, True, 1.0, reference)
+    assert needs_confirmation(_evidence(slow_target, reference=reference), 0.10)
     _, item = judged([68.0, 68.5, 67.6], [0.595, 0.597, 0.594], busy=True)
     assert item.ok and item.inconclusive  # other work: the load's, never a regression
     # measured without the anchor (or a reference without its ratio): the absolute rate decides
     m = _measured([85.0, 86.0, 84.5], [64.0, 64.5, 63.8])
-    items = {i.metric: i for i in rate_items(stored, m, None, 0.10, False, reference=reference)}
+    items = {i.metric: i for i in _rates(m, reference=reference)}
     assert not items["baseline_tokens_per_s"].ok
     assert "per decode-anchor step" not in items["baseline_tokens_per_s"].note

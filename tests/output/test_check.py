@@ -183,7 +183,7 @@ def test_a_speedup_below_the_floor_is_measured_again(
 
     monkeypatch.setattr(bench, "measure", fake_measure)
     _quiet(monkeypatch)
-    report = app.check(edited, "cpu", 0.1, None, 3, False)
+    report = app.check(edited, "cpu", 0.1, None, 3)
     item = next(i for i in report.items if i.metric == "speedup")
     # The second measurement takes the repeats the first one's spread needs.
     assert calls[0] == 3 and 3 <= calls[1] <= 12 and item.ok is passes and "re-measured" in item.note
@@ -204,7 +204,7 @@ def _edited(stored_profile, tmp_path, speedup=None, samples=None, anchors="drop"
         doc["anchors"] = None
     elif anchors is not None:
         doc["anchors"] = anchors
-        doc["noise"] = None  # the anchors' tolerance stays ANCHOR_TOLERANCE
+        doc["noise"] = None  # the anchors' tolerance stays the policy's anchor_tolerance
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(doc, sort_keys=False))
     return edited
@@ -239,7 +239,7 @@ def test_a_batch_row_drop_under_other_work_is_inconclusive(
     edited.write_text(yaml.safe_dump(doc, sort_keys=False))
     monkeypatch.setattr(batched, "measure_batched", lambda *a, **k: _fake([1.5, 1.5, 1.51]))
     _quiet(monkeypatch, busy=busy, others=others)
-    report = app.check(edited, "cpu", 0.1, 2, 3, False)
+    report = app.check(edited, "cpu", 0.1, 2, 3)
     item = next(i for i in report.items if i.metric == "speedup @ B=2")
     got = "inconclusive" if item.inconclusive else ("pass" if item.ok else "regression")
     assert got == verdict, item.note
@@ -269,15 +269,15 @@ def test_a_busy_machine_turns_a_speedup_regression_into_inconclusive(monkeypatch
     for now in ([0.84, 0.85, 0.86], [0.74, 0.75, 0.76]):
         monkeypatch.setattr(bench, "measure", lambda *a, now=now, **k: _fake(now))
         _quiet(monkeypatch, busy=True, others=0.5)
-        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3).items if i.metric == "speedup")
         assert item.ok and item.inconclusive and "inconclusive: other work shared the machine" in item.note
         # short of busy, yet past the rates' quiet line (bursts on one of two cores read 18 %)
         _quiet(monkeypatch, busy=False, others=0.18)
-        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3).items if i.metric == "speedup")
         assert item.ok and item.inconclusive and "inconclusive: other work shared the machine" in item.note
         assert "busy" not in item.note  # short of the OS rule's busy (25 %): not called busy
         _quiet(monkeypatch, busy=False)
-        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3, False).items if i.metric == "speedup")
+        item = next(i for i in app.check(edited, "cpu", 0.1, None, 3).items if i.metric == "speedup")
         assert not item.ok and not item.inconclusive  # the same numbers on a quiet machine: a regression
 
 
@@ -312,17 +312,26 @@ SLOWER_TARGET = {  # the target forward 15 % slower: both rates drop, the speedu
 
 def _machine(monkeypatch, copy=20.0, matmul=100.0):
     """What the machine anchors measure here (copy GB/s, matmul GFLOP/s)."""
-    from specdec_tune.app import checking
     from specdec_tune.measure import anchors
 
     monkeypatch.setattr(anchors, "machine_speed", lambda device: anchors.MachineSpeed(copy, matmul, 0.02))
-    monkeypatch.setattr(checking, "ANCHOR_GAP_S", 0.0)
+    _no_anchor_gap(monkeypatch)
+
+
+def _no_anchor_gap(monkeypatch):
+    """The anchors measured again without the policy's second between them."""
+    from dataclasses import replace
+
+    from specdec_tune import checkpolicy
+
+    fast = replace(checkpolicy.CHECK_POLICY, anchor_gap_s=0.0)
+    monkeypatch.setitem(checkpolicy.POLICIES, "native", fast)
 
 
 def test_other_hardware_is_measured_again_before_it_is_said(monkeypatch, stored_profile, tmp_path):
     """Load in bursts can land on both anchor measurements of a check: slow anchors are measured
-    ANCHOR_RETRIES more times, and the faster of each decides."""
-    from specdec_tune.app import checking
+    the policy's anchor_retries more times, and the faster of each decides."""
+    from specdec_tune.checkpolicy import CHECK_POLICY
     from specdec_tune.measure import anchors
 
     edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors=MACHINE)
@@ -334,11 +343,11 @@ def test_other_hardware_is_measured_again_before_it_is_said(monkeypatch, stored_
         return anchors.MachineSpeed(*next(speeds), 0.02)
 
     monkeypatch.setattr(anchors, "machine_speed", speed)
-    monkeypatch.setattr(checking, "ANCHOR_GAP_S", 0.0)
+    _no_anchor_gap(monkeypatch)
     _slower_target(monkeypatch)
     _quiet(monkeypatch)
     r = invoke("check", edited, "--repeats", "3", "--json")
-    assert len(calls) == 2 + checking.ANCHOR_RETRIES  # before, after, and the retries
+    assert len(calls) == 2 + CHECK_POLICY.anchor_retries  # before, after, and the retries
     assert r.exit_code == 1, r.output  # the machine is the profile's: the slower target is judged
     res = json.loads(r.stdout)
     assert res["anchors"]["matmul_gflops"] == [100.0, 101.0] and not res["anchors"]["other_hardware"]
@@ -557,7 +566,7 @@ def test_a_doubtful_result_is_measured_again_in_fresh_processes(
     from pathlib import Path
 
     root = Path(tiny_dirs["target"]).parent  # the confined check passes its --models-root on
-    report = app.check(edited, "cpu", 0.1, None, 3, False, models_root=root)
+    report = app.check(edited, "cpu", 0.1, None, 3, models_root=root)
     plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
     speedup = next(i for i in report.items if i.metric == "speedup")
     # Busy: the busy process is replaced by one more (app.reference), so three ran.
@@ -607,7 +616,7 @@ def test_a_busy_check_confirms_in_one_fresh_process(
     from pathlib import Path
 
     root = Path(tiny_dirs["target"]).parent
-    report = app.check(edited, "cpu", 0.1, None, 3, False, models_root=root)
+    report = app.check(edited, "cpu", 0.1, None, 3, models_root=root)
     plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
     assert len(calls) == 1  # not replaced, not a second one
     # a busy fresh process is left out: this process measures again, as many repeats as at first
@@ -673,7 +682,7 @@ def test_the_plain_rate_is_judged_per_decode_anchor_step_where_the_reference_has
         return type("Done", (), {"returncode": 0, "stdout": json.dumps(got) + "\n", "stderr": ""})()
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    report = app.check(edited, "cpu", 0.1, None, 3, False)
+    report = app.check(edited, "cpu", 0.1, None, 3)
     assert isinstance(anchors[0], DecodeAnchor) and anchors[0].matrices == 3  # the profile's shape
     plain = next(i for i in report.items if i.metric == "baseline_tokens_per_s")
     assert "per decode-anchor step" in plain.note and "scaled" not in plain.note

@@ -1,0 +1,366 @@
+"""`check`'s rules, one test each, on fabricated evidence: what the OS said, what the anchors and the
+re-measurement read, in; the environment, the items and the verdict, out. No model, no CLI, no
+timing: the numbers are the examples of output.check's, output.environment's and
+checkpolicy's docstrings."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+from types import SimpleNamespace
+
+import pytest
+
+from specdec_tune import checkpolicy
+from specdec_tune.checkpolicy import CHECK_POLICY, LLAMACPP_CHECK_POLICY, CheckPolicy, policy_for
+from specdec_tune.domain import Anchors, Metrics
+from specdec_tune.measure.anchors import MachineSpeed
+from specdec_tune.output.anchors import anchor_verdict
+from specdec_tune.output.check import (
+    SHARED,
+    Evidence,
+    confirm_repeats,
+    judge_config,
+    needs_confirmation,
+    speedup_item,
+    weights_item,
+)
+from specdec_tune.output.environment import BUSY, QUIET, Environment, classify, load_of, other_software
+from specdec_tune.output.environment import SHARED as SHARED_LOAD
+from specdec_tune.output.verdicts import CheckReport
+
+QUIET_OS = {"others_cpu_share": 0.02, "steal_share": 0.0}
+
+
+def _stored(
+    speedup=1.0, samples=(0.99, 1.0, 1.01), acceptance=0.7, kind="model", tokens=100.0, baseline=80.0
+):
+    metrics = Metrics(tokens, baseline, speedup, 0.02, acceptance, 2.0, speedup_samples=list(samples))
+    return SimpleNamespace(config=SimpleNamespace(draft=SimpleNamespace(kind=kind)), metrics=metrics)
+
+
+def _measured(
+    speedups, acceptance=0.7, mismatches=0, rates=(100.0, 100.5, 99.5), baseline=(80.0, 80.5, 79.5)
+):
+    med = sorted(speedups)[len(speedups) // 2]
+    metrics = Metrics(sorted(rates)[1], sorted(baseline)[1], med, 0.02, acceptance, 2.0)
+    return SimpleNamespace(
+        metrics=metrics,
+        speedups=list(speedups),
+        rates=list(rates),
+        baseline_rates=list(baseline),
+        mismatches=mismatches,
+        plain_per_anchor=[],
+        processes=0,
+    )
+
+
+def _evidence(speedups=(1.0, 1.01, 0.99), load=QUIET, **kw):
+    stored = kw.pop("stored", _stored())
+    env = kw.pop("environment", Environment(load))
+    return Evidence(stored, kw.pop("measured", _measured(list(speedups))), environment=env, **kw)
+
+
+def _items(e, **kw):
+    return {i.metric: i for i in judge_config(e, 0.10, **kw)}
+
+
+def _verdict(item):
+    return "inconclusive" if item.inconclusive else ("pass" if item.ok else "regression")
+
+
+# ------------------------------------------------------------------ the policy: one place, evidenced
+
+
+def test_the_policy_is_frozen_and_every_field_has_a_docstring():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CHECK_POLICY.tolerance = 0.2  # type: ignore[misc]
+    tree = ast.parse(inspect.getsource(CheckPolicy))
+    body = tree.body[0].body
+    documented = {
+        stmt.target.id
+        for stmt, nxt in itertools.pairwise(body)
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+    }
+    assert documented == {f.name for f in dataclasses.fields(CheckPolicy)}
+
+
+def test_a_backend_difference_is_a_value_of_the_policy():
+    assert policy_for("native") is CHECK_POLICY and policy_for(None) is CHECK_POLICY
+    assert policy_for("llamacpp") is LLAMACPP_CHECK_POLICY
+    assert CHECK_POLICY.busy_beyond_free_cores_share is None
+    assert LLAMACPP_CHECK_POLICY.busy_beyond_free_cores_share == 0.10
+    assert checkpolicy.POLICIES["llamacpp"].tolerance == CHECK_POLICY.tolerance
+
+
+# --------------------------------------------------------------------------- the environment
+
+
+def test_little_other_work_is_a_quiet_machine():
+    assert load_of({"others_cpu_share": 0.02, "steal_share": 0.0}) == QUIET
+    assert load_of({"others_cpu_share": None, "steal_share": None}) == QUIET  # /proc could not tell
+
+
+def test_other_work_past_a_tenth_of_the_cpus_is_a_shared_machine():
+    # 2 s bursts on one of two cores read 18 % of all CPUs: short of busy
+    assert load_of({"others_cpu_share": 0.18, "steal_share": 0.0}) == SHARED_LOAD
+    assert load_of({"others_cpu_share": 0.0, "steal_share": 0.06}) == SHARED_LOAD
+
+
+def test_other_work_past_a_quarter_of_the_cpus_or_steal_past_a_tenth_is_a_busy_machine():
+    assert load_of({"others_cpu_share": 0.40, "steal_share": 0.0}) == BUSY
+    assert load_of({"others_cpu_share": 0.0, "steal_share": 0.2}) == BUSY
+    assert load_of({"others_cpu_share": 0.25, "steal_share": 0.10}) == SHARED_LOAD  # the lines themselves
+
+
+def test_a_window_found_busy_makes_the_check_busy():
+    # the anchors measured again, or a confirming process, saw other work
+    assert load_of(QUIET_OS, busy_seen=True) == BUSY
+
+
+def test_llamacpp_is_busy_by_the_cores_its_threads_leave_free():
+    info = {"others_cpu_share": 0.12, "steal_share": 0.0}
+    assert load_of(info, LLAMACPP_CHECK_POLICY, threads=2, cpus=2) == BUSY  # 0.24 CPUs > 0 free + 0.2
+    assert load_of(info, threads=2, cpus=2) == SHARED_LOAD  # the native rule
+    info = {"others_cpu_share": 0.20, "steal_share": 0.0}
+    assert load_of(info, LLAMACPP_CHECK_POLICY, threads=1, cpus=2) == QUIET  # one core free
+    assert load_of(info, threads=1, cpus=2) == SHARED_LOAD
+
+
+def test_the_matmul_anchor_moving_over_5_percent_is_a_drifting_machine():
+    assert classify(QUIET_OS, drift=0.10).drifting
+    assert not classify(QUIET_OS, drift=0.04).drifting
+    # the plain rate timed per decode-anchor step: the host's speed cancels
+    assert not classify(QUIET_OS, drift=0.10, drift_cancels=True).drifting
+    assert classify(QUIET_OS, drift=0.10).quiet and classify(QUIET_OS, drift=0.10).rates_doubtful
+
+
+def test_another_engine_build_is_other_software():
+    assert other_software({"binary_sha256": "aa"}, {"binary_sha256": "bb"})
+    assert not other_software({"binary_sha256": "aa"}, {"binary_sha256": "aa"})
+
+
+# ------------------------------------------------------------------- other hardware (anchors)
+
+MACHINE = {"plain_tokens_per_s": 80.0, "copy_bandwidth_gbps": 20.0, "matmul_gflops": 100.0}
+
+
+def _profile(cv=None, **anchors):
+    noise = SimpleNamespace(plain_pass_cv=cv) if cv is not None else None
+    return SimpleNamespace(anchors=Anchors(**anchors), noise=noise)
+
+
+def test_machine_anchors_beyond_1_3x_on_a_quiet_machine_are_other_hardware():
+    v = anchor_verdict(_profile(**MACHINE), 80.0, MachineSpeed(20 / 1.8, 100 / 1.8, 0.02), False)
+    assert v.other_hardware and not v.judge_rates and v.slowdown == pytest.approx(1.8)
+    v = anchor_verdict(_profile(**MACHINE), 80.0, MachineSpeed(20.0, 100 / 1.25, 0.02), False)
+    assert not v.other_hardware and v.judge_rates  # 1.25x: within the tolerance
+
+
+def test_slow_anchors_on_a_busy_machine_are_the_loads():
+    v = anchor_verdict(_profile(**MACHINE), 80.0, MachineSpeed(20 / 1.8, 100 / 1.8, 0.02), True)
+    assert not v.other_hardware and v.judge_rates  # judged, and a drop there is inconclusive
+
+
+def test_agreeing_anchors_put_the_rates_at_the_profiles_machine_speed():
+    v = anchor_verdict(_profile(**MACHINE), 80.0, MachineSpeed(20.0, 95.0, 0.02), False)
+    assert v.rate_scale == pytest.approx(100 / 95)
+
+
+def test_the_anchors_own_spread_widens_their_tolerance():
+    v = anchor_verdict(_profile(**MACHINE), 80.0, MachineSpeed(20 / 1.5, 100 / 1.5, 0.6, 0.6), False)
+    assert v.tolerance == pytest.approx(0.6) and not v.other_hardware
+
+
+def test_without_machine_anchors_plain_decoding_decides_within_4_times_its_variation():
+    p = _profile(plain_tokens_per_s=80.0)
+    assert anchor_verdict(p, 80 / 1.8, None, False).other_hardware
+    # plain passes that varied 20 % widen the tolerance to 0.8: 1.7x slower is not other hardware
+    wide = _profile(cv=0.2, plain_tokens_per_s=80.0)
+    v = anchor_verdict(wide, 80 / 1.7, None, False)
+    assert v.tolerance == pytest.approx(0.8) and not v.other_hardware and not v.judge_rates
+
+
+# ------------------------------------------------------------------------------ the speedup
+
+
+def test_a_speedup_at_the_stored_one_passes():
+    item = speedup_item(_evidence([1.0, 1.01, 0.99]), 0.10)
+    assert _verdict(item) == "pass" and item.stored == 1.0 and "vs stored repeats" in item.note
+
+
+def test_a_speedup_clearly_below_the_floor_on_a_quiet_machine_is_a_regression():
+    item = speedup_item(_evidence([0.5, 0.6, 0.55]), 0.10)
+    assert _verdict(item) == "regression" and item.measured == pytest.approx(0.55, abs=1e-3)
+
+
+def test_a_speedup_drop_on_a_shared_machine_is_inconclusive():
+    item = speedup_item(_evidence([0.84, 0.85, 0.86], SHARED_LOAD), 0.10)
+    assert _verdict(item) == "inconclusive" and f"inconclusive: {SHARED}" in item.note
+    assert "busy" not in item.note  # short of the OS rule's busy: not called busy
+
+
+def test_a_speedup_drop_on_a_busy_machine_is_inconclusive():
+    assert _verdict(speedup_item(_evidence([0.74, 0.75, 0.76], BUSY), 0.10)) == "inconclusive"
+
+
+def test_a_passing_speedup_on_a_shared_machine_says_so():
+    item = speedup_item(_evidence([1.0, 1.01, 0.99], SHARED_LOAD), 0.10)
+    assert _verdict(item) == "pass" and item.note.endswith(f"; {SHARED}")
+
+
+def test_a_speedup_too_noisy_to_tell_is_inconclusive():
+    item = speedup_item(
+        _evidence([0.6, 1.3, 0.85, 1.2, 0.7], stored=_stored(samples=[0.98, 1.0, 1.02])), 0.10
+    )
+    assert _verdict(item) == "inconclusive" and "too noisy to tell" in item.note
+
+
+def test_the_speedup_is_judged_against_two_or_more_reference_processes():
+    # the reference processes measured 1.2x; the final round's 1.0x: 1.0 now is 17 % below
+    e = _evidence([1.0, 1.01, 0.99], reference={"speedup": [1.2, 1.21, 1.19]})
+    item = speedup_item(e, 0.10)
+    assert _verdict(item) == "regression" and item.stored == 1.2 and "the reference (3 fresh" in item.note
+    one = _evidence([1.0, 1.01, 0.99], reference={"speedup": [1.2]})  # one process: no spread, not used
+    assert _verdict(speedup_item(one, 0.10)) == "pass"
+
+
+def test_a_confirmed_speedup_is_judged_on_all_repeats_and_says_so():
+    again = _measured([1.0, 1.05, 0.98])
+    item = speedup_item(_evidence([0.85, 0.88, 0.80], again=again), 0.10)
+    assert _verdict(item) == "pass" and "first 0.850, so re-measured: 6 repeats" in item.note
+
+
+# --------------------------------------------------------------------------- the acceptance
+
+
+def test_greedy_acceptance_within_0_02_passes_and_beyond_fails():
+    ok = _items(_evidence(measured=_measured([1.0], acceptance=0.69)))["acceptance_rate"]
+    assert ok.ok and ok.note == "must be within ±0.020"
+    assert not _items(_evidence(measured=_measured([1.0], acceptance=0.67)))["acceptance_rate"].ok
+
+
+def test_sampled_acceptance_may_move_0_08():
+    e = _evidence(measured=_measured([1.0], acceptance=0.65), temperature=0.8)
+    assert _items(e)["acceptance_rate"].ok and "±0.080" in _items(e)["acceptance_rate"].note
+
+
+def test_a_given_acceptance_tolerance_replaces_the_default():
+    e = _evidence(measured=_measured([1.0], acceptance=0.5))
+    assert _items(e, acceptance_tolerance=0.25)["acceptance_rate"].ok
+
+
+def test_acceptance_is_judged_on_a_busy_machine_too():
+    e = _evidence(measured=_measured([1.0], acceptance=0.5), load=BUSY)
+    assert not _items(e)["acceptance_rate"].ok
+
+
+def test_a_config_without_a_draft_has_no_acceptance_item():
+    assert "acceptance_rate" not in _items(_evidence(stored=_stored(kind="none")))
+
+
+# -------------------------------------------------------------------------------- exactness
+
+
+def test_a_greedy_output_that_differs_fails_exactness_and_sampling_has_no_such_item():
+    item = _items(_evidence(measured=_measured([1.0], mismatches=1), load=BUSY))["greedy exactness"]
+    assert not item.ok and item.measured == 1
+    assert "greedy exactness" not in _items(_evidence(temperature=0.8))
+
+
+# -------------------------------------------------------------------------------- the rates
+
+SLOWER_PLAIN = dict(rates=(85.0, 86.0, 84.5), baseline=(68.0, 68.5, 67.6))
+
+
+def test_rates_are_information_only_where_the_anchors_do_not_agree():
+    items = _items(_evidence(measured=_measured([1.0, 1.01, 0.99], **SLOWER_PLAIN)))
+    assert items["baseline_tokens_per_s"].ok and items["baseline_tokens_per_s"].note == "information only"
+
+
+def test_a_clearly_slower_plain_rate_where_the_anchors_agree_is_a_regression():
+    e = _evidence(measured=_measured([1.0, 1.01, 0.99], **SLOWER_PLAIN), judge_rates=True)
+    items = _items(e)
+    assert _verdict(items["baseline_tokens_per_s"]) == "regression" and items["speedup"].ok
+    assert items["tokens_per_s"].note.startswith("information only")  # never judged on its own
+
+
+def test_a_slower_plain_rate_on_a_shared_or_drifting_machine_is_inconclusive():
+    m = _measured([1.0, 1.01, 0.99], **SLOWER_PLAIN)
+    for env in (Environment(SHARED_LOAD), Environment(QUIET, drifting=True)):
+        item = _items(_evidence(measured=m, judge_rates=True, environment=env))["baseline_tokens_per_s"]
+        assert _verdict(item) == "inconclusive" and "not quiet" in item.note
+
+
+def test_rates_are_scaled_to_the_profiles_machine_speed():
+    # 73.9 plain tokens/s is -7.6 % raw, but -12.2 % with the machine measuring 5 % faster
+    m = _measured([1.0, 1.01, 0.99], rates=(93.0, 93.5, 92.5), baseline=(73.9, 74.2, 73.6))
+    assert _items(_evidence(measured=m, judge_rates=True))["baseline_tokens_per_s"].ok
+    item = _items(_evidence(measured=m, judge_rates=True, rate_scale=100 / 105))["baseline_tokens_per_s"]
+    assert not item.ok and item.measured == pytest.approx(73.9) and "scaled ×0.952" in item.note
+
+
+def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
+    reference = {"baseline_tokens_per_s": [80.0, 80.5, 79.5], "plain_per_anchor": [0.70, 0.705, 0.695]}
+    m = _measured([1.0, 1.01, 0.99], baseline=(64.0, 64.5, 63.8))  # the host 20 % slower
+    m.plain_per_anchor = [0.70, 0.702, 0.699]  # ... and the decode anchor with it
+    item = _items(_evidence(measured=m, judge_rates=True, reference=reference))["baseline_tokens_per_s"]
+    assert _verdict(item) == "pass" and "per decode-anchor step" in item.note
+
+
+# ------------------------------------------------------------------- the confirming re-measurement
+
+
+def test_a_speedup_not_clearly_passing_is_measured_again():
+    assert needs_confirmation(_evidence([0.85, 0.88, 0.80]), 0.10)
+    assert not needs_confirmation(_evidence([1.0, 1.01, 0.99]), 0.10)
+
+
+def test_a_judged_plain_rate_not_clearly_passing_is_measured_again():
+    e = _evidence(measured=_measured([1.0, 1.01, 0.99], **SLOWER_PLAIN), judge_rates=True)
+    assert needs_confirmation(e, 0.10)
+    assert not needs_confirmation(dataclasses.replace(e, judge_rates=False), 0.10)
+
+
+def test_the_confirmation_takes_the_repeats_its_spread_needs_at_most_12():
+    assert confirm_repeats(_measured([0.97, 1.0, 1.03]), 3) == 6
+    assert confirm_repeats(_measured([0.85, 0.88, 0.80]), 3) == 12
+    assert confirm_repeats(_measured([1.0]), 3) == 3
+    assert (
+        confirm_repeats(
+            _measured([0.85, 0.88, 0.80]), 3, dataclasses.replace(CHECK_POLICY, max_confirm_repeats=20)
+        )
+        == 15
+    )
+
+
+# ------------------------------------------------------------------- batch rows, weights, the report
+
+
+def test_a_batch_rows_items_are_named_by_its_batch_size_and_judged_alike():
+    items = _items(_evidence([0.74, 0.75, 0.76], SHARED_LOAD, where=" @ B=4"))
+    assert set(items) == {
+        "speedup @ B=4",
+        "acceptance_rate @ B=4",
+        "greedy exactness @ B=4",
+        "tokens_per_s @ B=4",
+        "baseline_tokens_per_s @ B=4",
+    }
+    assert _verdict(items["speedup @ B=4"]) == "inconclusive"
+
+
+def test_changed_target_weights_fail():
+    assert weights_item("abc", "abc").ok
+    item = weights_item("abc", "def")
+    assert not item.ok and item.note == "the target model files changed"
+
+
+def test_a_regression_fails_the_report_and_an_inconclusive_item_alone_is_exit_6():
+    report = CheckReport("p.yaml", "cfg", items=judge_config(_evidence([0.5, 0.6, 0.55]), 0.10))
+    assert not report.passed and not report.inconclusive
+    report = CheckReport("p.yaml", "cfg", items=judge_config(_evidence([0.5, 0.6, 0.55], BUSY), 0.10))
+    assert report.passed and report.inconclusive
