@@ -21,13 +21,14 @@ from typing import Any
 from ..domain import Config, Result
 from ..errors import SpecDecError
 from ..store.schema import Profile
-from .capabilities import ENGINES, blockers, engine_info
+from .capabilities import ENGINES, engine_info
+from .choice import Choice, choose, choose_at_load
 from .commands import command_argv, python_snippet
 from .flagcheck import problems
 from .flagsets import FlagSet, flagset
 from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
 from .llamacpp_args import llamacpp_args, measured_llamacpp_args
-from .schedule import Tier, default_load, largest_measured_batch, row_for_load, tiers
+from .schedule import Tier, default_load, largest_measured_batch, tiers
 
 __all__ = ["ENGINES", "FORMATS", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
 
@@ -113,7 +114,7 @@ def export(
         return _fragment(profile, e.key, fs, resolve, out)
     load = _load(profile, e.key, batch_size)
     per_load = profile.batch_table and load is not None and (e.key not in SCHEDULE_ENGINES or not schedule)
-    chosen = _choose_at_load(profile, e.key, load, out) if per_load else _choose(profile, e.key, out)
+    chosen = _take(out, choose_at_load(profile, e.key, load) if per_load else choose(profile, e.key))
     if chosen is None:
         return out
     d = chosen.config.draft
@@ -200,79 +201,11 @@ def measured_threads(backend: object) -> tuple[list[str], list[str]]:
     return ["-t", t, "-tb", t], [f"-t {t} -tb {t}: the CPU threads every config was measured with"]
 
 
-def _fallback_warning(best: Result, chosen: Result, display: str, lost: list[str], where: str = "") -> str:
-    loss = best.metrics.speedup - chosen.metrics.speedup
-    return (
-        f"the best config {best.config.label}{where} (measured {best.metrics.speedup:.3f}x) cannot run on "
-        f"{display} as measured: {'; '.join(lost)}. Exported instead the best measured config it "
-        f"can run: {chosen.config.label}, measured {chosen.metrics.speedup:.3f}x ({loss:.3f}x less)"
-    )
-
-
-def measured_in(profile: Profile) -> str | None:
-    """The serving engine a profile was measured inside (its measuring backend), None for ours."""
-    name = (getattr(profile, "backend", None) or {}).get("name")
-    return None if name in (None, "native") else str(name)
-
-
-def _choose(profile: Profile, engine: str, out: Export) -> Result | None:
-    """The profile's best if `engine` runs it as measured, else the first ranked alternative that it
-    runs and that beats plain decoding; None (with `out.nothing`) when there is none."""
-    best, display = profile.best, engine_info(engine).display
-    out.lost = blockers(best.config, engine, measured_in(profile))
-    if not out.lost:
-        return best
-    chosen = next(
-        (
-            r
-            for r in profile.alternatives
-            if r.config.draft.kind != "none"
-            and r.metrics.speedup > 1.0
-            and not blockers(r.config, engine, measured_in(profile))
-        ),
-        None,
-    )
-    if chosen is None:
-        out.nothing = (
-            f"nothing in the profile runs on {display} as measured and beats plain decoding; "
-            f"best {best.config.label}: {'; '.join(out.lost)}"
-        )
-        return None
-    out.fallback = True
-    out.warnings.append(_fallback_warning(best, chosen, display, out.lost))
-    return chosen
-
-
-def _choose_at_load(profile: Profile, engine: str, load: int, out: Export) -> Result | None:
-    """The best config `engine` runs as measured at the batch table row that holds `load`."""
-    row, display = row_for_load(profile, load), engine_info(engine).display
-    at = f" at batch size {row.batch_size}"
-    if row.best.config.draft.kind == "none":
-        out.nothing = (
-            f"plain decoding was fastest{at} (the row for a load of {load}): nothing to speculate with"
-        )
-        return None
-    out.lost = blockers(row.best.config, engine, measured_in(profile))
-    if not out.lost:
-        return row.best
-    ranked = sorted(row.per_draft, key=lambda r: -r.metrics.speedup)
-    chosen = next(
-        (
-            r
-            for r in ranked
-            if r.metrics.speedup > 1.0 and not blockers(r.config, engine, measured_in(profile))
-        ),
-        None,
-    )
-    if chosen is None:
-        out.nothing = (
-            f"nothing measured{at} runs on {display} as measured and beats plain decoding; "
-            f"best {row.best.config.label}: {'; '.join(out.lost)}"
-        )
-        return None
-    out.fallback = True
-    out.warnings.append(_fallback_warning(row.best, chosen, display, out.lost, at))
-    return chosen
+def _take(out: Export, choice: Choice) -> Result | None:
+    """Record the choice on `out` (what was lost, the fallback said, why nothing) and return it."""
+    out.lost, out.nothing, out.fallback = choice.lost, choice.nothing, bool(choice.fallback)
+    out.warnings += [choice.fallback] if choice.fallback else []
+    return choice.result
 
 
 def _lookup_note(cfg: Config, match: str) -> list[str]:
@@ -377,7 +310,7 @@ def _fragment(
     profile: Profile, engine: str, fs: FlagSet, resolve: Callable[[str], str], out: Export
 ) -> Export:
     """The round-2 output, unchanged: the fragment of the best expressible config."""
-    chosen = _choose(profile, engine, out)
+    chosen = _take(out, choose(profile, engine))
     if chosen is None:
         return out
     d = chosen.config.draft
