@@ -95,8 +95,8 @@ class Config:
         if self.draft.kind == "none":
             return "no speculation"
         text = f"{self.draft.name} γ={self.gamma}"
-        # prompt lookup has no confidence to threshold, so t= would only be noise there
-        if self.draft.kind != "prompt_lookup" or self.threshold > 0:
+        # an n-gram draft has no confidence to threshold, so t= would only be noise there
+        if self.draft.has_threshold or self.threshold > 0:
             text += f" t={self.threshold:.2f}"
         if self.gamma_policy != "fixed":
             text += f" {self.gamma_policy}"

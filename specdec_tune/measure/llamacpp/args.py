@@ -36,6 +36,18 @@ ENGINE_MAX_GAMMA = 16
 # does nothing.
 DRAFT_N_MAX_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 
+# llama-server's own settings for each n-gram spec type named alone (`--spec-type X`, nothing else):
+# the configs a user gets without this tool, as read in build 11434's common/common.h and
+# common/speculative.cpp (ngram-cache's 8) and checked against the installed binary's --help by
+# tests/measure/test_llamacpp_defaults.py. name -> (our draft, its gamma).
+ENGINE_DEFAULTS = {
+    "ngram-simple": ("ngram-simple:12", 48),  # size-n 12, size-m 48, min-hits 1
+    "ngram-map-k": ("ngram-map-k:12", 48),
+    "ngram-map-k4v": ("ngram-map-k4v:12", 48),
+    "ngram-mod": ("ngram-mod:24:48", 64),  # n-match 24, n-min 48, n-max 64
+    "ngram-cache": ("ngram-cache", 8),
+}
+
 DRAFT_HELP = (
     "llama.cpp drafts: ngram-simple[:N], ngram-map-k[:N], ngram-map-k4v[:N], ngram-mod[:N_MATCH[:N_MIN]], "
     "ngram-cache, a draft GGUF file, layer-skip:K (the target's first K blocks), or "
@@ -166,3 +178,8 @@ def server_args(
     """Every flag of one measured server but host, port and threads."""
     base = ["-m", str(model), "-c", str(context * slots), "-np", str(slots), "--no-webui"]
     return base + (spec_args(config, draft_path) if config is not None else [])
+
+
+def engine_default_configs() -> list[Config]:
+    """llama.cpp's own default config of each n-gram spec type (ENGINE_DEFAULTS)."""
+    return [Config(parse_llamacpp_draft(draft), gamma) for draft, gamma in ENGINE_DEFAULTS.values()]

@@ -1,0 +1,123 @@
+"""An exhaustive grid of llama.cpp drafts x γ on one workload, each config timed ABBA against the same
+plain server in one backend (B = 1), beside llama.cpp's own default of every n-gram spec type and,
+when given, the config a `run` chose (its profile): is the run's choice within a few per cent of the
+grid's best, and never below an engine default?
+
+    python benchmarks/llamacpp_grid.py [--workload code-edit] [--profile P.yaml] \
+        [--drafts ngram-simple:3,ngram-simple:4,ngram-map-k:4,ngram-map-k4v:4,ngram-mod:12] \
+        [--gammas 4,8,12,16] [--prompts 6] [-n 64] [--repeats 3] [--out FILE]
+
+Prints one line per config and writes JSON (benchmarks/results/llamacpp_grid_<workload>.json):
+every config's speedup with its bootstrap interval, α and τ, the grid's best, the defaults, and the
+profile's choice measured here with its ratio to the grid's best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from specdec_tune import app
+from specdec_tune.app.engine import open_engine
+from specdec_tune.atomic import atomic_write_text
+from specdec_tune.domain import FIXED_GAMMA, Config
+from specdec_tune.measure.llamacpp.args import engine_default_configs, parse_llamacpp_draft
+from specdec_tune.measure.llamacpp.server import servers_die_with_us
+from specdec_tune.measure.stats import speedup_interval
+from specdec_tune.store.yamlio import load_profile
+
+
+def grid(drafts: list[str], gammas: list[int]) -> list[Config]:
+    """Every draft at every γ (a draft whose length the engine fixes at that length only)."""
+    out = []
+    for text in drafts:
+        spec = parse_llamacpp_draft(text)
+        fixed = FIXED_GAMMA.get(spec.kind)
+        out += [Config(spec, g) for g in ([fixed] if fixed else gammas)]
+    return out
+
+
+def row(config: Config, m: Any, seed: int) -> dict[str, Any]:
+    return {
+        "config": config.label,
+        "speedup": round(m.metrics.speedup, 4),
+        "interval": [round(x, 4) for x in speedup_interval(list(m.speedups), seed)],
+        "speedups": [round(x, 4) for x in m.speedups],
+        "acceptance": round(m.metrics.acceptance_rate, 4),
+        "tau": round(m.metrics.mean_accepted_len, 3),
+        "plain_tok_s": round(m.metrics.baseline_tokens_per_s, 2),
+        "flags": list(m.flags),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--workload", default="code-edit")
+    ap.add_argument("--profile", type=Path, help="a profile of `run --backend llamacpp` on this workload")
+    ap.add_argument(
+        "--drafts", default="ngram-simple:3,ngram-simple:4,ngram-map-k:4,ngram-map-k4v:4,ngram-mod:12"
+    )
+    ap.add_argument("--gammas", default="4,8,12,16")
+    ap.add_argument("--no-defaults", action="store_true", help="leave llama.cpp's own defaults out")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    configs = grid(args.drafts.split(","), [int(g) for g in args.gammas.split(",")])
+    defaults = [] if args.no_defaults else engine_default_configs()
+    chosen = None
+    prompts, new_tokens = args.prompts, args.max_new_tokens
+    if args.profile is not None:  # measure the run's choice on the workload it was tuned on
+        p = load_profile(args.profile)
+        chosen = p.best.config
+        prompts, new_tokens = p.workload.prompts, p.workload.max_new_tokens
+    specs = {c.draft.name: c.draft for c in configs + defaults + ([chosen] if chosen else []) if c.gamma}
+    models = app.Models(
+        target=args.target,
+        workload=args.workload,
+        prompts=prompts,
+        max_new_tokens=new_tokens,
+        backend="llamacpp",
+        drafts=list(specs.values()),
+    )
+    out: dict[str, Any] = {"workload": args.workload, "prompts": prompts, "max_new_tokens": new_tokens}
+    t0 = time.monotonic()
+    with servers_die_with_us():
+        s = open_engine(models)
+        try:
+            out["build"] = s.backend.info()["build"]
+            measured = {}
+            todo = [("grid", c) for c in configs] + [("default", c) for c in defaults]
+            if chosen is not None and chosen.gamma > 0:
+                todo.append(("chosen", chosen))
+            for what, c in todo:
+                (m,) = s.backend.measure([c], s.case, 1, args.repeats, seed=args.seed)
+                measured.setdefault(what, []).append(row(c, m, args.seed))
+                print(
+                    f"{what:8s} {c.label:28s} {m.metrics.speedup:6.3f}x  α {m.metrics.acceptance_rate:.3f}",
+                    flush=True,
+                )
+        finally:
+            s.close()
+    everything = measured.get("grid", []) + measured.get("default", [])
+    best = max(everything, key=lambda r: r["speedup"])
+    out |= {"grid": measured.get("grid", []), "defaults": measured.get("default", []), "best": best}
+    if chosen is not None:
+        mine = (measured.get("chosen") or [{"config": "no speculation", "speedup": 1.0}])[0]
+        out["chosen"] = mine | {"ratio_to_grid_best": round(mine["speedup"] / best["speedup"], 4)}
+        below = [d["config"] for d in measured.get("default", []) if d["interval"][0] > mine["speedup"]]
+        out["defaults_clearly_above_chosen"] = below
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    path = args.out or Path(__file__).parent / "results" / f"llamacpp_grid_{args.workload}.json"
+    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
+    print(f"best {best['config']} {best['speedup']}x; wrote {path} ({out['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()
