@@ -39,6 +39,8 @@ def index_row(p: Profile, rel: str) -> dict[str, str]:
     """One profile as the index shows it (plain strings)."""
     m = p.best.metrics
     interval = f" [{m.speedup_interval[0]:.2f}, {m.speedup_interval[1]:.2f}]" if m.speedup_interval else ""
+    if p.best.config.gamma == 0:
+        interval = " (plain decoding was fastest)"
     return {
         "profile": rel,
         "hardware": str(p.hardware.get("slug", "?")),
