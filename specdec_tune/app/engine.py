@@ -30,7 +30,7 @@ from ..search.costmodel import CostModel
 from ..search.space import TuneSettings, seed_configs
 from ..store.refs import profile_file_slug
 from ..store.runfiles import check_replaceable, save_run
-from ..store.schema import Profile, TargetInfo
+from ..store.schema import Profile, TargetInfo, created_now
 from .common import (
     Models,
     Progress,
@@ -303,7 +303,7 @@ def tune_engine(
         engine_mode="eager",
         backend={**info, "exactness": exact, "cost_model_error": prediction_error(first)},
         versions=versions,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created=created_now(),
         noise=noise,
         anchors=anchors,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import platform
 import statistics
 from dataclasses import replace
@@ -27,7 +26,7 @@ from ..search.space import DEFAULT_TRIALS, TuneSettings
 from ..serving.capabilities import restrict
 from ..store.refs import make_portable, profile_file_slug
 from ..store.runfiles import check_replaceable, save_run
-from ..store.schema import Profile, TargetInfo
+from ..store.schema import Profile, TargetInfo, created_now
 from ..store.yamlio import load_costs, save_profile
 from .common import (
     MIN_BUDGET_TRIALS,
@@ -383,5 +382,5 @@ def make_profile(
         compile_fallbacks=list(ctx.fallbacks) if ctx is not None else [],
         engine_choice=ctx.auto.summary() if ctx is not None and ctx.auto else None,
         versions=versions,
-        created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        created=created_now(),
     )

@@ -5,6 +5,7 @@ path). Never imports torch.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,5 +124,11 @@ class Profile:
     compile: CompileTime | None = None
     versions: dict[str, str] = field(default_factory=dict)  # specdec_tune, torch, transformers, ...
     trials_sha256: str | None = None  # of the trials CSV written with it (store.runfiles); None: older
-    created: str = ""  # ISO 8601 UTC
+    created: str = ""  # ISO 8601 UTC, as `created_now` writes it
     schema_version: int = SCHEMA_VERSION
+
+
+def created_now() -> str:
+    """A profile's `created`: now, ISO 8601 UTC to the second ("2026-12-02T07:11:41+00:00"), the
+    same for every backend (the llama.cpp profiles wrote "...Z" before)."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()

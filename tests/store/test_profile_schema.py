@@ -402,3 +402,13 @@ def test_the_decode_anchor_round_trips_and_a_bad_one_is_named(tmp_path, anchor, 
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     assert error in _load_error(path)
+
+
+def test_every_backend_writes_created_in_one_format():
+    """`created` is ISO 8601 UTC to the second with an offset, written by one function for the
+    native and the llama.cpp use cases (the llama.cpp one wrote a trailing Z)."""
+    import re
+
+    from specdec_tune.store.schema import created_now
+
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", created_now())
