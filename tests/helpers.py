@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -364,3 +365,9 @@ def write_tiny_gguf(path, blocks: int = 4, tied: bool = False):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def fast_subset(values, fast):
+    """Parameters of an exactness matrix with all but the `fast` values marked slow: the fast tier
+    (`pytest -m "not slow"`) keeps one representative per family, the full suite runs every value."""
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]

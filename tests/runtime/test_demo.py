@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import fast_subset
 
 from specdec_tune.runtime.decode import SpecStats, autoregressive_generate, speculative_generate
 from specdec_tune.runtime.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
@@ -32,7 +33,10 @@ def test_demo_models_share_the_vocabulary(demo):
     assert target.num_params > 6 * max(d.num_params for d in drafts.values())
 
 
-@pytest.mark.parametrize("kind", ["draft-1l", "draft-2l", "prompt-lookup", "layer-skip"])
+@pytest.mark.parametrize(
+    "kind",
+    fast_subset(["draft-1l", "draft-2l", "prompt-lookup", "layer-skip"], fast=("draft-1l", "prompt-lookup")),
+)
 def test_demo_greedy_is_exact(demo, kind):
     target, drafts, prompts, refs = demo
     if kind in drafts:

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import check_rows, noisy_copy, tiny_llama
+from helpers import check_rows, fast_subset, noisy_copy, tiny_llama
 from test_engine import MAX_NEW, hf_greedy
 from test_sampling import (
     DEPTH,
@@ -103,7 +103,7 @@ def hf_reference(tiny_target, prompts):
     return [hf_greedy(tiny_target, p, MAX_NEW) for p in prompts]
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("gamma", fast_subset([1, 3, 6], fast=(3,)))
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
 def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
     for d in hybrids(tiny_target, tiny_draft, ctx):
@@ -114,7 +114,7 @@ def test_hybrid_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, 
     assert stats["prompt-lookup"]["proposed"] > 0 and stats["layer-skip-1"]["proposed"] > 0
 
 
-@pytest.mark.parametrize("gamma", [2, 5])
+@pytest.mark.parametrize("gamma", fast_subset([2, 5], fast=(2,)))
 def test_adaptive_gamma_greedy_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, ctx):
     inner = [
         ModelDrafter(tiny_draft, ctx=ctx),
@@ -172,7 +172,7 @@ def reference(tiny_target, workload):
 
 
 @pytest.mark.parametrize("spec", [HYBRID, HYBRID_SKIP], ids=["model", "layer-skip"])
-@pytest.mark.parametrize("batch_size", [2, 5])
+@pytest.mark.parametrize("batch_size", fast_subset([2, 5], fast=(2,)))
 def test_batched_hybrid_and_policies_equal_generate(
     tiny_target, tiny_draft, workload, reference, spec, batch_size, ctx
 ):

@@ -155,6 +155,7 @@ def test_the_static_cache_moves_lengths_and_keeps_rows_apart():
     torch.testing.assert_close(got[1], want1, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # a statistical test
 def test_static_sampling_is_exact_per_row():
     from test_batch import _first_two_tokens
     from test_sampling import P_PASS, chi2_p_value

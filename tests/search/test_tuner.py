@@ -39,6 +39,7 @@ def pool(target, draft):
     return DrafterPool(specs(), target, load=lambda spec: draft)
 
 
+@pytest.mark.slow  # a whole tune end to end: the fast tier keeps the failing-trial and resume runs
 def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, prompts, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     settings = TuneSettings(trials=6, storage=storage, study_name="t", repeats=1, max_gamma=4)
@@ -372,6 +373,7 @@ class FakeBackend:
         return [_fake_measurement(self.speedup_of(c), repeats) for c in configs]
 
 
+@pytest.mark.slow  # two whole tunes end to end
 def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
 ):
