@@ -9,6 +9,7 @@ grace period, and the study still reaches its trial count.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -171,6 +172,32 @@ def fail_stale(study: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def fail_interrupted(study: Any, storage_url: str, number: int | None, first_new: int) -> None:
+    """Fail, as interrupted, this worker's trial that a Ctrl-C or SIGTERM left RUNNING. The objective
+    marks and fails the trials it catches the interrupt in itself; this is for one caught outside
+    it: after Optuna created the trial but before the objective started, or inside Optuna's own write
+    of the result (a SIGTERM of `run --workers` left one RUNNING once in a newcomer run of the suite).
+    `number`: the trial the objective started, or None; then this worker's trial is the one numbered
+    `first_new` or later, as only the holder of the study's slot lock creates trials."""
+    import optuna
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    mine = [
+        t.number for t in running if (t.number == number if number is not None else t.number >= first_new)
+    ]
+    if not mine:
+        return
+    storage = optuna.storages.get_storage(storage_url)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for n in mine:
+        with contextlib.suppress(Exception):  # finished by a peer meanwhile: nothing to fail
+            storage.set_trial_user_attr(
+                storage.get_trial_id_from_study_id_trial_number(study_id, n), INTERRUPTED, True
+            )
+            study.tell(n, state=TrialState.FAIL)
 
 
 def best_value(study: Any) -> float | None:

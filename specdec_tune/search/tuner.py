@@ -40,6 +40,7 @@ from .study import (
     claim_identity,
     counted,
     default_storage,
+    fail_interrupted,
     fail_stale,
     open_study,
     redact,
@@ -173,8 +174,12 @@ def tune(
                     time.sleep(POLL_S)
                     continue
                 objective.on_start, objective.number = slots.release, None
+                first_new = len(study.get_trials(deepcopy=False))  # the number the next trial gets
                 try:
                     study.optimize(objective, n_trials=1, catch=(Exception,))
+                except KeyboardInterrupt:
+                    fail_interrupted(study, storage_url, objective.number, first_new)
+                    raise
                 except Exception:
                     # Paused past the grace period (SIGSTOP, a long lock wait), this worker had its
                     # trial failed by a peer: recording its result raises. The trial is lost (not

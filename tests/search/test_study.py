@@ -120,3 +120,24 @@ def test_a_draft_whose_length_the_engine_fixes_is_searched_at_that_length_only()
     assert suggest(trial, specs, space).gamma == 8
     assert config_of_params({"draft": "ngram-cache"}, specs).gamma == 8
     assert config_of_params({"draft": "ngram-simple:4"}, specs) is None  # a γ it must have
+
+
+def test_an_interrupt_outside_the_objective_fails_only_this_workers_trial(tmp_path):
+    """A SIGTERM between Optuna creating a trial and the objective starting left it RUNNING (a rerun
+    waited out its heartbeat). The interrupted worker fails it as interrupted: the trial numbered
+    from `first_new` on when the objective had not started, else the one it started; a peer's
+    running trial stays running."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from specdec_tune.search.study import INTERRUPTED, fail_interrupted
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    peer, ours = study.ask(), study.ask()
+    fail_interrupted(study, url, None, first_new=ours.number)
+    states = {t.number: (t.state, t.user_attrs.get(INTERRUPTED)) for t in study.get_trials()}
+    assert states == {peer.number: (TrialState.RUNNING, None), ours.number: (TrialState.FAIL, True)}
+    fail_interrupted(study, url, peer.number, first_new=99)
+    assert study.get_trials()[peer.number].state == TrialState.FAIL
+    fail_interrupted(study, url, None, first_new=0)  # nothing left running: nothing to do
