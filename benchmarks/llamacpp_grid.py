@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec_tune import app
-from specdec_tune.app.engine import open_engine
 from specdec_tune.atomic import atomic_write_text
+from specdec_tune.backends.llamacpp import open_engine
 from specdec_tune.domain import FIXED_GAMMA, Config
 from specdec_tune.measure.llamacpp.args import engine_default_configs, parse_llamacpp_draft
 from specdec_tune.measure.llamacpp.server import servers_die_with_us

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from specdec_tune import app
-from specdec_tune.app.engine import open_engine
+from specdec_tune.backends.llamacpp import open_engine
 from specdec_tune.domain import Config
 from specdec_tune.measure.bench import Entry, measure_many
 from specdec_tune.measure.llamacpp.server import servers_die_with_us

@@ -1,6 +1,6 @@
 """The package's import graph (module-level imports of its own modules, read with `ast`) is acyclic
 and layered as docs/architecture.md says ("The rules the layering test enforces"): a stage imports only itself, the stages before it
-(runtime → measure → search → store → serving → output → app → cli) and the shared leaves (domain,
+(runtime → measure → search → store → backends → serving → output → app → cli) and the shared leaves (domain,
 errors, limits, serving.capabilities, ...); `store` imports no stage at all (profiles are read without
 torch); no cycle, not even through imports inside functions; the package's own modules are imported
 inside a function only when they load a heavy library (`DEFERRED`).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specdec_tune"
 PACKAGE = "specdec_tune"
-STAGES = ["runtime", "measure", "search", "store", "serving", "output", "app", "cli"]
+STAGES = ["runtime", "measure", "search", "store", "backends", "serving", "output", "app", "cli"]
 # Shared leaves (dotted names under the package): plain data and checks every stage may use
 # (serving.capabilities: what each serving engine runs, which the search space and the profile schema
 # both name; demo: the shipped models; atomic: the one atomic writer and file lock, which runtime's
@@ -198,7 +198,6 @@ DEFERRED = {
     "specdec_tune.runtime.drafting.build": "torch (drafter factories)",
     "specdec_tune.runtime.session": "torch (model loading)",
     "specdec_tune.search.tuner": "optuna, torch (the search loop)",
-    "specdec_tune.app.shared_study": "torch, optuna (resolving --engine auto once per study)",
 }
 HEAVY_LIBS = {"torch", "transformers", "optuna", "matplotlib", "pandas"}
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import invoke, make_costs, make_sample_profile, one_red_line, write_shape
 
-from specdec_tune.app.acceptance import acceptance_plan, apply_acceptance, parse_given
+from specdec_tune.backends.acceptance import acceptance_plan, apply_acceptance, parse_given
 from specdec_tune.domain import DraftCosts
 from specdec_tune.errors import SpecDecError
 from specdec_tune.runtime.session import parse_draft

@@ -11,14 +11,14 @@ so importing this module (and the CLI) stays instant.
 
 from __future__ import annotations
 
+from ..backends.acceptance import GivenAcceptance
 from ..search.space import TuneSettings
-from .acceptance import GivenAcceptance
 from .check_plan import CheckPlan, plan_check
 from .checking import check
 from .common import Models, Progress
 from .files import ExportResult, IndexResult, ShowResult, export, index_profiles, show
 from .measuring import BenchResult, CostsResult, bench, profile_costs
-from .tuning import TuneOutcome, make_profile, tune
+from .tuning import TuneOutcome, tune
 
 __all__ = [
     "BenchResult",
@@ -36,7 +36,6 @@ __all__ = [
     "check",
     "export",
     "index_profiles",
-    "make_profile",
     "plan_check",
     "profile_costs",
     "show",

@@ -128,18 +128,15 @@ def _baseline(m: Metrics) -> Metrics:
     return Metrics(rate, rate, 1.0, 0.0, 0.0, 1.0, repeats=m.repeats)
 
 
-def bench_categories(
-    s: Any, drafter: Any, gamma: int, threshold: float, repeats: int, seed: int
-) -> list[dict[str, Any]]:
-    """Acceptance and speedup of one config per category ([] for a workload of one category)."""
-    from ..measure.bench import measure
-
+def bench_categories(s: Any, config: Config, repeats: int, seed: int) -> list[dict[str, Any]]:
+    """Acceptance and speedup of one config per category ([] for a workload of one category),
+    measured through session `s` (backends.base.MeasuringSession) on each category's prompts."""
     cases = split_by_category(s.workload, s.case)
     if len(cases) < 2:
         return []
     out = []
     for name, case in cases.items():
-        m = measure(s.target.model, drafter, gamma, threshold, case, repeats=repeats, seed=seed, ctx=s.ctx)
+        (m,) = s.measure([config], case, 1, repeats, seed)
         out.append(
             {
                 "category": name,

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..backends.base import checks_in_session
 from ..checkpolicy import CHECK_POLICY, CheckPolicy, policy_for
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
 from ..measure import anchors as machine_anchors
 from ..measure import noise
 from ..measure.anchors import faster, measure_twice
-from ..measure.llamacpp.server import servers_die_with_us
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for
 from ..output.check import (
     CheckReport,
@@ -36,9 +36,8 @@ from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
 from ..store.atomic import atomic_write_text
 from ..store.yamlio import load_profile
+from .check_session import check_in_session
 from .common import check_writable
-from .engine_checks import check_engine
-from .engine_plan import server_failures
 from .profile_models import measure_best, open_profile_models
 from .reference import decode_anchor_of, record_reference
 
@@ -71,15 +70,17 @@ def check(
     """
     started = time.monotonic()
     p = load_profile(path)
-    engine = backend or (p.backend or {}).get("name") or "native"
+    engine = (p.backend or {}).get("name") or "native"
+    if backend is not None and backend != engine:
+        raise SpecDecError(f"{path} was measured with the {engine} backend, not {backend}: drop --backend")
     policy = policy_for(engine)
-    if engine != "native":
-        with servers_die_with_us(), server_failures(None):
-            report = check_engine(
-                path, tolerance, acceptance_tolerance, repeats, allow_other_hardware=allow_other_hardware,
-                allow_other_build=allow_other_build, batch_size=batch_size, llama_server=llama_server,
-                policy=policy,
-            )  # fmt: skip
+    if checks_in_session(engine):  # each config in its own server, confirmed in the session
+        check_count(repeats, "--repeats")
+        report = check_in_session(
+            p, path, tolerance=tolerance, acceptance_tolerance=acceptance_tolerance, repeats=repeats,
+            allow_other_hardware=allow_other_hardware, allow_other_build=allow_other_build,
+            batch_size=batch_size, policy=policy, server=llama_server,
+        )  # fmt: skip
         if junit is not None:
             atomic_write_text(junit, junit_xml(report))
         return report

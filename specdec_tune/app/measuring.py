@@ -1,35 +1,24 @@
 """The measuring use cases: `bench` one config against the plain target, `profile_costs` of the
-hardware (`check` of a stored profile is in `checking`)."""
+hardware (`check` of a stored profile is in `checking`). Both through the backend's measuring
+session (backends.base)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..domain import Costs
+from ..backends.acceptance import GivenAcceptance
+from ..backends.base import Purpose, open_session
+from ..domain import Config, Costs
 from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_decoding, check_gamma
 from ..measure.hardware import hardware_info
-from ..measure.llamacpp.server import servers_die_with_us
-from ..runtime.models.shapes import SHAPE_CONTEXT_LEN
 from ..search.costmodel import CostModel
 from ..store.atomic import atomic_write_text
 from ..store.yamlio import costs_to_yaml
-from .acceptance import GivenAcceptance, acceptance_plan, apply_acceptance
 from .categories import bench_categories
-from .common import (
-    BenchResult,
-    Models,
-    Progress,
-    acceptance_measured,
-    check_writable,
-    drafter_pool,
-    measure_costs,
-)
-from .engine_checks import bench_engine, profile_engine
-from .engine_plan import server_failures
+from .common import BenchResult, Models, Progress, check_writable
 
 # ---------------------------------------------------------------------------------------- bench
 
@@ -48,75 +37,36 @@ def bench(
 ) -> BenchResult:
     """Measure one config against the plain target, timed in the same run.
 
-    With `batch_size`, both run the batched engine at that concurrency (closed loop: a finished
-    request is replaced by the next prompt of the workload); without, one request at a time.
+    With `batch_size`, both run at that concurrency (closed loop: a finished request is replaced by
+    the next prompt of the workload); without, one request at a time.
     """
     check_decoding(gamma, threshold, models.temperature, models.max_new_tokens)
     check_gamma(gamma, allow_zero=False)  # the baseline is always measured
-    if models.backend == "llamacpp":
-        if compare_hf:
-            raise SpecDecError(
-                "--compare-hf compares our own engine with transformers: drop --backend llamacpp"
-            )
-
-        with servers_die_with_us(), server_failures(models.threads):
-            return bench_engine(models, draft, gamma, threshold, batch_size or 1, repeats)
+    check_count(repeats, "repeats")
     if batch_size is not None:
         check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
         if compare_hf:
             raise SpecDecError(
                 "--compare-hf times transformers' assisted generation, which is batch size 1 only"
             )
-    s = Models(**{**models.__dict__, "drafts": [draft]}).open(lazy_drafts=False)
-    spec = s.specs[0]
-    if compare_hf and spec.kind == "hybrid":
-        raise SpecDecError("--compare-hf: transformers has no hybrid drafter to compare with")
-    categories = None
-    if batch_size is None:
-        from ..measure.bench import measure
-        from ..runtime.drafting.build import build_drafter
-
-        drafter = build_drafter(spec, s.target.model, s.draft_modules, s.ctx)
-        m = measure(s.target.model, drafter, gamma, threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx)
-        if per_category:
-            categories = bench_categories(s, drafter, gamma, threshold, repeats, seed)
-    else:
-        from ..measure.batched import measure_batched
-        from ..runtime.drafting.build import build_drafter
-
-        def make() -> Any:
-            return build_drafter(spec, s.target.model, s.draft_modules, s.ctx, rows=batch_size)
-
-        m = measure_batched(
-            s.target.model, make, gamma, threshold, s.case, batch_size, repeats, seed=seed, ctx=s.ctx
-        )
-    hf = None
-    if compare_hf:
-        from ..measure.hfcompare import HFConfig, measure_hf
-
-        dm = s.drafts[spec.name].model if spec.kind == "model" else None
-        cfg = HFConfig(spec.kind, gamma, threshold, dm, spec.ngram_max or 3, spec.layers)
-        hf = measure_hf(s.target.model, s.case, cfg, repeats=repeats, ctx=s.ctx)
-    if save_outputs is not None:
-        tok = s.target.tokenizer
-        lines = [
-            json.dumps({"prompt": p.text, "token_ids": ids, "text": tok.decode(ids)})
-            for p, ids in zip(s.workload.prompts, m.outputs, strict=True)
-        ]
-        atomic_write_text(save_outputs, "\n".join(lines) + "\n")
+    with open_session(replace(models, drafts=[draft]), Purpose("bench", batch_size=batch_size or 1)) as s:
+        spec = s.specs[0]
+        s.check_bench(spec, compare_hf=compare_hf, save_outputs=save_outputs is not None)
+        check_decoding(gamma, threshold, models.temperature, min(s.case.max_new_tokens))
+        config = Config(spec, gamma, threshold)
+        (m,) = s.measure([config], s.case, batch_size or 1, repeats, seed)
+        categories = None
+        if batch_size is None and per_category:
+            categories = bench_categories(s, config, repeats, seed)
+        hf = s.compare_hf(config, repeats) if compare_hf else None
+        if save_outputs is not None:
+            atomic_write_text(save_outputs, s.outputs_jsonl(m))
+        name = s.target_name()
+        device = s.describe()
     return BenchResult(
-        s.target.name,
-        spec.name,
-        gamma,
-        threshold,
-        models.temperature,
-        s.workload.name,
-        len(s.case.prompts),
-        s.device,
-        m,
-        hf,
-        categories,
-    )
+        name, spec.name, gamma, threshold, models.temperature, s.workload.name, len(s.case.prompts), device, m,
+        hf, categories,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ costs profile
@@ -155,30 +105,13 @@ def profile_costs(
     if out is not None:
         check_writable(out)
     progress = progress or Progress()
-    if models.backend == "llamacpp":
-        with servers_die_with_us(), server_failures(models.threads):
-            hw, costs, target, budgets = profile_engine(models, max_gamma, repeats, progress)
-        model = CostModel(costs, budgets)
-        per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
-        if out is not None:
-            atomic_write_text(out, costs_to_yaml(costs, hw, target))
-        return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out, target)
-    s = models.open(allow_random=True)
-    measured = {spec.name for spec in s.specs if acceptance_measured(s, spec)}
-    plan, notes = acceptance_plan(acceptance or GivenAcceptance(), s.specs, measured)
-    if context_len is None and s.case is None:
-        context_len = SHAPE_CONTEXT_LEN
-    hw = hardware_info(s.device)
-    costs = measure_costs(s, drafter_pool(s, s.specs), max_gamma, repeats, progress, context_len=context_len)
-    apply_acceptance(costs, plan, max_gamma)
-    for note in notes:
-        progress.note(note)
-    model = CostModel(costs, s.case.max_new_tokens if s.case is not None else None)
+    with open_session(models, Purpose("costs", allow_random=True)) as s:
+        hw = hardware_info(s.device)
+        costs, budgets, target = s.profile_costs(
+            max_gamma, repeats, progress, context_len=context_len, acceptance=acceptance or GivenAcceptance()
+        )
+    model = CostModel(costs, budgets)
     per_draft = {d.name: model.best_gamma(d.name, max_gamma) for d in costs.drafts if d.acceptance_known}
-    t = s.target
-    target = {"name": t.name, "dtype": t.dtype, "num_params": t.num_params, "weights": t.weights}
-    if t.shape:
-        target["shape"] = t.shape
     if out is not None:
         atomic_write_text(out, costs_to_yaml(costs, hw, target))
     return CostsResult(hw, costs, per_draft, model.rank(max_gamma), out, target)

@@ -77,7 +77,15 @@ def tune_workers(
         raise SpecDecError(f"--workers must be >= 1, got {workers}")
     if workers == 1:
         return tune(
-            models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes, budget_s
+            models,
+            settings,
+            layer_skip,
+            costs_file,
+            no_profile,
+            out,
+            progress,
+            batch_sizes=batch_sizes,
+            budget_s=budget_s,
         )
     shares = core_shares(workers)
     settings = dataclasses.replace(settings, storage=settings.storage or default_storage())
@@ -114,7 +122,15 @@ def tune_workers(
                 children.append((p, log))
             _pin(shares[0])
             outcome = tune(
-                models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes, budget_s
+                models,
+                settings,
+                layer_skip,
+                costs_file,
+                no_profile,
+                out,
+                progress,
+                batch_sizes=batch_sizes,
+                budget_s=budget_s,
             )
             for i, (p, log) in enumerate(children, start=1):
                 p.wait()
@@ -220,8 +236,8 @@ def child() -> None:
             job["no_profile"],
             Path(job["out"]),
             None,
-            job.get("batch_sizes"),
-            job.get("budget_s"),
+            batch_sizes=job.get("batch_sizes"),
+            budget_s=job.get("budget_s"),
         )
     except SpecDecError as exc:
         sys.stderr.write(f"error: {exc}\n")

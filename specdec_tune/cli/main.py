@@ -14,7 +14,7 @@ import typer
 
 from .. import __version__
 from .. import app as api
-from ..app.acceptance import parse_given
+from ..backends.acceptance import parse_given
 from ..checkpolicy import CHECK_POLICY
 from ..errors import SpecDecError
 from ..output.benchmark_action import benchmark_action_entries

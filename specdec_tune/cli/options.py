@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..app import Models
+from ..backends.base import known_backends
 from ..errors import SpecDecError
 
 # Options shared by the commands that load models.
@@ -135,8 +136,8 @@ def models_from(
     threads=None,
 ):
     """The app's Models from the shared options."""
-    if backend not in ("native", "llamacpp"):
-        raise SpecDecError(f"unknown backend '{backend}': use native or llamacpp")
+    if backend not in known_backends():
+        raise SpecDecError(f"unknown backend '{backend}': use {' or '.join(known_backends())}")
     return Models(
         target,
         drafts,

@@ -1,8 +1,8 @@
-"""The measuring seam: "measure these configs against the plain baseline on this workload at
-batch size B, interleaved, and return one measurement each". The tuner, the final round, `check`
-and the batch table call only this. Two implementations: `NativeBackend` (our own engine, in
-process) and `llamacpp.backend.LlamaCppBackend` (llama-server processes); a vLLM or SGLang
-backend on a GPU box is a third class with the same three members.
+"""The measuring core of a session: "measure these configs against the plain baseline on this
+workload at batch size B, interleaved, and return one measurement each". The tuner and the final
+round call only this (a measuring session, backends.base, is one). Two implementations:
+`NativeBackend` (our own engine, in process) and `llamacpp.backend.LlamaCppBackend` (llama-server
+processes).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import Any, Protocol
 from ..domain import Config, Metrics
 from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
-
-BACKENDS = ("native", "llamacpp")  # also in cli/options.py, which must not import torch
 
 
 class Measured(Protocol):

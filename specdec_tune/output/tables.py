@@ -15,6 +15,7 @@ from ..domain import Costs, Metrics, Result
 from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from ..urls import redact_url
+from .engine import engine_rows
 from .fmt import (
     add_columns,
     compile_words,
@@ -228,6 +229,7 @@ def _run_table(p: Profile) -> Table:
             + (f" (compile failed: {'; '.join(p.compile_fallbacks)})" if p.compile_fallbacks else ""),
         ),
         ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "—"),
+        *engine_rows(p),
     ]
     if p.compile is not None:
         rows.append(("compile", compile_words(p.compile)))

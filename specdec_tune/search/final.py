@@ -39,6 +39,8 @@ OUTLIER_SPREAD = 0.5
 MIN_STEP_REPEATS = 2
 
 Ceiling = Callable[[Config], "float | None"]
+# What a pinned finalist that no search trial measured carries into the round.
+UNMEASURED = Metrics(0.0, 0.0, 0.0, 0.0, 0.0, 1.0, repeats=0)
 
 
 def is_outlier(result: Result, ceiling: Ceiling | None = None) -> bool:
@@ -93,8 +95,12 @@ def final_round(
     on_start: Callable[[list[str]], None] | None = None,
     claim: Any = None,
     ceiling: Ceiling | None = None,
+    pinned: list[Config] | None = None,
 ) -> None:
     """Race the finalists against each other and the baseline; rank by this round, the rest follow.
+
+    `pinned` configs (an engine's own defaults) race among the finalists whatever the search found,
+    so the answer is never below them and the profile shows them measured head to head.
 
     The round is stored in the study, so rerunning a finished study reuses it. Updates `result`
     in place. A failing round (a draft that no longer loads, out of memory) keeps the search's
@@ -103,6 +109,8 @@ def final_round(
     result.outliers = [r.config.label for r in result.results if is_outlier(r, ceiling)]
     result.results = demote_outliers(result.results, ceiling)
     finalists = pick_finalists(result.results, max(2, settings.finalists), settings.final_floor, ceiling)
+    keys = {r.config.key for r in finalists}
+    finalists += [Result(c, UNMEASURED) for c in pinned or [] if c.key not in keys]
     if not finalists:
         return
     key = {
@@ -197,7 +205,7 @@ def _measure(
         samples = [outcome.samples[i][k] for k in sorted(outcome.samples[i])]
         m = pool(parts[i], samples, settings.seed)
         m.predicted_speedup = r.metrics.predicted_speedup
-        m.search_speedup = r.metrics.speedup
+        m.search_speedup = r.metrics.speedup if r.metrics is not UNMEASURED else None
         measured.append(m.as_dict())
     margin = outcome.margin
     return {

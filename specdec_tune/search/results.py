@@ -144,3 +144,13 @@ def summarise(
         space=space,
         rows=rows,
     )
+
+
+def prediction_error(result: TuneResult) -> float | None:
+    """Median |predicted - measured| / measured over the configs the cost model predicted."""
+    errs = [
+        abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup
+        for r in result.results
+        if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
+    ]
+    return round(statistics.median(errs), 4) if errs else None

@@ -112,13 +112,15 @@ def tune(
     on_final: Callable[[list[str]], None] | None = None,
     extra_seeds: list[dict[str, Any]] | None = None,
     backend: MeasuringBackend | None = None,
+    pinned: list[Any] | None = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
     Every trial and the final round measure through `backend` (default: our own engine over
     `pool`; the llama.cpp backend measures inside llama-server and needs no `target`).
     `extra_seeds` (trial params, e.g. the neighbouring batch size's winner) are tried right after
-    the cost model's seeds when the study is new.
+    the cost model's seeds when the study is new; `pinned` configs (an engine's defaults) race in
+    the final round whatever the search found (search.final).
     """
     import optuna
 
@@ -199,7 +201,17 @@ def tune(
     if settings.finalists > 0:
         claim = StorageLock(storage_url, f"{name}:final")
         try:
-            final_round(study, result, backend, case, settings, on_final, claim, _ceiling(model, settings))
+            final_round(
+                study,
+                result,
+                backend,
+                case,
+                settings,
+                on_final,
+                claim,
+                _ceiling(model, settings),
+                pinned=pinned,
+            )
         finally:
             claim.close()
     return result

@@ -17,12 +17,13 @@ from .schema import Profile
 
 
 def portable_ref(name_or_path: str, profile_dir: Path) -> str:
-    """How a profile in `profile_dir` names the model the user passed as `name_or_path`."""
+    """How a profile in `profile_dir` names the model the user passed as `name_or_path`: a model
+    folder or file (a GGUF) relative to the profile's folder, a name as it is."""
     if is_demo_name(name_or_path):
         return name_or_path
     p = Path(name_or_path).expanduser()
-    if not p.is_dir():
-        return name_or_path  # an HF id (loaded from the local cache)
+    if not (p.is_dir() or p.is_file()):
+        return name_or_path  # an HF id (loaded from the local cache), a built-in GGUF's name
     rel = Path(os.path.relpath(p.resolve(), Path(profile_dir).resolve())).as_posix()
     return rel if rel.startswith("../") or rel == ".." else f"./{rel}"
 

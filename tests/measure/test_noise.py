@@ -88,9 +88,9 @@ def test_a_load_that_starts_during_the_search_shows_in_its_window(tmp_path):
 def test_the_llamacpp_load_hint_names_the_threads_that_wait_for_a_busy_core(monkeypatch):
     import pytest
 
-    from specdec_tune.app import engine_plan
-    from specdec_tune.app.engine_plan import load_hint, server_failures
     from specdec_tune.errors import SpecDecError
+    from specdec_tune.measure.llamacpp import load as engine_plan
+    from specdec_tune.measure.llamacpp.load import load_hint, server_failures
     from specdec_tune.measure.llamacpp.server import ServerError
 
     busy = {"others_cpu_share": 0.5, "steal_share": 0.0, "busiest": ["spin (7) 100% of a CPU"]}
@@ -158,8 +158,8 @@ def test_processes_that_came_and_went_inside_the_window_are_counted(tmp_path):
 
 def test_a_window_takes_the_engines_own_busy_rule(tmp_path):
     """llama.cpp with its threads on both cores: bursts of a fifth of all CPUs are not busy by the
-    native 25 % rule but are by the engine's (app.engine_plan.engine_busy)."""
-    from specdec_tune.app.engine_plan import engine_busy
+    native 25 % rule but are by the engine's (measure.llamacpp.load.engine_busy)."""
+    from specdec_tune.measure.llamacpp.load import engine_busy
 
     _fake_proc(tmp_path, 1000, 0, {101: ("bursts", 1, 0)})
     snapshot = noise.os_snapshot(tmp_path)

@@ -602,53 +602,52 @@ def test_a_batch_too_large_for_memory_fails_its_trials_alone(
 
 
 def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
-    from types import SimpleNamespace
+    from specdec_tune.search.budget import TrialShape, fit_budget
 
-    from specdec_tune.app.tuning import _fit_budget
-
-    s = SimpleNamespace(case=SimpleNamespace(prompts=["p"] * 8))
+    shape = TrialShape(overhead_s=0.15, warmup_passes=2 / 8)  # our engine over 8 prompts
     settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
     # Plain passes everywhere: a trial (2 x 2 passes + 2 warm-up prompts) 8.65 s; the final round
     # 4 x 5 passes = 40 s, 80 s with racing; 120 s left for the search: 13 trials.
-    plain, note = _fit_budget(s, None, settings, 200.0, pass_s=2.0)
+    plain, note = fit_budget(settings, 200.0, 2.0, shape)
     assert plain.trials == 13 and plain.timeout_s == pytest.approx(120.0) and plain.final_budget_s == 80
     assert "cost model" not in note
     # The model expects 2.25x: the finalists' passes take 1 / 2.25 of a plain one, a search trial's
     # 1 / 1.5 (the square root: trials spread between plain and the best), so 20 trials fit.
-    fast, note = _fit_budget(s, None, settings, 200.0, pass_s=2.0, expected_speedup=2.25)
+    fast, note = fit_budget(settings, 200.0, 2.0, shape, 2.25)
     assert fast.final_budget_s == pytest.approx(2 * (1 + 3 / 2.25) * 5 * 2.0)
     assert fast.trials == 20 and fast.timeout_s == pytest.approx(200.0 - fast.final_budget_s)
     assert "the cost model's best 2.25x" in note and "run over" not in note
     # A machine too slow for the least a search does: the note says the budget will be exceeded.
-    slow, note = _fit_budget(s, None, settings, 200.0, pass_s=20.0)
+    slow, note = fit_budget(settings, 200.0, 20.0, shape)
     assert slow.trials == 6 and "about 911 s) is more than that, so expect it to run over" in note
     # A prediction below plain plans as plain; a wild one at most 4x.
-    assert _fit_budget(s, None, settings, 200.0, 2.0, 0.7)[0] == plain
-    wild = _fit_budget(s, None, settings, 200.0, 2.0, 50.0)[0]
+    assert fit_budget(settings, 200.0, 2.0, shape, 0.7)[0] == plain
+    wild = fit_budget(settings, 200.0, 2.0, shape, 50.0)[0]
     assert wild.final_budget_s == pytest.approx(2 * (1 + 3 / 4) * 5 * 2.0)
 
 
 def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():
-    from specdec_tune.app.engine_plan import fit_engine_budget
+    from specdec_tune.backends.llamacpp import TRIAL_SHAPE
+    from specdec_tune.search.budget import fit_budget
 
     settings = TuneSettings(repeats=2, finalists=3, final_repeats=4)
     # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: each of
     # 3 finalists against its own plain passes, 2 x 4 passes and a start, and the baseline's 4
     # passes = 32.5 s, 65 s with racing; 175 s left: 26 trials fit, 20 asked.
-    fits, note = fit_engine_budget(None, settings, 240.0, pass_s=1.0)
+    fits, note = fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE)
     assert fits.trials == 20 and fits.timeout_s == pytest.approx(175.0) and fits.final_budget_s == 65
-    assert note == "B=1: one plain pass 1 s in llama.cpp, so 20 trials"
+    assert note == "B=1: 240 s of the budget left, one plain pass 1 s, so 20 trials"
     # 10 s passes: 6 trials (309 s) and the first final pass (284.5 s) exceed 240 s, and it says so.
-    slow, note = fit_engine_budget(None, settings, 240.0, pass_s=10.0)
+    slow, note = fit_budget(settings, 240.0, 10.0, TRIAL_SHAPE)
     assert slow.trials == 6 and slow.timeout_s == pytest.approx(309.0)
     assert note.endswith(
         "the least a search does (6 trials and the final round's first pass, about 594 s) is more than "
-        "the 240 s left, so expect it to run over"
+        "that, so expect it to run over"
     )
 
 
 def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():
-    from specdec_tune.app.engine_plan import after_probe
+    from specdec_tune.search.budget import after_probe
 
     settings = TuneSettings(trials=20, timeout_s=100.0, final_budget_s=60.0)
     # 4 first trials took 40 s: 60 s of the search are left, the racing keeps its 60 s.

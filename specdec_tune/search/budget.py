@@ -1,0 +1,111 @@
+"""How many trials a time budget buys, planned on the plain pass measured at run time.
+
+One plan for every backend: what differs between engines is what a trial costs beside its timed
+passes (a server start-up in llama.cpp, the study's bookkeeping in our engine) and whether each
+finalist is timed against its own plain passes. Those are the engine's `TrialShape`, given by its
+measuring session (`backends`); the arithmetic is here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .space import DEFAULT_TRIALS, TuneSettings
+
+# The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
+MIN_BUDGET_TRIALS = 6
+# What a budget plans on at most: a pass never takes less than a quarter of a plain one.
+MAX_EXPECTED_SPEEDUP = 4.0
+RACE_FACTOR = 2.0  # the final round's racing gets at most as much again as its first round
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    """What a trial costs an engine beside its timed passes.
+
+    - `overhead_s`: seconds per trial outside any pass (our engine: the study's sampler and storage
+      writes, 0.15 s; llama.cpp: a server start-up and its warm-up request, 1.5 s).
+    - `warmup_passes`: untimed passes per trial, as a share of one plain pass (our engine warms the
+      config and the baseline on one prompt each: 2 / prompts; llama.cpp's first pass is the whole
+      workload, the exactness check, so 1).
+    - `own_baseline`: each finalist is timed against its own plain passes (llama.cpp: ABBA per
+      config; a quiet SmolLM2 final round of 3 x 5 repeats took 96 s at 2.44 s a pass where one
+      shared baseline planned 53 s), else the finalists share one baseline (our engine).
+    - `plans_speedup`: a speculative pass is planned as a plain one divided by the cost model's
+      expected speedup (our engine); else as long as a plain one (llama.cpp on a CPU gains tens of
+      per cent, not times, and its model is fitted only once trials ran).
+    """
+
+    overhead_s: float
+    warmup_passes: float
+    own_baseline: bool = False
+    plans_speedup: bool = True
+
+
+def fit_budget(
+    settings: TuneSettings,
+    budget_s: float,
+    pass_s: float,
+    shape: TrialShape,
+    expected_speedup: float | None = None,
+    pinned: int = 0,
+) -> tuple[TuneSettings, str]:
+    """Trials and a timeout that fit `budget_s` seconds at `settings.batch_size`, one plain pass over
+    the workload taking `pass_s` here.
+
+    A speculative pass takes a plain one divided by its speedup (`shape.plans_speedup`): the
+    finalists' by the cost model's best prediction, a search trial's by its square root (the search
+    tries configs between plain and the best). A trial is repeats x (its pass + the interleaved
+    plain pass) plus its warm-up and overhead; the final round is at least two finalists and the
+    baseline, each `final_repeats` times, and its racing rounds get what the search's minimum leaves,
+    up to as much again. The timeout, not the count, is what keeps the search within the budget
+    when trials run slower than expected; when even the least search does not fit, the note says
+    the run will go over (a slow or busy machine is said, not hidden behind a cut final round).
+    `pinned` finalists (an engine's defaults, search.final) race in the final round besides.
+    """
+    b = settings.batch_size
+    planned = expected_speedup if shape.plans_speedup else None
+    speedup = min(max(planned or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
+    trial_s = (settings.repeats * (1 + speedup**-0.5) + shape.warmup_passes) * pass_s + shape.overhead_s
+    finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
+    own = 1.0 if shape.own_baseline else 0.0
+    first_s = (1 + finalists * (1 / speedup + own)) * settings.final_repeats * pass_s
+    first_s += finalists * shape.overhead_s if shape.own_baseline else 0.0
+    search_min_s = MIN_BUDGET_TRIALS * trial_s
+    final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
+    fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
+    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
+    timeout = max(budget_s - final_s, search_min_s)
+    note = (
+        f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s"
+        + (f", the cost model's best {planned:.2f}x" if planned else "")
+        + f", so {trials} trials"
+        + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
+    )
+    least_s = search_min_s + (first_s if finalists else 0.0)
+    if least_s > budget_s:
+        note += (
+            f"; the least a search does ({MIN_BUDGET_TRIALS} trials"
+            + (" and the final round's first pass" if finalists else "")
+            + f", about {least_s:.0f} s) is more than that, so expect it to run over"
+        )
+    final_budget = final_s if finalists else None
+    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
+
+
+def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> TuneSettings:
+    """The search's timeout once its first trials (one per draft, which fit an engine's cost model
+    from its own timings) took `probe_s`: they are part of the search, so their time comes out of
+    it. The rest of the search still gets what the least a search does needs (MIN_BUDGET_TRIALS in
+    all), at the pace the first trials measured; what that takes beyond the timeout comes out of
+    the final round's racing. A quiet SmolLM2 run in llama.cpp went 17 s over its 240 s budget
+    before this."""
+    if not settings.timeout_s or probe_trials <= 0:
+        return settings
+    floor = max(0, MIN_BUDGET_TRIALS - probe_trials) * probe_s / probe_trials
+    left = settings.timeout_s - probe_s
+    timeout = max(left, floor, 1e-3)  # never 0: a timeout of 0 means none at all (search.tuner)
+    final = settings.final_budget_s
+    if final is not None and timeout > left:  # the search's minimum runs over: racing gives it back
+        final = max(0.0, final - (timeout - left))
+    return replace(settings, timeout_s=timeout, final_budget_s=final)

@@ -1,0 +1,113 @@
+"""A finished search as the profile's sections: the workload, the search, the batch table rows and
+the profile itself. One builder for every backend: what an engine adds (its target, versions, mode,
+build and exactness) comes in as `EngineFields` from its measuring session (`backends`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..domain import Anchors, CompileTime, Costs, Noise
+from .refs import storage_for_record
+from .schema import BatchRow, Profile, SearchInfo, TargetInfo, WorkloadInfo, created_now
+
+
+@dataclass
+class EngineFields:
+    """What the engine that measured puts in a profile beside the search's results."""
+
+    target: TargetInfo
+    versions: dict[str, str]
+    engine_mode: str = "eager"
+    compile_fallbacks: list[str] = field(default_factory=list)
+    engine_choice: str | None = None
+    backend: dict[str, Any] = field(default_factory=dict)
+    compile: CompileTime | None = None
+
+
+def workload_info(workload: Any, case: Any) -> WorkloadInfo:
+    """The profile's workload section (a file workload is stored by path so `check` loads it again)."""
+    return WorkloadInfo(
+        name=workload.source if not workload.source.startswith("builtin:") else workload.name,
+        prompts=len(case.prompts),
+        sha256=workload.sha256,
+        max_new_tokens=max(case.max_new_tokens),
+        temperature=case.temperature,
+    )
+
+
+def search_info(result: Any, settings: Any) -> SearchInfo:
+    """The profile's search section of a finished search (search.results.TuneResult)."""
+    return SearchInfo(
+        sampler=settings.sampler,
+        trials=result.trials,
+        failed=result.failed,
+        pruned=result.pruned,
+        study_name=result.study_name,
+        storage=storage_for_record(result.storage),
+        seed=settings.seed,
+        space=result.space,
+        finalists=result.finalists,
+        final_repeats=result.final_repeats if result.finalists else 0,
+        final_verdict=result.final_verdict,
+        final_margin=list(result.final_margin),
+        final_tied=list(result.final_tied),
+        outliers=list(result.outliers),
+        engine=settings.serving_engine,
+    )
+
+
+def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 0) -> BatchRow:
+    """The batch table row of one batch size's search: its best, each draft's best, and the cost
+    model's best prediction there (`model`: search.costmodel.CostModel; None: no prediction)."""
+    per_draft: dict[str, Any] = {}
+    for r in result.results:  # best first: the first of each draft is its best
+        if r.config.gamma > 0:
+            per_draft.setdefault(r.config.draft.name, r)
+    ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
+    predicted = max(1.0, ranked[0][2]) if ranked else None
+    return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)
+
+
+def build_profile(
+    result: Any,
+    settings: Any,
+    hardware: dict[str, Any],
+    engine: EngineFields,
+    *,
+    workload: WorkloadInfo,
+    costs: Costs | None,
+    noise: Noise | None = None,
+    anchors: Anchors | None = None,
+) -> Profile:
+    """The profile of a finished search at its first batch size (`result`: search.results.TuneResult)."""
+    return Profile(
+        hardware=hardware,
+        target=engine.target,
+        workload=workload,
+        costs=costs,
+        search=search_info(result, settings),
+        best=result.results[0],
+        # The baseline has its own section; as an alternative it would only take a config's place.
+        alternatives=[r for r in result.results[1:] if r.config.gamma > 0][:4],
+        baseline=result.baseline,
+        engine_mode=engine.engine_mode,
+        compile_fallbacks=list(engine.compile_fallbacks),
+        engine_choice=engine.engine_choice,
+        backend=dict(engine.backend),
+        noise=noise,
+        anchors=anchors,
+        compile=engine.compile,
+        versions=dict(engine.versions),
+        created=created_now(),
+    )
+
+
+def with_batch_table(profile: Profile, rows: list[BatchRow], predicted_b_star: int | None = None) -> Profile:
+    """The profile with its batch table and B*: the smallest measured batch size whose best is
+    plain decoding (None: speculation won at every measured batch size)."""
+    profile.batch_table = rows
+    losing = [row.batch_size for row in rows if row.best.config.gamma == 0]
+    profile.b_star = min(losing) if losing else None
+    profile.predicted_b_star = predicted_b_star
+    return profile

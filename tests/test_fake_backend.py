@@ -1,0 +1,89 @@
+"""A third backend is one module implementing the measuring session: the scripted in-memory engine
+of tests/fake_backend.py, registered by name, runs `run`, `check` and `bench` end to end through
+the CLI and the one pipeline, with no branch for it anywhere. Its truth is known (the best config is
+`copy` at gamma 5, 1.8x), so the test says what each command must find."""
+
+from __future__ import annotations
+
+import json
+
+import fake_backend as fake
+import pytest
+import yaml
+from helpers import invoke
+
+from specdec_tune.backends import base
+from specdec_tune.store.yamlio import load_profile
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    monkeypatch.setitem(base._REGISTERED, fake.NAME, fake.FakeModule)
+    monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
+    monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
+    monkeypatch.setitem(fake.SCRIPT, "measured", [])
+    monkeypatch.setattr(fake.FakeModule, "sessions", [])
+    return fake
+
+
+def _run(tmp_path, *extra: str):
+    out = tmp_path / "fake.yaml"
+    args = ["run", "--backend", "fake", "--workload", "demo-code", "--prompts", "4", "--storage",
+            f"sqlite:///{tmp_path / 's.db'}", "--out", str(out), "--reference-processes", "0", *extra]  # fmt: skip
+    return invoke(*args), out
+
+
+def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path, fake_engine):
+    r, out = _run(tmp_path, "--trials", "14", "--batch-sizes", "1,4")
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    # The search found the scripted best draft near its best gamma, and the final round kept it.
+    assert p.best.config.draft.name == "copy" and abs(p.best.config.gamma - fake.BEST_GAMMA) <= 2
+    assert p.best.metrics.speedup == pytest.approx(fake.true_speedup(p.best.config), rel=1e-9)
+    # What the engine said is in the profile: its build, the flags that ran, the batch table.
+    assert p.backend["name"] == "fake" and p.backend["build"] == fake.BUILD
+    assert p.best.backend_args == ["fake-server", "--draft", "copy", "--n", str(p.best.config.gamma)]
+    assert [row.batch_size for row in p.batch_table] == [1, 4] and p.b_star is None
+    assert out.with_name("fake.trials.csv").exists()
+    assert all(s.closed for s in fake.FakeModule.sessions) and fake.FakeModule.sessions
+
+    # check re-measures every row in the engine: a pass as measured, a regression when slower.
+    c = invoke("check", str(out), "--repeats", "3", "--json")
+    assert c.exit_code == 0, c.output
+    assert {i["metric"] for i in json.loads(c.stdout)["items"]} >= {"speedup", "speedup @ B=4"}
+    assert {b for _, b in fake.SCRIPT["measured"][-4:]} == {1, 4}
+    fake.SCRIPT["slowdown"] = 2.0
+    c = invoke("check", str(out), "--repeats", "3", "--json")
+    assert c.exit_code == 1, c.output
+    fake.SCRIPT["slowdown"] = 1.0
+    # Another engine build is other software (exit 3) before anything is measured.
+    fake.SCRIPT["build"] = {"package": "fake-engine 2.0", "binary_sha256": "sha256:other"}
+    before = len(fake.SCRIPT["measured"])
+    c = invoke("check", str(out))
+    assert c.exit_code == 3 and "other software" in c.output, c.output
+    assert len(fake.SCRIPT["measured"]) == before
+    assert invoke("check", str(out), "--allow-other-build").exit_code == 0
+
+    # bench one config against plain, in the same engine.
+    b = invoke(
+        "bench", "--backend", "fake", "--draft", "copy", "--gamma", "5", "--workload", "demo-code", "--json"
+    )
+    assert b.exit_code == 0, b.output
+    got = json.loads(b.stdout)
+    assert got["speedup"] == pytest.approx(1.8) and got["device"] == "fake engine"
+
+
+def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_engine):
+    r, _ = _run(tmp_path, "--trials", "6")
+    assert r.exit_code == 0, r.output
+    bad = invoke("bench", "--backend", "vllm", "--draft", "copy")
+    assert bad.exit_code == 2 and "unknown backend 'vllm': use native or llamacpp or fake" in bad.output
+
+
+def test_a_profile_checked_with_another_backend_is_refused(tmp_path, fake_engine):
+    r, out = _run(tmp_path, "--trials", "6")
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["backend"]["name"] == "fake"
+    c = invoke("check", str(out), "--backend", "llamacpp")
+    assert c.exit_code == 2 and "measured with the fake backend, not llamacpp" in c.output
