@@ -9,6 +9,7 @@ server of the same build, side by side, their requests alternating.
   requests in flight; wall-clock tokens/s of each side.
 - Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n /
   (predicted_n - draft_n_accepted).
+- Every timed request's counters are kept (`counters.RequestStats`, both sides): no extra request.
 - Exactness at temperature 0: the plain server's tokens and top-2 probabilities are taken once;
   each config's tokens are compared per prompt (first position where they part, and whether the
   plain top-2 there was a near-tie).
@@ -27,6 +28,7 @@ from typing import Any
 from ...domain import Config, Metrics
 from ..timing import median, spread
 from .args import server_args
+from .counters import RequestStats, request_stats
 from .server import LlamaServer, ServerError, build_info, find_server
 
 NEAR_TIE = 0.05  # plain top-1 minus top-2 probability below this: a near-tie, not a bug
@@ -59,6 +61,7 @@ class EngineMeasurement:
     speedups: list[float] = field(default_factory=list)
     exactness: dict[str, Any] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
+    requests: list[RequestStats] = field(default_factory=list)  # every timed one, both sides, in order
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class EngineMeasurement:
             "speedups": list(self.speedups),
             "exactness": dict(self.exactness),
             "flags": list(self.flags),
+            "requests": [r.as_dict() for r in self.requests],
         }
 
 
@@ -79,6 +83,7 @@ class _Reply:
     draft_n: int
     draft_accepted: int
     probs: list[list[float]] = field(default_factory=list)  # top-2 probabilities per token
+    n_predict: int = 0
 
 
 class LlamaCppBackend:
@@ -187,6 +192,7 @@ class LlamaCppBackend:
             draft_n=int(t.get("draft_n", 0)),
             draft_accepted=int(t.get("draft_n_accepted", 0)),
             probs=top2,
+            n_predict=n_predict,
         )
 
     def reference(self, case: TextCase) -> list[_Reply]:
@@ -270,6 +276,7 @@ class LlamaCppBackend:
             speedups,
             exact,
             self.flags(config, batch_size),
+            [r for p in sides["plain"] + spec for r in p["requests"]],
         )
 
     def _baseline(
@@ -278,7 +285,8 @@ class LlamaCppBackend:
         passes = [self._pass(plain, case, batch_size) for _ in range(max(1, repeats))]
         tok_s = median([p["tok_s"] for p in passes])
         metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
-        return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes))
+        requests = [r for p in passes for r in p["requests"]]
+        return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
 
     def exactness(self, config: Config, case: TextCase, server: LlamaServer | None = None) -> dict[str, Any]:
         """Per prompt at T = 0: are the speculative server's tokens the plain server's? Where they
@@ -322,7 +330,7 @@ class LlamaCppBackend:
             return reply.probs[0][0] - reply.probs[0][1]
         return None
 
-    def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, float]:
+    def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the
         server's timings); B > 1 a closed loop of B requests in flight (wall-clock tokens/s).
 
@@ -349,6 +357,9 @@ class LlamaCppBackend:
             "tokens": n,
             "draft_n": sum(r.draft_n for r in replies),
             "draft_accepted": sum(r.draft_accepted for r in replies),
+            "requests": request_stats(
+                replies, "spec" if "--spec-type" in server.args else "plain", batch_size
+            ),
         }
 
     def _closed_loop(
