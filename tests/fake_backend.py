@@ -163,6 +163,9 @@ class FakeSession:
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
         return []
 
+    def predictor(self) -> Any:
+        return None
+
     def default_configs(self) -> list[Config]:
         return []
 

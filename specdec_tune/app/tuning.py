@@ -12,6 +12,7 @@ from typing import Any
 
 from ..backends.base import Models, Progress, Purpose, open_session
 from ..checkpolicy import CHECK_POLICY
+from ..domain import FIXED_GAMMA, Config
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.hardware import hardware_info, same_hardware
@@ -93,6 +94,7 @@ def tune(
         # The engine's own defaults race in the final round at the first batch size, so the answer
         # is never below them and the profile shows them beside it (`engine_defaults`).
         defaults = s.default_configs() if settings.finalists else []
+        predictor = s.predictor() if costs is not None else None  # an engine's model, fitted from trials
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
@@ -120,15 +122,16 @@ def tune(
                     probe_started = time.monotonic()
                     probe = run_search(
                         None, s.specs, s.case, first, study_key=key_b, on_trial=progress.trial,
-                        extra_seeds=neighbour, backend=s,
+                        extra_seeds=neighbour, backend=s, predictor=predictor,
                     )  # fmt: skip
                     costs_b = s.with_trial_acceptance(costs, probe, settings.max_gamma)
-                    _enqueue_predictions(probe, s, costs_b, settings_b)
+                    _enqueue_predictions(probe, s, costs_b, settings_b, predictor)
                     if budgeted:
                         settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
             results[b] = run_search(
                 None, s.specs, s.case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
                 on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
+                predictor=predictor if i == 0 else None,
             )  # fmt: skip
             for r in results[b].results:
                 flags = s.flags(r.config, b)  # the exact flags an engine backend ran (None: ours)
@@ -148,6 +151,8 @@ def tune(
         fields.backend = {**fields.backend, "exactness": exact, "cost_model_error": prediction_error(first)}
         if defaults:
             fields.backend["engine_defaults"] = default_rows(first, defaults)
+        if predictor is not None:
+            fields.backend["cost_model"] = cost_model_fit(first, predictor)
     profile = build_profile(
         first, settings, hw, fields, workload=workload_info(s.workload, s.case), costs=costs, noise=noise,
         anchors=anchors,
@@ -185,14 +190,55 @@ def default_rows(result: Any, defaults: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _enqueue_predictions(result: Any, s: Any, costs: Any, settings: TuneSettings) -> None:
-    """The cost model's best predictions (fed with the engine's costs and measured acceptance, and
-    the workload's per-request budgets) are the study's next trials."""
+PREDICTED_SEEDS = 4  # the engine model's best configs tried right after the first trials
+
+
+def _enqueue_predictions(
+    result: Any, s: Any, costs: Any, settings: TuneSettings, predictor: Any = None
+) -> None:
+    """The study's next trials: the engine cost model's best predictions over the whole space
+    (fitted from the first trials' decode timings), else the closed-form model's (fed with the
+    engine's costs and measured acceptance, and the workload's per-request budgets)."""
     import optuna
 
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
-    for params in seed_configs(s.specs, CostModel(costs, s.case.max_new_tokens), settings)[1:]:
+    ranked = predictor.rank(space_configs(s.specs, settings.max_gamma)) if predictor is not None else []
+    if ranked:
+        seeds = [trial_params(c) for c, _ in ranked[:PREDICTED_SEEDS]]
+    else:
+        seeds = seed_configs(s.specs, CostModel(costs, s.case.max_new_tokens), settings)[1:]
+    for params in seeds:
         study.enqueue_trial(params, skip_if_exists=True)
+
+
+def space_configs(specs: list[Any], max_gamma: int) -> list[Config]:
+    """Every (draft, gamma) of the space at threshold 0 (a draft of fixed length: its one gamma)."""
+    out = []
+    for d in specs:
+        gammas = [FIXED_GAMMA[d.kind]] if d.kind in FIXED_GAMMA else range(1, max_gamma + 1)
+        out += [Config(d, g, 0.0) for g in gammas]
+    return out
+
+
+def cost_model_fit(result: Any, predictor: Any) -> dict[str, Any]:
+    """The engine cost model against what was measured: each trial predicted before it ran (out of
+    sample), median and worst relative error, and its reason for the best config of each draft."""
+    errs = sorted(
+        (abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup, r.config.label)
+        for r in result.results
+        if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
+    )
+    best: dict[str, Any] = {}
+    for r in result.results:
+        if r.config.gamma > 0:
+            best.setdefault(r.config.draft.name, r.config)
+    out: dict[str, Any] = {"configs": len(errs)}
+    if errs:
+        out |= {"median_error": round(statistics.median(e for e, _ in errs), 4), "worst_error": round(errs[-1][0], 4),
+                "worst_config": errs[-1][1]}  # fmt: skip
+    out["reason"] = predictor.explain(result.results[0].config) if result.results[0].config.gamma else ""
+    out["per_draft"] = {name: predictor.explain(c) for name, c in best.items()}
+    return out
 
 
 def _reference(

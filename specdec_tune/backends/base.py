@@ -167,6 +167,10 @@ class MeasuringSession(Protocol):
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
         """Trial params the search tries first (each draft once, where the costs need it)."""
 
+    def predictor(self) -> Any:
+        """A cost model fitted from the trials as they come in (`predict`, `observe`, `rank`,
+        `explain`), or None: the closed-form model over the costs profile predicts."""
+
     def default_configs(self) -> list[Config]:
         """The engine's own default configs, raced in the final round ([] for none)."""
 

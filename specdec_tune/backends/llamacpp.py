@@ -27,6 +27,7 @@ from ..measure.llamacpp.server import ServerError, build_info, find_server, serv
 from ..measure.noise import measure_noise
 from ..measure.timing import median
 from ..search.budget import TrialShape
+from ..search.enginemodel import EngineCostModel, Observation
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
 from ..store.refs import portable_ref, profile_file_slug
@@ -195,6 +196,11 @@ class LlamaCppSession:
         model), so no draft is left out of a short search."""
         return [start_params(d, max_gamma) for d in self.specs]
 
+    def predictor(self) -> EnginePredictor:
+        """The engine's cost model (search.enginemodel), fitted from the trials' own decode timings
+        as they come in."""
+        return EnginePredictor()
+
     def default_configs(self) -> list[Config]:
         """llama-server's own default config of each n-gram spec type in the space (`--spec-type X`
         and nothing else: ENGINE_DEFAULTS), raced in the final round."""
@@ -307,6 +313,29 @@ def start_params(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
     if draft.has_threshold:
         params["threshold"] = 0.0
     return params
+
+
+class EnginePredictor:
+    """`search.tuner`'s predictor over the engine cost model: it predicts a config from every trial
+    measured so far and observes each measurement (their per-request counters) after."""
+
+    def __init__(self) -> None:
+        self.model = EngineCostModel()
+
+    def observe(self, config: Config, m: Any) -> None:
+        if getattr(m, "requests", None):
+            self.model.add(Observation.from_measurement(config, m))
+
+    def predict(self, config: Config) -> float | None:
+        if not self.model.observations:
+            return None
+        return self.model.fit().predict(config)
+
+    def rank(self, configs: list[Config]) -> list[tuple[Config, float]]:
+        return self.model.fit().rank(configs) if self.model.observations else []
+
+    def explain(self, config: Config) -> str:
+        return self.model.fit().explain(config) if self.model.observations else ""
 
 
 def engine_build(models: Models) -> dict[str, Any]:

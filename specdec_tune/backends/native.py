@@ -202,6 +202,9 @@ class NativeSession:
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
         return []
 
+    def predictor(self) -> Any:
+        return None  # the closed-form cost model, on the costs profile
+
     def default_configs(self) -> list[Config]:
         return []  # our engine has no defaults of its own to beat
 

@@ -113,6 +113,7 @@ def tune(
     extra_seeds: list[dict[str, Any]] | None = None,
     backend: MeasuringBackend | None = None,
     pinned: list[Any] | None = None,
+    predictor: Any = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
@@ -120,7 +121,9 @@ def tune(
     `pool`; the llama.cpp backend measures inside llama-server and needs no `target`).
     `extra_seeds` (trial params, e.g. the neighbouring batch size's winner) are tried right after
     the cost model's seeds when the study is new; `pinned` configs (an engine's defaults) race in
-    the final round whatever the search found (search.final).
+    the final round whatever the search found (search.final). `predictor` (an engine's cost model
+    fitted from the trials, backends) predicts each trial before it is measured, in place of the
+    closed-form model, and observes its measurement after (`predict(config)`, `observe(config, m)`).
     """
     import optuna
 
@@ -153,6 +156,7 @@ def tune(
 
     total = trial_count(specs, settings)
     objective = _Objective(study, backend, by_name, space, case, model, settings, total)
+    objective.predictor = predictor
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
     # Counting the free slots and creating the trial happen under one lock shared by all workers,
     # so two workers never take the last slot together; the trial releases it once it exists.
@@ -258,6 +262,7 @@ class _Objective:
         self.case, self.model, self.settings, self.total = case, model, settings, total
         self.on_start: Callable[[], None] = lambda: None
         self.number: int | None = None  # the trial this worker runs now
+        self.predictor: Any = None  # an engine cost model fitted as trials come in
 
     def __call__(self, trial: Any) -> float:
         import optuna
@@ -285,6 +290,8 @@ class _Objective:
                 if r == 0 and self.settings.repeats > 1 and prune_below and speedup < prune_below:
                     raise optuna.TrialPruned()
 
+            # predicted before it is measured: the profile's prediction error is out of sample
+            predicted = self.predictor.predict(config) if self.predictor is not None else None
             (m,) = self.backend.measure(
                 [config],
                 self.case,
@@ -295,11 +302,15 @@ class _Objective:
             )
             if not math.isfinite(m.metrics.speedup):
                 raise RuntimeError("measured speedup is not finite")
-            m.metrics.predicted_speedup = (
-                self.model.predict(config.draft.name, config.gamma, policy=config.gamma_policy)
-                if self.model
-                else None
-            )
+            if self.predictor is not None:
+                self.predictor.observe(config, m)
+                m.metrics.predicted_speedup = predicted
+            else:
+                m.metrics.predicted_speedup = (
+                    self.model.predict(config.draft.name, config.gamma, policy=config.gamma_policy)
+                    if self.model
+                    else None
+                )
             samples = list(getattr(m, "speedups", None) or [])
             m.metrics.speedup_samples = [round(x, 5) for x in samples]
             m.metrics.speedup_interval = speedup_interval(samples, self.settings.seed)
