@@ -23,6 +23,7 @@ PLAIN_TOKENS_PER_S = 100.0
 # The scripted engine's truth: speedup = base x gamma-curve, best at gamma 5 for "copy".
 DRAFTS = {"copy": 1.8, "guess": 1.1}
 BEST_GAMMA = 5
+DEFAULT_GAMMA = 12  # the engine's own default, raced in the final round
 BUILD = {"package": "fake-engine 1.0", "binary_sha256": "sha256:fake"}
 # What a test may change: the build the next session reports, a slowdown of every config.
 SCRIPT: dict[str, Any] = {"build": dict(BUILD), "slowdown": 1.0, "measured": []}
@@ -167,7 +168,9 @@ class FakeSession:
         return None
 
     def default_configs(self) -> list[Config]:
-        return []
+        """The scripted engine's own default: `copy` at gamma 12, slower than the best."""
+        copy = next((d for d in self.specs if d.name == "copy"), None)
+        return [Config(copy, DEFAULT_GAMMA)] if copy is not None else []
 
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         return (

@@ -13,6 +13,7 @@ import yaml
 from helpers import invoke
 
 from specdec_tune.backends import base
+from specdec_tune.domain import Config
 from specdec_tune.store.yamlio import load_profile
 
 
@@ -44,6 +45,15 @@ def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path,
     assert p.backend["name"] == "fake" and p.backend["build"] == fake.BUILD
     assert p.best.backend_args == ["fake-server", "--draft", "copy", "--n", str(p.best.config.gamma)]
     assert [row.batch_size for row in p.batch_table] == [1, 4] and p.b_star is None
+    # The engine's own default raced in the final round: kept beside the answer, which beats it.
+    (default,) = p.backend["engine_defaults"]
+    assert default["config"] == f"copy γ={fake.DEFAULT_GAMMA}" and default["flags"][-1] == str(
+        fake.DEFAULT_GAMMA
+    )
+    assert default["speedup"] == pytest.approx(
+        fake.true_speedup(Config(p.best.config.draft, fake.DEFAULT_GAMMA)), rel=1e-3
+    )
+    assert p.best.metrics.speedup > default["speedup"]
     assert out.with_name("fake.trials.csv").exists()
     assert all(s.closed for s in fake.FakeModule.sessions) and fake.FakeModule.sessions
 

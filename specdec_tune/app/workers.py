@@ -75,18 +75,15 @@ def tune_workers(
 
     if workers < 1:
         raise SpecDecError(f"--workers must be >= 1, got {workers}")
-    if workers == 1:
+
+    def here(settings: TuneSettings, progress: Progress | None) -> TuneOutcome:
         return tune(
-            models,
-            settings,
-            layer_skip,
-            costs_file,
-            no_profile,
-            out,
-            progress,
-            batch_sizes=batch_sizes,
+            models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes=batch_sizes,
             budget_s=budget_s,
-        )
+        )  # fmt: skip
+
+    if workers == 1:
+        return here(settings, progress)
     shares = core_shares(workers)
     settings = dataclasses.replace(settings, storage=settings.storage or default_storage())
     check_url(settings.storage)
@@ -121,17 +118,7 @@ def tune_workers(
                     )
                 children.append((p, log))
             _pin(shares[0])
-            outcome = tune(
-                models,
-                settings,
-                layer_skip,
-                costs_file,
-                no_profile,
-                out,
-                progress,
-                batch_sizes=batch_sizes,
-                budget_s=budget_s,
-            )
+            outcome = here(settings, progress)
             for i, (p, log) in enumerate(children, start=1):
                 p.wait()
                 if p.returncode != 0:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..checkpolicy import CheckPolicy
 from ..domain import Anchors, Config, Costs, DraftSpec, Noise
 from ..errors import SpecDecError
+from ..measure.backends import MeasuringBackend
 from ..search.budget import TrialShape
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
@@ -93,9 +94,10 @@ class Purpose:
     allow_random: bool = False  # costs: shapes (random weights) allowed
 
 
-class MeasuringSession(Protocol):
+class MeasuringSession(MeasuringBackend, Protocol):
     """An engine opened for measuring: its target, drafts and workload, and everything the use
-    cases ask of it. Use as a context manager: `close` stops whatever it started."""
+    cases ask of it beside `measure` and `info` (measure.backends.MeasuringBackend). Use as a
+    context manager: `close` stops whatever it started."""
 
     name: str  # the backend's name (BACKENDS)
     specs: list[DraftSpec]  # the drafts it measures
@@ -117,9 +119,6 @@ class MeasuringSession(Protocol):
     def close(self) -> None:
         """Stop what the session started (servers, workers)."""
 
-    def info(self) -> dict[str, Any]:
-        """What identifies the engine that measured (name, build, threads), for the profile."""
-
     def failure_hint(self, exc: BaseException, os_info: dict[str, Any]) -> str | None:
         """For an error while `check` measured: why, when the engine failed under load ("" when
         the machine was quiet: an error of the setup); None when it is not the engine's failure."""
@@ -137,18 +136,6 @@ class MeasuringSession(Protocol):
 
     def study_key(self, hardware_slug: str, settings: TuneSettings, batch_size: int) -> dict[str, Any]:
         """What the study's identity holds beside the space: target, workload, engine, ..."""
-
-    def measure(
-        self,
-        configs: list[Config],
-        case: Any,
-        batch_size: int = 1,
-        repeats: int = 3,
-        seed: int = 0,
-        on_repeat: Callable[[int, float], None] | None = None,
-    ) -> list[Any]:
-        """One measurement per config (`.metrics`, `.mismatches`, `.speedups`), timed against the
-        plain baseline in the same run (measure.backends.MeasuringBackend)."""
 
     def pass_seconds(self, batch_size: int) -> float:
         """Seconds one plain pass over the workload takes at `batch_size` (untimed warm-up first)."""

@@ -638,6 +638,9 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
     assert fits.trials == 20 and fits.timeout_s == pytest.approx(175.0) and fits.final_budget_s == 65
     assert note == "B=1: 240 s of the budget left, one plain pass 1 s, so 20 trials"
     # 10 s passes: 6 trials (309 s) and the first final pass (284.5 s) exceed 240 s, and it says so.
+    # Two engine defaults race besides: 5 finalists, each against its own plain passes, 51.5 s.
+    pinned, _ = fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE, pinned=2)
+    assert pinned.final_budget_s == pytest.approx(2 * ((1 + 5 * 2) * 4 * 1.0 + 5 * 1.5))
     slow, note = fit_budget(settings, 240.0, 10.0, TRIAL_SHAPE)
     assert slow.trials == 6 and slow.timeout_s == pytest.approx(309.0)
     assert note.endswith(
