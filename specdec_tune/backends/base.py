@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..checkpolicy import CheckPolicy
 from ..domain import Anchors, Config, Costs, DraftSpec, Noise
 from ..errors import SpecDecError
-from ..measure.backends import MeasuringBackend
+from ..measure.seam import MeasuringBackend
 from ..search.budget import TrialShape
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
@@ -96,7 +96,7 @@ class Purpose:
 
 class MeasuringSession(MeasuringBackend, Protocol):
     """An engine opened for measuring: its target, drafts and workload, and everything the use
-    cases ask of it beside `measure` and `info` (measure.backends.MeasuringBackend). Use as a
+    cases ask of it beside `measure` and `info` (measure.seam.MeasuringBackend). Use as a
     context manager: `close` stops whatever it started."""
 
     name: str  # the backend's name (BACKENDS)

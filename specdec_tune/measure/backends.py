@@ -8,37 +8,14 @@ processes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from ..domain import Config, Metrics
+from ..domain import Config
 from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
+from .seam import Measured, MeasuringBackend
 
-
-class Measured(Protocol):
-    metrics: Metrics
-    mismatches: int
-
-
-class MeasuringBackend(Protocol):
-    name: str
-
-    def measure(
-        self,
-        configs: list[Config],
-        case: Any,
-        batch_size: int = 1,
-        repeats: int = 3,
-        seed: int = 0,
-        on_repeat: Callable[[int, float], None] | None = None,
-    ) -> list[Any]:
-        """One measurement per config (`.metrics`, `.mismatches`), timed against the plain
-        baseline in the same run. `on_repeat(r, speedup)` after each repeat (one config only)."""
-        ...
-
-    def info(self) -> dict[str, Any]:
-        """What identifies the engine that measured (name, build), for the profile."""
-        ...
+__all__ = ["Measured", "MeasuringBackend", "NativeBackend"]
 
 
 class NativeBackend:
