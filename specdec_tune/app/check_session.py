@@ -97,7 +97,6 @@ def check_in_session(
         report.items.append(weights_item(p.target.content_hash, s.content_hash(), "the target GGUF changed"))
         by_name = {d.name: d for d in s.specs}
         snapshot, current, cpus = noise.os_snapshot(), rows[0], os.cpu_count() or 1
-        threads_used = getattr(s, "threads", None)
         try:
             for i, (b, r) in enumerate(rows):
                 current = (b, r)
@@ -109,7 +108,7 @@ def check_in_session(
                 if i == 0:  # the machine anchors (copy, matmul) before and after the first row
                     (machine, m), os_noise, _ = noise.busy_window(lambda: measure_twice(s.device, once))
                     plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
-                    env = classify(os_noise, policy, threads=threads_used, cpus=cpus)
+                    env = classify(os_noise, policy, threads=s.threads, cpus=cpus)
                     verdict = anchor_verdict(p, plain, machine, env.busy, policy)
                     if verdict.other_hardware and not allow_other_hardware:
                         raise OtherHardwareError(other_hardware_message(path, verdict, s.run_command))
@@ -118,7 +117,7 @@ def check_in_session(
                         report.anchors = verdict.as_dict()
                 else:
                     m, os_noise, _ = noise.busy_window(once)
-                    env = classify(os_noise, policy, threads=threads_used, cpus=cpus)
+                    env = classify(os_noise, policy, threads=s.threads, cpus=cpus)
                 where = "" if b == 1 else f" @ B={b}"
                 e = Evidence(r, m, temperature=p.workload.temperature, environment=env, where=where)
                 if needs_confirmation(e, tolerance, policy):  # the native rule (output.check)

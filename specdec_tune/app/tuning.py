@@ -19,7 +19,7 @@ from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..search.budget import after_probe, fit_budget
 from ..search.costmodel import CostModel
-from ..search.results import prediction_error
+from ..search.results import prediction_error, prediction_errors
 from ..search.space import TuneSettings, seed_configs
 from ..store.build import batch_row, build_profile, with_batch_table, workload_info
 from ..store.runfiles import check_replaceable, save_run
@@ -223,11 +223,7 @@ def space_configs(specs: list[Any], max_gamma: int) -> list[Config]:
 def cost_model_fit(result: Any, predictor: Any) -> dict[str, Any]:
     """The engine cost model against what was measured: each trial predicted before it ran (out of
     sample), median and worst relative error, and its reason for the best config of each draft."""
-    errs = sorted(
-        (abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup, r.config.label)
-        for r in result.results
-        if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
-    )
+    errs = prediction_errors(result)
     best: dict[str, Any] = {}
     for r in result.results:
         if r.config.gamma > 0:

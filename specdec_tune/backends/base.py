@@ -111,6 +111,7 @@ class MeasuringSession(MeasuringBackend, Protocol):
     fresh_reference: bool  # `run` ends with check's reference measured in fresh processes (app.reference)
 
     run_command: str  # the command that makes its profiles (for messages)
+    threads: int | None  # the engine's threads, for its busy rule (None: not the engine's to say)
 
     def __enter__(self) -> MeasuringSession: ...
 

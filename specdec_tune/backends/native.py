@@ -48,6 +48,7 @@ class NativeSession:
     fits_costs_from_trials = False  # the costs profile measures acceptance itself
     busy_rule = None
     run_command = "specdec-tune run"
+    threads = None  # torch's own threads (the slug names them)
     fresh_reference = True  # check's reference and confirmations: fresh processes (app.reference)
 
     def __init__(self, models: Models, purpose: Purpose) -> None:

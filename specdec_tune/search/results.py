@@ -146,11 +146,17 @@ def summarise(
     )
 
 
-def prediction_error(result: TuneResult) -> float | None:
-    """Median |predicted - measured| / measured over the configs the cost model predicted."""
-    errs = [
-        abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup
+def prediction_errors(result: TuneResult) -> list[tuple[float, str]]:
+    """(|predicted - measured| / measured, config label) over the configs the cost model predicted,
+    smallest first."""
+    return sorted(
+        (abs(r.metrics.predicted_speedup - r.metrics.speedup) / r.metrics.speedup, r.config.label)
         for r in result.results
         if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
-    ]
-    return round(statistics.median(errs), 4) if errs else None
+    )
+
+
+def prediction_error(result: TuneResult) -> float | None:
+    """Median relative error over the configs the cost model predicted (`prediction_errors`)."""
+    errs = prediction_errors(result)
+    return round(statistics.median(e for e, _ in errs), 4) if errs else None
