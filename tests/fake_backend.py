@@ -26,7 +26,8 @@ BEST_GAMMA = 5
 DEFAULT_GAMMA = 12  # the engine's own default, raced in the final round
 BUILD = {"package": "fake-engine 1.0", "binary_sha256": "sha256:fake"}
 # What a test may change: the build the next session reports, a slowdown of every config.
-SCRIPT: dict[str, Any] = {"build": dict(BUILD), "slowdown": 1.0, "measured": []}
+# "screened": (config label, went on) of every trial screened on its first prompts.
+SCRIPT: dict[str, Any] = {"build": dict(BUILD), "slowdown": 1.0, "measured": [], "screened": []}
 
 
 def true_speedup(config: Config, batch_size: int = 1) -> float:
@@ -67,6 +68,7 @@ class FakeSession:
     busy_rule = None
     run_command = "specdec-tune run --backend fake"
     threads = None
+    screens = True  # a trial's first prompts are reported before the rest (measure.seam.Screen)
 
     def __init__(self, models: Models, purpose: Purpose) -> None:
         given = models.drafts if models.drafts is not None else list(DRAFTS)
@@ -118,10 +120,16 @@ class FakeSession:
     def begin(self, settings: Any, study_key: dict[str, Any]) -> None:
         pass
 
-    def measure(self, configs, case, batch_size=1, repeats=3, seed=0, on_repeat=None) -> list[Any]:
+    def measure(
+        self, configs, case, batch_size=1, repeats=3, seed=0, on_repeat=None, screen=None
+    ) -> list[Any]:
         out = []
         for c in configs:
             s = true_speedup(c, batch_size)
+            if screen is not None and c.gamma > 0:
+                SCRIPT["screened"].append([c.label, False])
+                screen.report(screen.prompts, s)  # the pruner may stop it here
+                SCRIPT["screened"][-1][1] = True
             # a deterministic wobble of 0.5 % per repeat, so intervals have a width
             speedups = [s * (1 + 0.005 * ((r % 3) - 1)) for r in range(repeats)]
             for r, x in enumerate(speedups):

@@ -47,7 +47,8 @@ def test_a_static_run_records_its_mode_and_check_re_measures_under_it(tiny_dirs,
         return s
 
     monkeypatch.setattr(session_mod, "open_session", spy)
-    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1")
+    # the anchors are not this test's subject: a quiet CI VM's matmul moved 1.39x between run and check
+    c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--allow-other-hardware")
     a_verdict(c)
     assert seen == ["static"]
     data = yaml.safe_load(out.read_text())

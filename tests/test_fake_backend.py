@@ -13,7 +13,7 @@ import yaml
 from helpers import invoke
 
 from specdec_tune.backends import base
-from specdec_tune.domain import Config
+from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.store.yamlio import load_profile
 
 
@@ -23,6 +23,7 @@ def fake_engine(monkeypatch):
     monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
     monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
     monkeypatch.setitem(fake.SCRIPT, "measured", [])
+    monkeypatch.setitem(fake.SCRIPT, "screened", [])
     monkeypatch.setattr(fake.FakeModule, "sessions", [])
     return fake
 
@@ -97,3 +98,34 @@ def test_a_profile_checked_with_another_backend_is_refused(tmp_path, fake_engine
     assert doc["backend"]["name"] == "fake"
     c = invoke("check", str(out), "--backend", "llamacpp")
     assert c.exit_code == 2 and "measured with the fake backend, not llamacpp" in c.output
+
+
+def test_trials_are_screened_on_their_first_prompts_and_the_losing_ones_stop_there(tmp_path, fake_engine):
+    """Every speculative trial reports its first prompts' speedup to the study's pruner; a config
+    clearly below the best there (the scripted `guess` draft, 1.1x against `copy`'s 1.8x, or `copy`
+    far from its best gamma) stops, one within the noise margin of the best never does, and the
+    pruned trials are in the trials CSV."""
+    r, out = _run(tmp_path, "--trials", "14")
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    assert p.best.config.draft.name == "copy"
+    screened = fake.SCRIPT["screened"]
+    stopped = [label for label, went_on in screened if not went_on]
+    assert any(label.startswith("guess") for label in stopped), screened
+    truth = {
+        f"{d} γ={g}": fake.true_speedup(Config(DraftSpec(d, "prompt_lookup"), g))
+        for d in fake.DRAFTS
+        for g in range(1, 17)
+    }
+    best = max(truth.values())
+    assert all(truth[label] < 0.95 * best for label in stopped), screened
+    assert all(went_on for label, went_on in screened if truth[label] >= 0.95 * best), screened
+    import csv
+
+    rows = list(csv.DictReader(out.with_name("fake.trials.csv").open()))
+    assert sum(row["state"] == "PRUNED" for row in rows) == len(stopped)
+    # --screen-prompts 0 turns it off: no trial is screened
+    fake.SCRIPT["screened"] = []
+    r, _ = _run(tmp_path, "--trials", "8", "--screen-prompts", "0", "--force")
+    assert r.exit_code == 0, r.output
+    assert fake.SCRIPT["screened"] == []

@@ -19,6 +19,7 @@ from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..search.budget import after_probe, fit_budget
 from ..search.costmodel import CostModel
+from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
 from ..search.space import TuneSettings, seed_configs
 from ..store.build import batch_row, build_profile, with_batch_table, workload_info
@@ -63,6 +64,8 @@ def tune(
     purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
     with open_session(models, purpose) as s:
         settings = s.settings_for(settings, progress)
+        if settings.screen_prompts and not s.screens:
+            progress.note(f"--screen-prompts: the {s.name} backend measures every prompt of a trial")
         hw = hardware_info(s.device)
         out = out or s.profile_path(hw["slug"], models.target)
         check_writable(out)
@@ -106,7 +109,11 @@ def tune(
                 pass_s = noise.plain_pass_s if b == 1 else s.pass_seconds(b)
                 expected = s.expected_speedup(costs, settings_b)
                 pinned = len(defaults) if i == 0 else 0
-                settings_b, note = fit_budget(settings_b, left, pass_s, s.trial_shape, expected, pinned)
+                screen = screen_prompts(settings_b.screen_prompts, len(s.case.prompts)) if s.screens else 0
+                settings_b, note = fit_budget(
+                    settings_b, left, pass_s, s.trial_shape, expected, pinned,
+                    screen_share=screened_share(screen, len(s.case.prompts)),
+                )  # fmt: skip
                 notes.append(note)
             key_b = s.study_key(hw["slug"], settings, b)
             costs_b = costs

@@ -112,6 +112,7 @@ class MeasuringSession(MeasuringBackend, Protocol):
 
     run_command: str  # the command that makes its profiles (for messages)
     threads: int | None  # the engine's threads, for its busy rule (None: not the engine's to say)
+    screens: bool  # a trial can stop after its first prompts (measure.seam.Screen, search.pruning)
 
     def __enter__(self) -> MeasuringSession: ...
 

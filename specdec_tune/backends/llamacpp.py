@@ -141,8 +141,13 @@ class LlamaCppSession:
 
     # -- measuring
     def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None) -> list[Any]:  # fmt: skip
-        return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat)
+                on_repeat: Any = None, screen: Any = None) -> list[Any]:  # fmt: skip
+        return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
+
+    @property
+    def screens(self) -> bool:
+        """Whether a trial can stop after its first prompts (seam.Screen)."""
+        return getattr(self.backend, "screens", False)
 
     def pass_seconds(self, batch_size: int) -> float:
         """One plain pass, after one that fills the server's prompt cache (as a config's untimed

@@ -68,6 +68,14 @@ def run(
     workload: WorkloadOpt = "demo-code",
     prompts: Prompts = 8,
     repeats: Annotated[int, typer.Option(help="Timed repeats per trial (baseline interleaved).")] = 2,
+    screen_prompts: Annotated[
+        int | None,
+        typer.Option(
+            "--screen-prompts",
+            help="Prompts a trial measures first; a config clearly losing on them stops there "
+            "(default: a third of the workload's; 0: off; llama.cpp only).",
+        ),
+    ] = None,
     finalists: Annotated[
         int,
         typer.Option(help="After the search, re-measure this many top configs head to head (0: off)."),
@@ -178,6 +186,7 @@ def run(
             seed=seed,
             max_gamma=max_gamma or (ENGINE_MAX_GAMMA if backend == "llamacpp" else 8),
             repeats=repeats,
+            screen_prompts=screen_prompts,
             finalists=finalists,
             final_repeats=final_repeats,
             storage=storage,

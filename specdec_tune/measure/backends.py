@@ -13,7 +13,7 @@ from typing import Any
 from ..domain import Config
 from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
-from .seam import Measured, MeasuringBackend
+from .seam import Measured, MeasuringBackend, Screen
 
 __all__ = ["Measured", "MeasuringBackend", "NativeBackend"]
 
@@ -22,6 +22,9 @@ class NativeBackend:
     """Our own engine in this process: `pool` builds each config's drafter (search.tuner.DrafterPool)."""
 
     name = "native"
+    # Our engine measures a trial's prompts interleaved prompt by prompt inside each repeat: a
+    # screen would need its parts merged (not built); its trials stop after their first repeat.
+    screens = False
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -41,6 +44,7 @@ class NativeBackend:
         repeats: int = 3,
         seed: int = 0,
         on_repeat: Callable[[int, float], None] | None = None,
+        screen: Screen | None = None,  # not split here (`screens`): the whole workload is measured
     ) -> list[Any]:
         pool = self.pool
         hook = None

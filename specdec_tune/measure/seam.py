@@ -6,9 +6,22 @@ llama-server; `backends.base.MeasuringSession` extends it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..domain import Config, Metrics
+
+
+@dataclass(frozen=True)
+class Screen:
+    """A cheap first look at a config: its first `prompts` prompts are measured first (every
+    repeat, interleaved as the rest), then `report(prompts_done, speedup_so_far)` is called; it may
+    raise (the tuner's pruner stops a config that is clearly losing there). The rest of the
+    workload follows and the measurement covers all of it, so a config that passes the screen
+    costs no more than one measured without it."""
+
+    prompts: int
+    report: Callable[[int, float], None]
 
 
 class Measured(Protocol):
@@ -27,9 +40,12 @@ class MeasuringBackend(Protocol):
         repeats: int = 3,
         seed: int = 0,
         on_repeat: Callable[[int, float], None] | None = None,
+        screen: Screen | None = None,
     ) -> list[Any]:
         """One measurement per config (`.metrics`, `.mismatches`), timed against the plain
-        baseline in the same run. `on_repeat(r, speedup)` after each repeat (one config only)."""
+        baseline in the same run. `on_repeat(r, speedup)` after each repeat (one config only);
+        `screen` (one config only): the first prompts first, reported (a backend that cannot
+        split a measurement ignores it and measures the whole workload)."""
         ...
 
     def info(self) -> dict[str, Any]:

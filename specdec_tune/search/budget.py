@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .pruning import PLANNED_SURVIVAL
 from .space import DEFAULT_TRIALS, TuneSettings
 
 # The search needs the baseline, a few cost-model seeds and a few TPE trials to mean anything.
@@ -49,6 +50,7 @@ def fit_budget(
     shape: TrialShape,
     expected_speedup: float | None = None,
     pinned: int = 0,
+    screen_share: float = 0.0,
 ) -> tuple[TuneSettings, str]:
     """Trials and a timeout that fit `budget_s` seconds at `settings.batch_size`, one plain pass over
     the workload taking `pass_s` here.
@@ -62,11 +64,15 @@ def fit_budget(
     when trials run slower than expected; when even the least search does not fit, the note says
     the run will go over (a slow or busy machine is said, not hidden behind a cut final round).
     `pinned` finalists (an engine's defaults, search.final) race in the final round besides.
+    `screen_share`: the share of a trial's passes it runs before its screen (search.pruning); a
+    trial is then planned at that share plus PLANNED_SURVIVAL of the rest.
     """
     b = settings.batch_size
     planned = expected_speedup if shape.plans_speedup else None
     speedup = min(max(planned or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
-    trial_s = (settings.repeats * (1 + speedup**-0.5) + shape.warmup_passes) * pass_s + shape.overhead_s
+    share = screen_share + PLANNED_SURVIVAL * (1 - screen_share) if 0 < screen_share < 1 else 1.0
+    passes = settings.repeats * (1 + speedup**-0.5) + shape.warmup_passes
+    trial_s = passes * share * pass_s + shape.overhead_s
     finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
     own = 1.0 if shape.own_baseline else 0.0
     first_s = (1 + finalists * (1 / speedup + own)) * settings.final_repeats * pass_s
@@ -79,6 +85,7 @@ def fit_budget(
     note = (
         f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s"
         + (f", the cost model's best {planned:.2f}x" if planned else "")
+        + (f", trials screened on {screen_share:.0%} of the prompts first" if share < 1 else "")
         + f", so {trials} trials"
         + (f" (fewer than the default {DEFAULT_TRIALS})" if trials < DEFAULT_TRIALS else "")
     )

@@ -31,6 +31,10 @@ class TuneSettings:
     grid_thresholds: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6)
     repeats: int = 2
     prune_ratio: float = 0.6  # prune after the first repeat below this share of the best so far
+    # Prompts a trial measures first and reports to the pruner (search.pruning); None: a third of
+    # the workload's (none below 3 prompts), 0: none. Only a backend that can split a measurement
+    # screens (measure.seam.Screen: llama.cpp); the others measure every prompt.
+    screen_prompts: int | None = None
     seed_top: int = 6  # cost-model predictions enqueued first
     finalists: int = 3  # best configs re-measured head to head after the search (0: none)
     # Interleaved repeats of the final round's first pass: 5, the fewest paired repeats on which the
@@ -72,6 +76,8 @@ class TuneSettings:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise SpecDecError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         check_count(self.repeats, "--repeats", high=MAX_REPEATS)
+        if self.screen_prompts is not None:
+            check_count(self.screen_prompts, "--screen-prompts", low=0, high=MAX_TRIALS)
         check_count(self.finalists, "--finalists", low=0, high=MAX_TRIALS)
         check_count(self.final_repeats, "--final-repeats", high=MAX_REPEATS)
         check_count(self.reference_processes, "--reference-processes", low=0, high=MAX_REPEATS)

@@ -57,10 +57,16 @@ def on_lost_trial(study: Any, trial: Any) -> None:
 
 
 def open_study(
-    name: str, storage_url: str, sampler: Any, heartbeat_s: int | None, grace_s: int | None
+    name: str,
+    storage_url: str,
+    sampler: Any,
+    heartbeat_s: int | None,
+    grace_s: int | None,
+    pruner: Any = None,
 ) -> Any:
     """Create or load the study on a storage with Optuna's heartbeat; retried because workers
-    starting together race on a new database."""
+    starting together race on a new database. `pruner`: what `trial.should_prune()` asks
+    (search.pruning; None: Optuna's default, which the tuner never asks)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its INFO lines ("A new study created") are not ours
@@ -69,7 +75,12 @@ def open_study(
     for attempt in range(5):
         try:
             return optuna.create_study(
-                study_name=name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True
+                study_name=name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                direction="maximize",
+                load_if_exists=True,
             )
         except Exception as exc:  # a race on the new study's rows
             last = exc

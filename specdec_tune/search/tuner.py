@@ -21,6 +21,7 @@ from typing import Any
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
 from ..measure.backends import MeasuringBackend, NativeBackend
+from ..measure.seam import Screen
 from ..measure.stats import speedup_interval
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.drafting.build import build_drafter
@@ -29,6 +30,7 @@ from ..runtime.workloads import Case
 from .costmodel import CostModel
 from .final import final_round
 from .policymodel import policy_drafter
+from .pruning import make_pruner, screen_prompts
 from .results import TuneResult, summarise
 from .space import TuneSettings, search_space, seed_configs, suggest, trial_count
 from .storage import StorageLock
@@ -148,7 +150,7 @@ def tune(
         if settings.sampler == "tpe"
         else optuna.samplers.RandomSampler(seed=settings.seed)
     )
-    study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s)
+    study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s, make_pruner())
     identity = {"space": space, "key": study_key or {}}
     seeds = seed_configs(specs, model, settings)
     seeds += [p for p in extra_seeds or [] if p not in seeds and p.get("draft") in space["drafts"]]
@@ -283,15 +285,29 @@ class _Objective:
             best = best_value(self.study)
             prune_below = self.settings.prune_ratio * best if best is not None else None
 
+            screened = False  # a screen reports at the step of its prompts instead (on_screen)
+
             def on_repeat(r: int, speedup: float) -> None:
-                trial.report(speedup, r)
+                if not screened:
+                    trial.report(speedup, r)
                 # Conservative: only a config far below the best so far is dropped, so noise
                 # cannot prune the eventual winner.
                 if r == 0 and self.settings.repeats > 1 and prune_below and speedup < prune_below:
                     raise optuna.TrialPruned()
 
+            def on_screen(prompts: int, speedup: float) -> None:
+                # the first prompts' speedup, against the others' on the same prompts (search.pruning)
+                trial.report(speedup, prompts)
+                trial.set_user_attr("screen", {"prompts": prompts, "speedup": round(speedup, 5)})
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+
             # predicted before it is measured: the profile's prediction error is out of sample
             predicted = self.predictor.predict(config) if self.predictor is not None else None
+            extra = {}
+            first = screen_prompts(self.settings.screen_prompts, len(self.case.prompts))
+            if first and getattr(self.backend, "screens", False):
+                extra["screen"], screened = Screen(first, on_screen), True
             (m,) = self.backend.measure(
                 [config],
                 self.case,
@@ -299,6 +315,7 @@ class _Objective:
                 self.settings.repeats,
                 seed=self.settings.seed,
                 on_repeat=on_repeat,
+                **extra,
             )
             if not math.isfinite(m.metrics.speedup):
                 raise RuntimeError("measured speedup is not finite")

@@ -101,3 +101,15 @@ def test_every_flag_of_the_new_kinds_is_in_the_current_flag_set():
 
     for text, gamma in (("ngram-map-k:3", 6), ("ngram-map-k4v:6", 12), ("ngram-cache", 8)):
         assert problems(flagset("llamacpp"), spec_args(Config(parse_llamacpp_draft(text), gamma))) == []
+
+
+def test_a_server_killed_at_start_up_names_the_signal_and_for_an_illegal_instruction_the_cure():
+    import signal
+
+    from specdec_tune.measure.llamacpp.server import died_of
+
+    assert died_of(None) == "" and died_of(1) == "" and died_of(0) == ""
+    assert died_of(-signal.SIGKILL) == " (killed by SIGKILL)"
+    ill = died_of(-signal.SIGILL)
+    assert ill.startswith(" (killed by SIGILL; ") and "-mno-amx-tile" in ill and ill.endswith(")")
+    assert "CMAKE_ARGS" in died_of(-signal.SIGSEGV)

@@ -647,6 +647,12 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
         "the least a search does (6 trials and the final round's first pass, about 594 s) is more than "
         "that, so expect it to run over"
     )
+    # Trials screened on a third of the prompts first (search.pruning) are planned at that third
+    # plus half of the rest (the share planned to go past the screen): 5 passes x 2/3 x 10 s + 1.5 s.
+    screened, note = fit_budget(settings, 240.0, 10.0, TRIAL_SHAPE, screen_share=1 / 3)
+    assert screened.timeout_s == pytest.approx(6 * (5 * (2 / 3) * 10.0 + 1.5))
+    assert "trials screened on 33% of the prompts first, so 6 trials" in note
+    assert fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE, screen_share=1 / 3)[0].trials == 20
 
 
 def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...domain import Config, Metrics
+from ..seam import Screen
 from ..timing import median, spread
 from .args import server_args
 from .counters import RequestStats, request_stats
@@ -49,6 +50,10 @@ class TextCase:
 
     def head(self, n: int) -> TextCase:
         return TextCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
+
+    def part(self, start: int, stop: int) -> TextCase:
+        """Prompts `start` to `stop` (exclusive)."""
+        return TextCase(self.prompts[start:stop], self.max_new_tokens[start:stop], self.temperature)
 
 
 @dataclass
@@ -109,7 +114,7 @@ class LlamaCppBackend:
         self.build = build_info(self.binary)
         self._plain: dict[int, LlamaServer] = {}
         self._reference: dict[tuple[int, str], _Reply] = {}
-        self._exact: dict[tuple, dict[str, Any]] = {}  # config and case -> its exactness at T = 0
+        self._exact: dict[tuple, dict[str, Any]] = {}  # (config, prompt, budget) -> exact at T = 0?
 
     # -- lifecycle
     def __enter__(self) -> LlamaCppBackend:
@@ -207,6 +212,8 @@ class LlamaCppBackend:
         return out
 
     # -- measuring
+    screens = True  # measures a config's first prompts first when asked (seam.Screen)
+
     def measure(
         self,
         configs: list[Config],
@@ -215,44 +222,72 @@ class LlamaCppBackend:
         repeats: int = 3,
         seed: int = 0,
         on_repeat: Any = None,
+        screen: Screen | None = None,
     ) -> list[EngineMeasurement]:
         """Each config against the plain server, interleaved; a config whose server fails raises
-        `ServerError` (the caller fails that trial alone)."""
-        return [self._measure_one(c, case, batch_size, repeats, on_repeat) for c in configs]
+        `ServerError` (the caller fails that trial alone). With `screen`, a config's first prompts
+        are measured first (every repeat) and reported before the rest."""
+        if screen is not None and len(configs) != 1:
+            raise ValueError("a screen watches a single config")
+        return [self._measure_one(c, case, batch_size, repeats, on_repeat, screen) for c in configs]
 
     def _measure_one(
-        self, config: Config, case: TextCase, batch_size: int, repeats: int, on_repeat: Any
+        self,
+        config: Config,
+        case: TextCase,
+        batch_size: int,
+        repeats: int,
+        on_repeat: Any,
+        screen: Screen | None = None,
     ) -> EngineMeasurement:
         plain = self.plain(batch_size)
         if config.gamma == 0:
             return self._baseline(plain, case, batch_size, repeats)
+        n = len(case.prompts)
+        cut = screen.prompts if screen is not None and 0 < screen.prompts < n else n
+        parts = [(0, cut)] + ([(cut, n)] if cut < n else [])
+        # per repeat and side: [tokens, ms] summed over the parts measured so far
+        sums = {side: [[0, 0.0] for _ in range(repeats)] for side in ("plain", "spec")}
+        sides: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
+        speedups: list[float] = []
+
+        def speedup(r: int) -> float:
+            (st, sms), (pt, pms) = sums["spec"][r], sums["plain"][r]
+            return (st / sms) / (pt / pms)
+
         server = self._server(config, batch_size)
         try:
-            # The warm-up pass is never timed; at T = 0 and B = 1 it is the exactness check, once
-            # per config (a racing final round measures a config again: one prompt warms it up).
-            key = (config.key, tuple(case.prompts), tuple(case.max_new_tokens))
-            if case.temperature == 0 and batch_size == 1 and key not in self._exact:
-                self._exact[key] = self.exactness(config, case, server)
-            else:
-                self._pass(server, case.head(1) if key in self._exact else case, batch_size)
-            exact = self._exact.get(key, {})
-            speedups, sides = [], {"plain": [], "spec": []}
-            for r in range(repeats):
-                order = [(plain, "plain"), (server, "spec")]
-                if r % 2:
-                    order.reverse()  # ABBA: drift hits both sides alike
-                for srv, side in order:
-                    if side == "spec" and config.draft.kind in STATEFUL_KINDS:
-                        # a draft that learns across requests must not have seen these prompts'
-                        # answers in an earlier pass: a fresh server, warmed up on other text
-                        server.stop()
-                        server = srv = self._server(config, batch_size)
-                        self.complete(server, WARMUP_PROMPT, 8, 0.0)
-                    sides[side].append(self._pass(srv, case, batch_size))
-                s = sides["spec"][-1]["tok_s"] / sides["plain"][-1]["tok_s"]
-                speedups.append(s)
-                if on_repeat is not None:
-                    on_repeat(r, s)
+            for i, (a, b) in enumerate(parts):
+                part = case.part(a, b)
+                # The warm-up pass is never timed; at T = 0 and B = 1 it is the exactness check of
+                # the prompts not checked before (per config; a racing final round measures a
+                # config again, and one prompt warms it up then).
+                if case.temperature == 0 and batch_size == 1 and not self._checked(config, part):
+                    self.exactness(config, part, server)
+                else:
+                    self._pass(server, part.head(1) if self._checked(config, part) else part, batch_size)
+                last = i == len(parts) - 1
+                for r in range(repeats):
+                    order = [(plain, "plain"), (server, "spec")]
+                    if r % 2:
+                        order.reverse()  # ABBA: drift hits both sides alike
+                    for srv, side in order:
+                        if side == "spec" and config.draft.kind in STATEFUL_KINDS:
+                            # a draft that learns across requests must not have seen these prompts'
+                            # answers in an earlier pass: a fresh server, warmed up on other text
+                            server.stop()
+                            server = srv = self._server(config, batch_size)
+                            self.complete(server, WARMUP_PROMPT, 8, 0.0)
+                        p = self._pass(srv, part, batch_size)
+                        sides[side].append(p)
+                        sums[side][r][0] += p["tokens"]
+                        sums[side][r][1] += p["ms"]
+                    if last:
+                        speedups.append(speedup(r))
+                        if on_repeat is not None:
+                            on_repeat(r, speedups[-1])
+                if not last and screen is not None:
+                    screen.report(b, median([speedup(r) for r in range(repeats)]))
         finally:
             server.stop()
         spec = sides["spec"]
@@ -261,14 +296,15 @@ class LlamaCppBackend:
         tokens = sum(p["tokens"] for p in spec)
         forwards = max(1, tokens - accepted)
         metrics = Metrics(
-            tokens_per_s=median([p["tok_s"] for p in spec]),
-            baseline_tokens_per_s=median([p["tok_s"] for p in sides["plain"]]),
+            tokens_per_s=median([1000.0 * t / ms for t, ms in sums["spec"]]),
+            baseline_tokens_per_s=median([1000.0 * t / ms for t, ms in sums["plain"]]),
             speedup=median(speedups),
             speedup_spread=spread(speedups),
             acceptance_rate=accepted / proposed if proposed else 0.0,
             mean_accepted_len=tokens / forwards,
             repeats=repeats,
         )
+        exact = self._exactness_of(config, case) if case.temperature == 0 and batch_size == 1 else {}
         return EngineMeasurement(
             metrics,
             tokens // max(1, repeats),
@@ -288,29 +324,51 @@ class LlamaCppBackend:
         requests = [r for p in passes for r in p["requests"]]
         return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
 
+    def _checked(self, config: Config, case: TextCase) -> bool:
+        """Whether every prompt of `case` had its T = 0 exactness checked for `config`."""
+        return all(
+            (config.key, p, n) in self._exact for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
+        )
+
     def exactness(self, config: Config, case: TextCase, server: LlamaServer | None = None) -> dict[str, Any]:
         """Per prompt at T = 0: are the speculative server's tokens the plain server's? Where they
-        part, was the plain top-2 a near-tie? Uses `server` (B = 1) when given, else starts one."""
-        ref = self.reference(case)
-        own = server is None
-        server = server or self._server(config, 1)
-        try:
-            got = [
-                self.complete(server, p, n, 0.0)
-                for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
-            ]
-        finally:
-            if own:
-                server.stop()
-        prompts = []
-        for text, a, b in zip(case.prompts, ref, got, strict=True):
-            at = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None)
-            if at is None and len(a.tokens) != len(b.tokens):
-                at = min(len(a.tokens), len(b.tokens))
-            gap = None
-            if at is not None and at < len(a.tokens):
-                gap = self._top2_gap(text, a.tokens[:at])
-            prompts.append({"diverges_at": at, "top2_gap": gap})
+        part, was the plain top-2 a near-tie? Each prompt is checked once per config (kept);
+        uses `server` (B = 1) when given, else starts one."""
+        todo = [
+            (p, n)
+            for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
+            if (config.key, p, n) not in self._exact
+        ]
+        if todo:
+            ref = self.reference(TextCase([p for p, _ in todo], [n for _, n in todo], 0.0))
+            own = server is None
+            server = server or self._server(config, 1)
+            try:
+                got = [self.complete(server, p, n, 0.0) for p, n in todo]
+            finally:
+                if own:
+                    server.stop()
+            for (text, n), a, b in zip(todo, ref, got, strict=True):
+                at = next(
+                    (i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None
+                )
+                if at is None and len(a.tokens) != len(b.tokens):
+                    at = min(len(a.tokens), len(b.tokens))
+                gap = None
+                if at is not None and at < len(a.tokens):
+                    gap = self._top2_gap(text, a.tokens[:at])
+                self._exact[(config.key, text, n)] = {"diverges_at": at, "top2_gap": gap}
+        return self._exactness_of(config, case)
+
+    def _exactness_of(self, config: Config, case: TextCase) -> dict[str, Any]:
+        """The kept per-prompt checks of `config` over `case`, summed up ({} before any)."""
+        prompts = [
+            self._exact[k]
+            for k in ((config.key, p, n) for p, n in zip(case.prompts, case.max_new_tokens, strict=True))
+            if k in self._exact
+        ]
+        if not prompts:
+            return {}
         diverged = [p for p in prompts if p["diverges_at"] is not None]
         ties = [p for p in diverged if p["top2_gap"] is not None and p["top2_gap"] < NEAR_TIE]
         return {
@@ -343,17 +401,17 @@ class LlamaCppBackend:
             replies = [self.complete(server, p, n, case.temperature, cache=True) for p, n in jobs]
             ms = sum(r.predicted_ms for r in replies)
             n = sum(r.predicted_n for r in replies)
-            tok_s = 1000.0 * n / ms if ms > 0 else 0.0
         else:
             started = time.perf_counter()
             replies = self._closed_loop(server, jobs, case.temperature, batch_size)
-            wall = time.perf_counter() - started
+            ms = 1000.0 * (time.perf_counter() - started)
             n = sum(r.predicted_n for r in replies)
-            tok_s = n / wall if wall > 0 else 0.0
+        tok_s = 1000.0 * n / ms if ms > 0 else 0.0
         if n == 0:
             raise ServerError("llama-server generated no tokens")
         return {
             "tok_s": tok_s,
+            "ms": ms,
             "tokens": n,
             "draft_n": sum(r.draft_n for r in replies),
             "draft_accepted": sum(r.draft_accepted for r in replies),

