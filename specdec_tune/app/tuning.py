@@ -123,9 +123,12 @@ def tune(
                 # over B is not measured in such an engine: no costs beyond B = 1.
                 costs_b = None
                 if costs is not None and b == 1:
+                    # measured whole (their screens reported, never pruned): each draft's acceptance
+                    # and timings fit the model, and later trials' screens are compared with theirs
                     first = replace(
-                        settings_b, trials=min(settings_b.trials or 20, 1 + len(s.specs)), finalists=0
-                    )
+                        settings_b, trials=min(settings_b.trials or 20, 1 + len(s.specs)), finalists=0,
+                        screen_prunes=False,
+                    )  # fmt: skip
                     probe_started = time.monotonic()
                     probe = run_search(
                         None, s.specs, s.case, first, study_key=key_b, on_trial=progress.trial,

@@ -38,7 +38,8 @@ from .llamacpp_open import engine_context, engine_drafts, engine_workload, resol
 NOISE_PASSES = 3
 # A trial's server start-up and its warm-up request; its first pass over the workload (the
 # exactness check) is untimed.
-TRIAL_SHAPE = TrialShape(overhead_s=1.5, warmup_passes=1.0, own_baseline=True, plans_speedup=False)
+# The finalists share one plain side (measure.llamacpp.backend): no own baseline.
+TRIAL_SHAPE = TrialShape(overhead_s=1.5, warmup_passes=1.0, own_baseline=False, plans_speedup=False)
 
 
 class LlamaCppSession:

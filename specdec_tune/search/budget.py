@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..measure.stats import MIN_PAIRS
 from .pruning import PLANNED_SURVIVAL
 from .space import DEFAULT_TRIALS, TuneSettings
 
@@ -18,6 +19,7 @@ MIN_BUDGET_TRIALS = 6
 # What a budget plans on at most: a pass never takes less than a quarter of a plain one.
 MAX_EXPECTED_SPEEDUP = 4.0
 RACE_FACTOR = 2.0  # the final round's racing gets at most as much again as its first round
+FIRST_PASS_SHARE = 0.5  # the most of a budget the final round's first pass is planned to take
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,10 @@ class TrialShape:
     - `warmup_passes`: untimed passes per trial, as a share of one plain pass (our engine warms the
       config and the baseline on one prompt each: 2 / prompts; llama.cpp's first pass is the whole
       workload, the exactness check, so 1).
-    - `own_baseline`: each finalist is timed against its own plain passes (llama.cpp: ABBA per
-      config; a quiet SmolLM2 final round of 3 x 5 repeats took 96 s at 2.44 s a pass where one
-      shared baseline planned 53 s), else the finalists share one baseline (our engine).
+    - `own_baseline`: each finalist is timed against its own plain passes, else the finalists share
+      one baseline (both engines now: llama.cpp's finalists took their own until a quiet SmolLM2
+      final round of 3 x 5 repeats took 96 s at 2.44 s a pass where one shared baseline planned 53 s,
+      and a noisy one of 5 x 6 repeats 540 s at 5.19 s a pass).
     - `plans_speedup`: a speculative pass is planned as a plain one divided by the cost model's
       expected speedup (our engine); else as long as a plain one (llama.cpp on a CPU gains tens of
       per cent, not times, and its model is fitted only once trials ran).
@@ -75,8 +78,19 @@ def fit_budget(
     trial_s = passes * share * pass_s + shape.overhead_s
     finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
     own = 1.0 if shape.own_baseline else 0.0
-    first_s = (1 + finalists * (1 / speedup + own)) * settings.final_repeats * pass_s
-    first_s += finalists * shape.overhead_s if shape.own_baseline else 0.0
+
+    def first_pass_s(repeats: int) -> float:
+        # each finalist's start-up, and the untimed exactness pass of a pinned one no trial measured
+        fixed = finalists * shape.overhead_s + pinned * shape.warmup_passes * pass_s
+        return (1 + finalists * (1 / speedup + own)) * repeats * pass_s + fixed
+
+    # Repeats the noise raised (app.common.adapt_to_noise) give way to the budget first: the first
+    # pass gets at most FIRST_PASS_SHARE of it, never fewer repeats than asked or than MIN_PAIRS.
+    repeats = settings.final_repeats
+    least = max(MIN_PAIRS, min(repeats, settings.final_repeats_asked or repeats))
+    while finalists and repeats > least and first_pass_s(repeats) > FIRST_PASS_SHARE * budget_s:
+        repeats -= 1
+    first_s = first_pass_s(repeats)
     search_min_s = MIN_BUDGET_TRIALS * trial_s
     final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
@@ -96,8 +110,13 @@ def fit_budget(
             + (" and the final round's first pass" if finalists else "")
             + f", about {least_s:.0f} s) is more than that, so expect it to run over"
         )
+    if repeats < settings.final_repeats:
+        note += f"; the final round's first pass {repeats} repeats (the noise asked {settings.final_repeats})"
     final_budget = final_s if finalists else None
-    return replace(settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget), note
+    out = replace(
+        settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget, final_repeats=repeats
+    )
+    return out, note
 
 
 def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> TuneSettings:

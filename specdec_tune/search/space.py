@@ -35,6 +35,9 @@ class TuneSettings:
     # the workload's (none below 3 prompts), 0: none. Only a backend that can split a measurement
     # screens (measure.seam.Screen: llama.cpp); the others measure every prompt.
     screen_prompts: int | None = None
+    # Whether a screened trial may stop there: the first trials (one per draft, which fit an engine's
+    # cost model) report their screen for later trials to be compared with, and go on.
+    screen_prunes: bool = True
     seed_top: int = 6  # cost-model predictions enqueued first
     finalists: int = 3  # best configs re-measured head to head after the search (0: none)
     # Interleaved repeats of the final round's first pass: 5, the fewest paired repeats on which the

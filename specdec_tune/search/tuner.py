@@ -299,7 +299,7 @@ class _Objective:
                 # the first prompts' speedup, against the others' on the same prompts (search.pruning)
                 trial.report(speedup, prompts)
                 trial.set_user_attr("screen", {"prompts": prompts, "speedup": round(speedup, 5)})
-                if trial.should_prune():
+                if self.settings.screen_prunes and trial.should_prune():
                     raise optuna.TrialPruned()
 
             # predicted before it is measured: the profile's prediction error is out of sample

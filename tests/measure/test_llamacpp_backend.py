@@ -246,6 +246,16 @@ def test_a_screened_measurement_reports_its_first_prompts_then_covers_them_all(d
         assert started and not [p for p in servers_named("--spec-type") if p in started]
         # the screen's prompt was checked for exactness, the others not yet: a later pass checks them
         assert b._checked(other, case.head(1)) and not b._checked(other, case)
+        # a round of configs shares one plain side: 1 + k passes a repeat, the baseline among them
+        baseline = Config(config.draft, 0)
+        ms = b.measure([config, baseline, other], case, 1, 2)
+        assert [len(m.speedups) for m in ms] == [2, 2, 2] and ms[1].speedups == [1.0, 1.0]
+        plain = [[q for q in m.requests if q.side == "plain"] for m in ms]
+        assert len(plain[0]) == 2 * 3 and plain[0] == plain[2] == plain[1]  # one plain side
+        assert all(sum(q.side == "spec" for q in m.requests) == 2 * 3 for m in (ms[0], ms[2]))
+        assert ms[0].metrics.baseline_tokens_per_s == ms[2].metrics.baseline_tokens_per_s
+        assert ms[2].exactness["prompts"] == 3  # its other prompts were checked in this round
+        assert not servers_named("--spec-type")
 
 
 def test_a_crashing_and_a_hanging_server_fail_their_trial_alone(tmp_path, demo, monkeypatch):

@@ -607,14 +607,15 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     shape = TrialShape(overhead_s=0.15, warmup_passes=2 / 8)  # our engine over 8 prompts
     settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
     # Plain passes everywhere: a trial (2 x 2 passes + 2 warm-up prompts) 8.65 s; the final round
-    # 4 x 5 passes = 40 s, 80 s with racing; 120 s left for the search: 13 trials.
+    # 4 x 5 passes and 3 finalists' 0.15 s = 40.45 s, 80.9 s with racing; 119.1 s left: 13 trials.
     plain, note = fit_budget(settings, 200.0, 2.0, shape)
-    assert plain.trials == 13 and plain.timeout_s == pytest.approx(120.0) and plain.final_budget_s == 80
+    assert plain.trials == 13 and plain.timeout_s == pytest.approx(119.1)
+    assert plain.final_budget_s == pytest.approx(80.9)
     assert "cost model" not in note
     # The model expects 2.25x: the finalists' passes take 1 / 2.25 of a plain one, a search trial's
     # 1 / 1.5 (the square root: trials spread between plain and the best), so 20 trials fit.
     fast, note = fit_budget(settings, 200.0, 2.0, shape, 2.25)
-    assert fast.final_budget_s == pytest.approx(2 * (1 + 3 / 2.25) * 5 * 2.0)
+    assert fast.final_budget_s == pytest.approx(2 * ((1 + 3 / 2.25) * 5 * 2.0 + 0.45))
     assert fast.trials == 20 and fast.timeout_s == pytest.approx(200.0 - fast.final_budget_s)
     assert "the cost model's best 2.25x" in note and "run over" not in note
     # A machine too slow for the least a search does: the note says the budget will be exceeded.
@@ -623,7 +624,7 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     # A prediction below plain plans as plain; a wild one at most 4x.
     assert fit_budget(settings, 200.0, 2.0, shape, 0.7)[0] == plain
     wild = fit_budget(settings, 200.0, 2.0, shape, 50.0)[0]
-    assert wild.final_budget_s == pytest.approx(2 * (1 + 3 / 4) * 5 * 2.0)
+    assert wild.final_budget_s == pytest.approx(2 * ((1 + 3 / 4) * 5 * 2.0 + 0.45))
 
 
 def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():
@@ -631,20 +632,21 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
     from specdec_tune.search.budget import fit_budget
 
     settings = TuneSettings(repeats=2, finalists=3, final_repeats=4)
-    # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: each of
-    # 3 finalists against its own plain passes, 2 x 4 passes and a start, and the baseline's 4
-    # passes = 32.5 s, 65 s with racing; 175 s left: 26 trials fit, 20 asked.
+    # A trial: a server start (1.5 s) and 2 x 2 + 1 passes of 1 s = 6.5 s. The final round: 3
+    # finalists and the plain side they share, 4 passes each, and 3 starts = 20.5 s, 41 s with
+    # racing; 199 s left: 30 trials fit, 20 asked.
     fits, note = fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE)
-    assert fits.trials == 20 and fits.timeout_s == pytest.approx(175.0) and fits.final_budget_s == 65
+    assert fits.trials == 20 and fits.timeout_s == pytest.approx(199.0) and fits.final_budget_s == 41
     assert note == "B=1: 240 s of the budget left, one plain pass 1 s, so 20 trials"
-    # 10 s passes: 6 trials (309 s) and the first final pass (284.5 s) exceed 240 s, and it says so.
-    # Two engine defaults race besides: 5 finalists, each against its own plain passes, 51.5 s.
+    # Two engine defaults race besides: 5 finalists, their starts, and the untimed exactness pass
+    # of each default (no trial measured them) = 33.5 s, 67 s with racing.
     pinned, _ = fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE, pinned=2)
-    assert pinned.final_budget_s == pytest.approx(2 * ((1 + 5 * 2) * 4 * 1.0 + 5 * 1.5))
+    assert pinned.final_budget_s == pytest.approx(2 * ((1 + 5) * 4 * 1.0 + 5 * 1.5 + 2 * 1.0))
+    # 10 s passes: 6 trials (309 s) and the first final pass (164.5 s) exceed 240 s, and it says so.
     slow, note = fit_budget(settings, 240.0, 10.0, TRIAL_SHAPE)
     assert slow.trials == 6 and slow.timeout_s == pytest.approx(309.0)
     assert note.endswith(
-        "the least a search does (6 trials and the final round's first pass, about 594 s) is more than "
+        "the least a search does (6 trials and the final round's first pass, about 474 s) is more than "
         "that, so expect it to run over"
     )
     # Trials screened on a third of the prompts first (search.pruning) are planned at that third
@@ -653,6 +655,12 @@ def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_r
     assert screened.timeout_s == pytest.approx(6 * (5 * (2 / 3) * 10.0 + 1.5))
     assert "trials screened on 33% of the prompts first, so 6 trials" in note
     assert fit_budget(settings, 240.0, 1.0, TRIAL_SHAPE, screen_share=1 / 3)[0].trials == 20
+    # Final repeats the noise raised (5 asked, 8 raised) give way to the budget, down to the asked 5:
+    # 8 repeats of 4 passes of 10 s are more than half of 240 s.
+    noisy = TuneSettings(repeats=2, finalists=3, final_repeats=8, final_repeats_asked=5)
+    cut, note = fit_budget(noisy, 240.0, 10.0, TRIAL_SHAPE)
+    assert cut.final_repeats == 5 and "the final round's first pass 5 repeats (the noise asked 8)" in note
+    assert fit_budget(noisy, 2400.0, 10.0, TRIAL_SHAPE)[0].final_repeats == 8
 
 
 def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():

@@ -1,9 +1,13 @@
-"""The llama.cpp measuring backend: configs measured inside `llama-server`, each against a plain
-server of the same build, side by side, their requests alternating.
+"""The llama.cpp measuring backend: configs measured inside `llama-server` against a plain server
+of the same build, side by side, their passes alternating.
 
 - One plain server lives for the whole backend; a config's server starts with its flags, is
   warmed up by one untimed pass (which also gives its tokens for the exactness check) and is
   stopped when the config is done, so a restart costs a start-up, not a re-measured baseline.
+- Several configs (a final round) share one plain side: per repeat a plain pass, then each
+  config's, reversed every other repeat (ABBA): 1 + k passes a repeat, not 2k.
+- A trial may be screened (measure.seam.Screen): its first prompts measured first, every repeat,
+  and reported before the rest, so the tuner's pruner can stop a config that is clearly losing.
 - B = 1: per repeat, the prompts in turn, plain then speculative (ABBA across repeats); tokens/s
   from the server's own `timings` (decode only). B > 1: `-np B` slots and a closed loop of B
   requests in flight; wall-clock tokens/s of each side.
@@ -224,96 +228,124 @@ class LlamaCppBackend:
         on_repeat: Any = None,
         screen: Screen | None = None,
     ) -> list[EngineMeasurement]:
-        """Each config against the plain server, interleaved; a config whose server fails raises
-        `ServerError` (the caller fails that trial alone). With `screen`, a config's first prompts
+        """The configs against one plain side, interleaved (`_measure_together`); a config whose
+        server fails raises `ServerError` (the caller fails that trial alone). With `screen`, a config's first prompts
         are measured first (every repeat) and reported before the rest."""
-        if screen is not None and len(configs) != 1:
-            raise ValueError("a screen watches a single config")
-        return [self._measure_one(c, case, batch_size, repeats, on_repeat, screen) for c in configs]
+        if (screen is not None or on_repeat is not None) and len(configs) != 1:
+            raise ValueError("a screen or on_repeat watches a single config")
+        spec = [c for c in configs if c.gamma > 0]
+        if not spec:
+            return [self._baseline(self.plain(batch_size), case, batch_size, repeats) for _ in configs]
+        measured = self._measure_together(spec, case, batch_size, repeats, on_repeat, screen)
+        by_key = {c.key: m for c, m in zip(spec, measured, strict=True)}
+        return [by_key[c.key] if c.gamma > 0 else self._plain_of(measured[0], repeats) for c in configs]
 
-    def _measure_one(
+    def _measure_together(
         self,
-        config: Config,
+        configs: list[Config],
         case: TextCase,
         batch_size: int,
         repeats: int,
-        on_repeat: Any,
+        on_repeat: Any = None,
         screen: Screen | None = None,
-    ) -> EngineMeasurement:
+    ) -> list[EngineMeasurement]:
+        """Speculative `configs` against one plain side: per repeat a plain pass and each config's
+        pass, in turn (reversed every other repeat: ABBA), every config's server alive for the
+        whole measurement (llama-server maps the GGUF, so they share the weights' pages). A
+        finalist round of k configs takes (1 + k) passes per repeat, not 2k. With `screen` (one
+        config) the first prompts are measured first, every repeat, then reported."""
         plain = self.plain(batch_size)
-        if config.gamma == 0:
-            return self._baseline(plain, case, batch_size, repeats)
         n = len(case.prompts)
         cut = screen.prompts if screen is not None and 0 < screen.prompts < n else n
         parts = [(0, cut)] + ([(cut, n)] if cut < n else [])
-        # per repeat and side: [tokens, ms] summed over the parts measured so far
-        sums = {side: [[0, 0.0] for _ in range(repeats)] for side in ("plain", "spec")}
-        sides: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
-        speedups: list[float] = []
+        k = len(configs)
+        # per repeat: [tokens, ms] of the plain side (key -1) and of each config, over the parts so far
+        sums = {i: [[0, 0.0] for _ in range(repeats)] for i in range(-1, k)}
+        passes: dict[int, list[dict[str, Any]]] = {i: [] for i in range(-1, k)}
+        speedups: list[list[float]] = [[] for _ in configs]
 
-        def speedup(r: int) -> float:
-            (st, sms), (pt, pms) = sums["spec"][r], sums["plain"][r]
-            return (st / sms) / (pt / pms)
+        def rate(i: int, r: int) -> float:
+            t, ms = sums[i][r]
+            return t / ms
 
-        server = self._server(config, batch_size)
+        servers: dict[int, LlamaServer] = {}
         try:
-            for i, (a, b) in enumerate(parts):
+            for i, config in enumerate(configs):
+                servers[i] = self._server(config, batch_size)
+            for j, (a, b) in enumerate(parts):
                 part = case.part(a, b)
-                # The warm-up pass is never timed; at T = 0 and B = 1 it is the exactness check of
-                # the prompts not checked before (per config; a racing final round measures a
-                # config again, and one prompt warms it up then).
-                if case.temperature == 0 and batch_size == 1 and not self._checked(config, part):
-                    self.exactness(config, part, server)
-                else:
-                    self._pass(server, part.head(1) if self._checked(config, part) else part, batch_size)
-                last = i == len(parts) - 1
+                for i, config in enumerate(configs):
+                    # The warm-up pass is never timed; at T = 0 and B = 1 it is the exactness check
+                    # of the prompts not checked before (per config; a racing final round measures
+                    # a config again, and one prompt warms it up then).
+                    if case.temperature == 0 and batch_size == 1 and not self._checked(config, part):
+                        self.exactness(config, part, servers[i])
+                    else:
+                        warm = part.head(1) if self._checked(config, part) else part
+                        self._pass(servers[i], warm, batch_size)
+                last = j == len(parts) - 1
                 for r in range(repeats):
-                    order = [(plain, "plain"), (server, "spec")]
+                    order = [-1, *range(k)]
                     if r % 2:
                         order.reverse()  # ABBA: drift hits both sides alike
-                    for srv, side in order:
-                        if side == "spec" and config.draft.kind in STATEFUL_KINDS:
+                    for i in order:
+                        if i >= 0 and configs[i].draft.kind in STATEFUL_KINDS:
                             # a draft that learns across requests must not have seen these prompts'
                             # answers in an earlier pass: a fresh server, warmed up on other text
-                            server.stop()
-                            server = srv = self._server(config, batch_size)
-                            self.complete(server, WARMUP_PROMPT, 8, 0.0)
-                        p = self._pass(srv, part, batch_size)
-                        sides[side].append(p)
-                        sums[side][r][0] += p["tokens"]
-                        sums[side][r][1] += p["ms"]
+                            servers[i].stop()
+                            servers[i] = self._server(configs[i], batch_size)
+                            self.complete(servers[i], WARMUP_PROMPT, 8, 0.0)
+                        p = self._pass(plain if i < 0 else servers[i], part, batch_size)
+                        passes[i].append(p)
+                        sums[i][r][0] += p["tokens"]
+                        sums[i][r][1] += p["ms"]
                     if last:
-                        speedups.append(speedup(r))
+                        for i in range(k):
+                            speedups[i].append(rate(i, r) / rate(-1, r))
                         if on_repeat is not None:
-                            on_repeat(r, speedups[-1])
+                            on_repeat(r, speedups[0][-1])
                 if not last and screen is not None:
-                    screen.report(b, median([speedup(r) for r in range(repeats)]))
+                    screen.report(b, median([rate(0, r) / rate(-1, r) for r in range(repeats)]))
         finally:
-            server.stop()
-        spec = sides["spec"]
-        proposed = sum(p["draft_n"] for p in spec)
-        accepted = sum(p["draft_accepted"] for p in spec)
-        tokens = sum(p["tokens"] for p in spec)
-        forwards = max(1, tokens - accepted)
-        metrics = Metrics(
-            tokens_per_s=median([1000.0 * t / ms for t, ms in sums["spec"]]),
-            baseline_tokens_per_s=median([1000.0 * t / ms for t, ms in sums["plain"]]),
-            speedup=median(speedups),
-            speedup_spread=spread(speedups),
-            acceptance_rate=accepted / proposed if proposed else 0.0,
-            mean_accepted_len=tokens / forwards,
-            repeats=repeats,
-        )
-        exact = self._exactness_of(config, case) if case.temperature == 0 and batch_size == 1 else {}
-        return EngineMeasurement(
-            metrics,
-            tokens // max(1, repeats),
-            exact.get("mismatches", 0),
-            speedups,
-            exact,
-            self.flags(config, batch_size),
-            [r for p in sides["plain"] + spec for r in p["requests"]],
-        )
+            for server in servers.values():
+                server.stop()
+        base = median([1000.0 * rate(-1, r) for r in range(repeats)])
+        out = []
+        for i, config in enumerate(configs):
+            own = passes[i]
+            proposed = sum(p["draft_n"] for p in own)
+            accepted = sum(p["draft_accepted"] for p in own)
+            tokens = sum(p["tokens"] for p in own)
+            metrics = Metrics(
+                tokens_per_s=median([1000.0 * rate(i, r) for r in range(repeats)]),
+                baseline_tokens_per_s=base,
+                speedup=median(speedups[i]),
+                speedup_spread=spread(speedups[i]),
+                acceptance_rate=accepted / proposed if proposed else 0.0,
+                mean_accepted_len=tokens / max(1, tokens - accepted),
+                repeats=repeats,
+            )
+            exact = self._exactness_of(config, case) if case.temperature == 0 and batch_size == 1 else {}
+            out.append(
+                EngineMeasurement(
+                    metrics,
+                    tokens // max(1, repeats),
+                    exact.get("mismatches", 0),
+                    speedups[i],
+                    exact,
+                    self.flags(config, batch_size),
+                    [q for p in passes[-1] + own for q in p["requests"]],
+                )
+            )
+        return out
+
+    def _plain_of(self, m: EngineMeasurement, repeats: int) -> EngineMeasurement:
+        """The baseline's measurement in a round of configs: the shared plain side, 1.0 a repeat."""
+        rate = m.metrics.baseline_tokens_per_s
+        metrics = Metrics(rate, rate, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
+        plain = [q for q in m.requests if q.side == "plain"]
+        return EngineMeasurement(metrics, sum(q.predicted_n for q in plain) // max(1, repeats), 0,
+                                 [1.0] * repeats, requests=plain)  # fmt: skip
 
     def _baseline(
         self, plain: LlamaServer, case: TextCase, batch_size: int, repeats: int
