@@ -414,8 +414,11 @@ class LlamaCppBackend:
     def _top2_gap(self, prompt: str, prefix: list[int]) -> float | None:
         """The plain server's top-1 minus top-2 probability after `prompt` + `prefix` (one
         request at the position where the outputs part; probabilities on every token would slow
-        the server down many times)."""
-        reply = self.complete(self.plain(1), [prompt, *prefix] if prefix else prompt, 1, 0.0, probs=True)
+        the server down many times). The server reuses the prompt it has cached (the reference
+        pass processed it), so only the prefix is processed, not the whole prompt again for every
+        prompt where a config's output parts from the plain one."""
+        ask = [prompt, *prefix] if prefix else prompt
+        reply = self.complete(self.plain(1), ask, 1, 0.0, probs=True, cache=True)
         if reply.probs and len(reply.probs[0]) == 2:
             return reply.probs[0][0] - reply.probs[0][1]
         return None
