@@ -25,7 +25,6 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,69 +32,16 @@ from ...domain import Config, Metrics
 from ..seam import Screen
 from ..timing import median, spread
 from .args import server_args
-from .counters import RequestStats, request_stats
+from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, EngineMeasurement, TextCase, _Reply
+from .counters import request_stats
+from .exactness import ExactnessChecks
 from .server import LlamaServer, ServerError, build_info, find_server
 
-NEAR_TIE = 0.05  # plain top-1 minus top-2 probability below this: a near-tie, not a bug
-# Drafts whose state outlives a request (ngram-mod's n-gram pool is shared by every request of a
-# server; the n-gram maps and the n-gram cache keep a slot's keys from one request to the next):
-# timed on a fresh server per pass, else repeating the workload would teach them the answers.
-STATEFUL_KINDS = ("ngram_mod", "ngram_map_k", "ngram_map_k4v", "ngram_cache")
-WARMUP_PROMPT = "Once upon a time"
+# re-exported: callers import the case and measurement types from the backend
+__all__ = ["NEAR_TIE", "STATEFUL_KINDS", "WARMUP_PROMPT", "EngineMeasurement", "LlamaCppBackend", "TextCase"]
 
 
-@dataclass
-class TextCase:
-    """What one pass sends: prompts as the model sees them (chat template applied) and budgets."""
-
-    prompts: list[str]
-    max_new_tokens: list[int]
-    temperature: float = 0.0
-
-    def head(self, n: int) -> TextCase:
-        return TextCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
-
-    def part(self, start: int, stop: int) -> TextCase:
-        """Prompts `start` to `stop` (exclusive)."""
-        return TextCase(self.prompts[start:stop], self.max_new_tokens[start:stop], self.temperature)
-
-
-@dataclass
-class EngineMeasurement:
-    """One config measured in an engine: metrics and the evidence (per-repeat speedups, exactness)."""
-
-    metrics: Metrics
-    tokens: int
-    mismatches: int  # prompts whose T = 0 tokens differ from the plain server's
-    speedups: list[float] = field(default_factory=list)
-    exactness: dict[str, Any] = field(default_factory=dict)
-    flags: list[str] = field(default_factory=list)
-    requests: list[RequestStats] = field(default_factory=list)  # every timed one, both sides, in order
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            **self.metrics.as_dict(),
-            "tokens": self.tokens,
-            "mismatches": self.mismatches,
-            "speedups": list(self.speedups),
-            "exactness": dict(self.exactness),
-            "flags": list(self.flags),
-            "requests": [r.as_dict() for r in self.requests],
-        }
-
-
-@dataclass
-class _Reply:
-    tokens: list[int]
-    predicted_n: int
-    predicted_ms: float
-    draft_n: int
-    draft_accepted: int
-    probs: list[list[float]] = field(default_factory=list)  # top-2 probabilities per token
-    n_predict: int = 0
-
-
-class LlamaCppBackend:
+class LlamaCppBackend(ExactnessChecks):
     """Measures configs in llama-server. Use as a context manager: servers stop at its end."""
 
     name = "llamacpp"
@@ -355,73 +301,6 @@ class LlamaCppBackend:
         metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
         requests = [r for p in passes for r in p["requests"]]
         return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
-
-    def _checked(self, config: Config, case: TextCase) -> bool:
-        """Whether every prompt of `case` had its T = 0 exactness checked for `config`."""
-        return all(
-            (config.key, p, n) in self._exact for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
-        )
-
-    def exactness(self, config: Config, case: TextCase, server: LlamaServer | None = None) -> dict[str, Any]:
-        """Per prompt at T = 0: are the speculative server's tokens the plain server's? Where they
-        part, was the plain top-2 a near-tie? Each prompt is checked once per config (kept);
-        uses `server` (B = 1) when given, else starts one."""
-        todo = [
-            (p, n)
-            for p, n in zip(case.prompts, case.max_new_tokens, strict=True)
-            if (config.key, p, n) not in self._exact
-        ]
-        if todo:
-            ref = self.reference(TextCase([p for p, _ in todo], [n for _, n in todo], 0.0))
-            own = server is None
-            server = server or self._server(config, 1)
-            try:
-                got = [self.complete(server, p, n, 0.0) for p, n in todo]
-            finally:
-                if own:
-                    server.stop()
-            for (text, n), a, b in zip(todo, ref, got, strict=True):
-                at = next(
-                    (i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None
-                )
-                if at is None and len(a.tokens) != len(b.tokens):
-                    at = min(len(a.tokens), len(b.tokens))
-                gap = None
-                if at is not None and at < len(a.tokens):
-                    gap = self._top2_gap(text, a.tokens[:at])
-                self._exact[(config.key, text, n)] = {"diverges_at": at, "top2_gap": gap}
-        return self._exactness_of(config, case)
-
-    def _exactness_of(self, config: Config, case: TextCase) -> dict[str, Any]:
-        """The kept per-prompt checks of `config` over `case`, summed up ({} before any)."""
-        prompts = [
-            self._exact[k]
-            for k in ((config.key, p, n) for p, n in zip(case.prompts, case.max_new_tokens, strict=True))
-            if k in self._exact
-        ]
-        if not prompts:
-            return {}
-        diverged = [p for p in prompts if p["diverges_at"] is not None]
-        ties = [p for p in diverged if p["top2_gap"] is not None and p["top2_gap"] < NEAR_TIE]
-        return {
-            "prompts": len(prompts),
-            "mismatches": len(diverged),
-            "near_ties": len(ties),
-            "first_divergence": [p["diverges_at"] for p in prompts],
-            "top2_gap": [None if p["top2_gap"] is None else round(p["top2_gap"], 4) for p in prompts],
-        }
-
-    def _top2_gap(self, prompt: str, prefix: list[int]) -> float | None:
-        """The plain server's top-1 minus top-2 probability after `prompt` + `prefix` (one
-        request at the position where the outputs part; probabilities on every token would slow
-        the server down many times). The server reuses the prompt it has cached (the reference
-        pass processed it), so only the prefix is processed, not the whole prompt again for every
-        prompt where a config's output parts from the plain one."""
-        ask = [prompt, *prefix] if prefix else prompt
-        reply = self.complete(self.plain(1), ask, 1, 0.0, probs=True, cache=True)
-        if reply.probs and len(reply.probs[0]) == 2:
-            return reply.probs[0][0] - reply.probs[0][1]
-        return None
 
     def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the
