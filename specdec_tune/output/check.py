@@ -17,6 +17,7 @@ speedup 1.0, tolerance 0.10, so the floor is 0.90; `tests/output/test_verdict_ru
     speedup [1.0, 1.01, 0.99], quiet              -> pass
     speedup [0.50, 0.60, 0.55], quiet             -> regression (interval wholly below 0.90)
     speedup [0.84, 0.85, 0.86], shared or busy    -> inconclusive: other work shared the machine
+    speedup [0.10, 0.11, 0.12], shared or busy    -> regression (no load took it below 0.5x of stored)
     speedup [0.6, 1.3, 0.85, 1.2, 0.7], quiet     -> inconclusive: too noisy to tell
     acceptance 0.70 stored, 0.69 now, greedy      -> pass (within ±0.02; ±0.08 when sampling)
     acceptance 0.70 stored, 0.50 now              -> regression, whatever the load
@@ -115,7 +116,8 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     stored, m, measured, again = e.stored.metrics, e.measured.metrics, e.measured, e.again
     shared = not e.environment.quiet
     judged = judge_measured(e, tolerance, policy)
-    if shared and judged.verdict == REGRESSION:
+    beyond_load = judged.interval[1] < policy.load_explains_down_to
+    if shared and judged.verdict == REGRESSION and not beyond_load:
         judged.verdict = INCONCLUSIVE
     confirm = ""
     if again is not None:
@@ -134,6 +136,8 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     note = f"{judged.note} vs {against}{confirm}"
     if judged.verdict == INCONCLUSIVE:
         note += "; inconclusive: " + (SHARED if shared else "too noisy to tell")
+    elif shared and judged.verdict == REGRESSION:
+        note += f"; {SHARED}, but no load measured took a speedup below {policy.load_explains_down_to:.2f}x of stored"
     elif shared:
         note += "; " + SHARED
     base = statistics.median(ref) if ref else stored.speedup

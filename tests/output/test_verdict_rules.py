@@ -208,6 +208,18 @@ def test_a_speedup_drop_on_a_busy_machine_is_inconclusive():
     assert _verdict(speedup_item(_evidence([0.74, 0.75, 0.76], BUSY), 0.10)) == "inconclusive"
 
 
+@pytest.mark.parametrize("load", [SHARED_LOAD, BUSY])
+def test_a_drop_no_load_explains_is_a_regression_on_any_machine(load):
+    # the planted 100 ms per drafting step of test_check.py read 0.11x on a shared CI runner
+    item = speedup_item(_evidence([0.10, 0.11, 0.12], load), 0.10)
+    assert _verdict(item) == "regression" and "no load measured" in item.note
+    # just above the policy's line a load could still explain it: inconclusive
+    line = CHECK_POLICY.load_explains_down_to
+    assert _verdict(speedup_item(_evidence([line + 0.01, line + 0.02, line + 0.03], load), 0.10)) == (
+        "inconclusive"
+    )
+
+
 def test_a_passing_speedup_on_a_shared_machine_says_so():
     item = speedup_item(_evidence([1.0, 1.01, 0.99], SHARED_LOAD), 0.10)
     assert _verdict(item) == "pass" and item.note.endswith(f"; {SHARED}")
