@@ -56,7 +56,11 @@ def _functions(module: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return []
-    source = Path(spec.origin).read_text(encoding="utf-8")
+    return functions_in(module, Path(spec.origin).read_text(encoding="utf-8"))
+
+
+def functions_in(module: str, source: str) -> list[tuple[str, str, ast.FunctionDef, str]]:
+    """`_functions` for a module's source text (also used by make_long_context_workloads.py)."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     found = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]

@@ -1,14 +1,16 @@
 """Workloads: the prompts a config is measured on, read from JSONL (built-in or a user file), and
 `Case`, the same prompts encoded with their token budgets: what one measured pass generates.
 
-One object per line: `prompt` (text) or `messages` (a chat list), optional `category` and
-`max_new_tokens`. Chat prompts go through the tokenizer's chat template when it has one.
+One object per line: `prompt` (text) or `messages` (a chat list), optional `category`,
+`max_new_tokens`, and `context` or `context_file` (text that comes before the request; see
+runtime.contexts, which places it). Chat prompts go through the tokenizer's chat template when it has one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -18,16 +20,32 @@ from ..errors import SpecDecError
 
 _BUILTIN_PACKAGE = "specdec_tune"
 _BUILTIN_DIR = "data/workloads"
+_CONTEXTS_DIR = "data/contexts"
 
 
 @dataclass
 class Prompt:
-    """One request. For a chat prompt, `text` is the template-free rendering of `messages`."""
+    """One request. For a chat prompt, `text` is the template-free rendering of `messages`.
+
+    `context` is real text that comes before the request (a module's source before an edit, a
+    document before a question). It is not part of `text` or `messages` until
+    `runtime.contexts.fit_prompt` (or `inline_context`) places it there.
+    """
 
     text: str
     category: str | None = None
     max_new_tokens: int | None = None
     messages: list[dict[str, str]] | None = None
+    context: str | None = None
+
+
+def _canonical(prompt: Prompt) -> dict[str, Any]:
+    # A prompt without context hashes as it did before the field existed: existing profiles'
+    # workload hashes stay valid.
+    data = asdict(prompt)
+    if data["context"] is None:
+        del data["context"]
+    return data
 
 
 @dataclass
@@ -42,13 +60,73 @@ class Workload:
     def sha256(self) -> str:
         """First 16 hex chars of the SHA-256 of the prompts' canonical JSON: the workload's identity."""
         canonical = json.dumps(
-            [asdict(p) for p in self.prompts], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            [_canonical(p) for p in self.prompts], sort_keys=True, separators=(",", ":"), ensure_ascii=False
         )
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
 def _builtin_root() -> Any:
     return resources.files(_BUILTIN_PACKAGE).joinpath(*_BUILTIN_DIR.split("/"))
+
+
+def contexts_root() -> Any:
+    """The shipped context texts (data/contexts): what built-ins' `context_file` names."""
+    return resources.files(_BUILTIN_PACKAGE).joinpath(*_CONTEXTS_DIR.split("/"))
+
+
+# (context_file, where) -> its text
+_ContextReader = Callable[[str, str], str]
+
+
+def _context_reader(root: Any, builtin: bool) -> _ContextReader:
+    """Reads `context_file`s under `root` (a folder or the package's contexts), each file once."""
+    cache: dict[str, str] = {}
+
+    def read(name: str, where: str) -> str:
+        if builtin and (Path(name).name != name or name.startswith(".")):
+            raise SpecDecError(
+                f"{where}: `context_file` {name!r} must be a bare file name in the package's data/contexts"
+            )
+        if name not in cache:
+            entry = root.joinpath(name)
+            if not entry.is_file():
+                raise SpecDecError(
+                    f"{where}: `context_file` {name!r} not found (looked for {entry}); give a path "
+                    "relative to the workload file, or put the text in `context`"
+                )
+            try:
+                cache[name] = entry.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise SpecDecError(
+                    f"{where}: `context_file` {name!r} is not UTF-8 text ({exc.reason}); save it as UTF-8"
+                ) from exc
+            except OSError as exc:
+                raise SpecDecError(f"{where}: cannot read `context_file` {name!r} ({exc.strerror})") from exc
+        return cache[name]
+
+    return read
+
+
+def _parse_context(obj: dict[str, Any], where: str, read_context: _ContextReader | None) -> str | None:
+    context, context_file = obj.get("context"), obj.get("context_file")
+    if context is not None and context_file is not None:
+        raise SpecDecError(f"{where}: give either `context` or `context_file`, not both")
+    if context_file is not None:
+        if not isinstance(context_file, str) or not context_file.strip():
+            raise SpecDecError(
+                f"{where}: `context_file` must be a non-empty string (a file name), got {context_file!r}"
+            )
+        if read_context is None:
+            raise SpecDecError(f"{where}: `context_file` needs a workload file to be relative to")
+        context = read_context(context_file, where)
+        if not context.strip():
+            raise SpecDecError(f"{where}: `context_file` {context_file!r} is empty; give it text")
+        return context
+    if context is not None and not isinstance(context, str):
+        raise SpecDecError(f"{where}: `context` must be a string, got {type(context).__name__}")
+    if context is not None and not context.strip():
+        raise SpecDecError(f"{where}: `context` is empty; give the text or leave the field out")
+    return context
 
 
 def builtin_workloads() -> list[str]:
@@ -85,7 +163,7 @@ def _parse_messages(value: Any, where: str) -> list[dict[str, str]]:
     return messages
 
 
-def _parse_line(obj: Any, where: str) -> Prompt:
+def _parse_line(obj: Any, where: str, read_context: _ContextReader | None = None) -> Prompt:
     if not isinstance(obj, dict):
         raise SpecDecError(
             f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(obj).__name__}'
@@ -114,10 +192,13 @@ def _parse_line(obj: Any, where: str) -> Prompt:
         raise SpecDecError(f"{where}: `category` must be a string, got {category!r}")
     if category is not None and not category.strip():
         raise SpecDecError(f"{where}: `category` is empty; name the category or leave the field out")
-    return Prompt(text=text, category=category, max_new_tokens=max_new_tokens, messages=messages)
+    context = _parse_context(obj, where, read_context)
+    return Prompt(
+        text=text, category=category, max_new_tokens=max_new_tokens, messages=messages, context=context
+    )
 
 
-def _parse_jsonl(content: str, label: str) -> list[Prompt]:
+def _parse_jsonl(content: str, label: str, read_context: _ContextReader | None = None) -> list[Prompt]:
     prompts = []
     for lineno, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
@@ -129,7 +210,7 @@ def _parse_jsonl(content: str, label: str) -> list[Prompt]:
             raise SpecDecError(
                 f"{where}: not valid JSON ({exc.msg}); write one JSON object per line"
             ) from exc
-        prompts.append(_parse_line(obj, where))
+        prompts.append(_parse_line(obj, where, read_context))
     if not prompts:
         raise SpecDecError(f'{label}: no prompts found; add lines like {{"prompt": "..."}}')
     return prompts
@@ -142,6 +223,7 @@ def load_workload(name_or_path: str) -> Workload:
         name, source = name_or_path, f"builtin:{name_or_path}"
         content = _builtin_root().joinpath(f"{name_or_path}.jsonl").read_text(encoding="utf-8")
         label = f"built-in workload {name_or_path!r}"
+        read_context = _context_reader(contexts_root(), builtin=True)
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
@@ -150,13 +232,14 @@ def load_workload(name_or_path: str) -> Workload:
                 "and no such file; pass a built-in name or the path of a JSONL file"
             )
         name, source, label = path.stem, str(path), str(path)
+        read_context = _context_reader(path.parent, builtin=False)
         try:
             content = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise SpecDecError(f"{label}: not UTF-8 text ({exc.reason}); save the workload as UTF-8") from exc
         except OSError as exc:
             raise SpecDecError(f"{label}: cannot read the workload ({exc.strerror})") from exc
-    prompts = _parse_jsonl(content, label)
+    prompts = _parse_jsonl(content, label, read_context)
     return Workload(name=name, prompts=prompts, source=source)
 
 
