@@ -67,6 +67,11 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--context-length",
+        type=int,
+        help="fit every prompt to about this many tokens (run --context-lengths)",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     configs = grid(args.drafts.split(","), [int(g) for g in args.gammas.split(",")])
@@ -77,6 +82,9 @@ def main() -> None:
         p = load_profile(args.profile)
         chosen = p.best.config
         prompts, new_tokens = p.workload.prompts, p.workload.max_new_tokens
+        cell = [r for r in p.context_table if r.batch_size == 1 and r.context_length == args.context_length]
+        if cell:  # an envelope profile: the run's choice for this length
+            chosen = cell[0].best.config
     specs = {c.draft.name: c.draft for c in configs + defaults + ([chosen] if chosen else []) if c.gamma}
     models = app.Models(
         target=args.target,
@@ -85,13 +93,16 @@ def main() -> None:
         max_new_tokens=new_tokens,
         backend="llamacpp",
         drafts=list(specs.values()),
+        context_length=args.context_length,
     )
     out: dict[str, Any] = {"workload": args.workload, "prompts": prompts, "max_new_tokens": new_tokens}
+    out["context_length"] = args.context_length
     t0 = time.monotonic()
     with servers_die_with_us():
         s = open_engine(models)
         try:
             out["build"] = s.backend.info()["build"]
+            out["prompt_tokens"] = s.prompt_tokens
             measured = {}
             todo = [("grid", c) for c in configs] + [("default", c) for c in defaults]
             if chosen is not None and chosen.gamma > 0:
@@ -114,7 +125,8 @@ def main() -> None:
         below = [d["config"] for d in measured.get("default", []) if d["interval"][0] > mine["speedup"]]
         out["defaults_clearly_above_chosen"] = below
     out["seconds"] = round(time.monotonic() - t0, 1)
-    path = args.out or Path(__file__).parent / "results" / f"llamacpp_grid_{args.workload}.json"
+    at = f"_L{args.context_length}" if args.context_length else ""
+    path = args.out or Path(__file__).parent / "results" / f"llamacpp_grid_{args.workload}{at}.json"
     atomic_write_text(path, json.dumps(out, indent=1) + "\n")
     print(f"best {best['config']} {best['speedup']}x; wrote {path} ({out['seconds']} s)")
 

@@ -7,3 +7,7 @@ class SpecDecError(Exception):
 
 class OtherHardwareError(SpecDecError):
     """A profile was measured on different hardware than this machine (CLI exit code 3)."""
+
+
+class ContextTooLong(SpecDecError):
+    """A context length past what the target was trained for: that length is left out, in one line."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from .errors import SpecDecError
+from .errors import ContextTooLong, SpecDecError
 
 MAX_GAMMA = 64  # draft tokens per step; gamma 0 means plain decoding (no speculation)
 THRESHOLD_RANGE = "[0, 1)"  # draft confidence early stop; 0 = off, 1 would never propose twice
@@ -91,3 +91,28 @@ def parse_batch_sizes(text: str) -> list[int]:
             f"--batch-sizes must be a comma-separated list of integers >= 1, e.g. 1,4,16; got {text!r}"
         )
     return sorted({int(p) for p in parts})
+
+
+MIN_CONTEXT_LEN = 16  # a prompt shorter than this holds no context to speak of
+
+
+def parse_context_lengths(text: str) -> list[int]:
+    """`--context-lengths 256,2048,6144` -> [256, 2048, 6144] (sorted, without repeats)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p.isdigit() or not MIN_CONTEXT_LEN <= int(p) <= MAX_CONTEXT_LEN for p in parts):
+        raise SpecDecError(
+            f"--context-lengths must be a comma-separated list of prompt lengths in tokens, each in "
+            f"{MIN_CONTEXT_LEN}..{MAX_CONTEXT_LEN}, e.g. 256,2048,6144; got {text!r}"
+        )
+    return sorted({int(p) for p in parts})
+
+
+def check_context(length: int, max_new_tokens: int, positions: int | None, target: str) -> None:
+    """A prompt of `length` tokens and its budget (plus room for a draft of up to 16 tokens) must
+    fit the positions `target` was trained for (None: its config does not say; not checked)."""
+    needed = length + max_new_tokens + 16
+    if positions is not None and needed > positions:
+        raise ContextTooLong(
+            f"context length {length} is past {target}'s {positions} positions "
+            f"({length} prompt + {max_new_tokens} new tokens + 16 for a draft): left out"
+        )

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 from specdec_tune.backends.base import Models, Progress, Purpose
 from specdec_tune.checkpolicy import CHECK_POLICY
 from specdec_tune.domain import Anchors, Config, Costs, DraftCosts, DraftSpec, Metrics, Noise
+from specdec_tune.limits import check_context
+from specdec_tune.runtime.contexts import workload_as_sent
 from specdec_tune.runtime.workloads import Workload, load_workload, stratified
 from specdec_tune.search.budget import TrialShape
 from specdec_tune.store.build import EngineFields
@@ -30,10 +32,18 @@ BUILD = {"package": "fake-engine 1.0", "binary_sha256": "sha256:fake"}
 SCRIPT: dict[str, Any] = {"build": dict(BUILD), "slowdown": 1.0, "measured": [], "screened": []}
 
 
-def true_speedup(config: Config, batch_size: int = 1) -> float:
+POSITIONS = 8192  # the scripted target's trained positions: a longer context is left out
+
+
+def true_speedup(config: Config, batch_size: int = 1, context_length: int = 0) -> float:
+    """At context length L, "copy" loses as L grows and "guess" gains: the best draft changes along L."""
     if config.gamma == 0:
         return 1.0
     base = DRAFTS[config.draft.name]
+    if context_length and config.draft.name == "copy":
+        base *= 1 - context_length / POSITIONS
+    elif context_length:
+        base += context_length / POSITIONS
     curve = 1.0 - 0.04 * abs(config.gamma - BEST_GAMMA)
     return max(0.3, base * curve / (1 + 0.1 * (batch_size - 1))) / SCRIPT["slowdown"]
 
@@ -43,9 +53,15 @@ class FakeCase:
     prompts: list[str]
     max_new_tokens: list[int]
     temperature: float = 0.0
+    context_length: int = 0
 
     def head(self, n: int) -> FakeCase:
-        return FakeCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
+        return FakeCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature, self.context_length)
+
+
+def count_words(text: str) -> int:
+    """The scripted engine's tokenizer: a token per whitespace-separated word."""
+    return len(text.split())
 
 
 @dataclass
@@ -81,7 +97,12 @@ class FakeSession:
         wl: Workload = load_workload(models.workload)
         wl.prompts = stratified(wl.prompts, models.prompts or 4)
         self.workload = wl
-        self.case = FakeCase([p.text for p in wl.prompts], [models.max_new_tokens] * len(wl.prompts))
+        if models.context_length is not None:
+            check_context(models.context_length, models.max_new_tokens, POSITIONS, "the fake target")
+        sent = workload_as_sent(wl, models.context_length, count_words)
+        texts = [p.text for p in sent.prompts]
+        self.case = FakeCase(texts, [models.max_new_tokens] * len(texts), 0.0, models.context_length or 0)
+        self.prompt_tokens = round(sum(count_words(t) for t in texts) / len(texts))
         self.build = dict(SCRIPT["build"])
         self.closed = False
 
@@ -125,7 +146,7 @@ class FakeSession:
     ) -> list[Any]:
         out = []
         for c in configs:
-            s = true_speedup(c, batch_size)
+            s = true_speedup(c, batch_size, case.context_length)
             if screen is not None and c.gamma > 0:
                 SCRIPT["screened"].append([c.label, False])
                 screen.report(screen.prompts, s)  # the pruner may stop it here

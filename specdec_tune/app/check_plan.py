@@ -16,6 +16,7 @@ from ..runtime.models.loading import locate_model
 from ..runtime.workloads import load_workload, stratified
 from ..store.refs import resolve_ref, target_ref
 from ..store.yamlio import load_profile
+from .check_envelope import cells_to_check
 
 
 @dataclass
@@ -43,14 +44,15 @@ def plan_check(path: Path, batch_size: int | None = None) -> CheckPlan:
     p = load_profile(path)
     folder = Path(path).parent
     backend = (p.backend or {}).get("name") or "native"
-    target = _locate(target_ref(p), p.target.name, "target")
+    target = _locate(resolve_ref(target_ref(p), folder), p.target.name, "target")
     rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
     if batch_size is not None:
         rows = [(b, r) for b, r in rows if b == batch_size]
         if not rows:
             raise SpecDecError(f"{path} has no result at batch size {batch_size}")
+    cells = cells_to_check(p) if batch_size is None else []
     drafts = {}
-    for _, r in rows:
+    for _, r in rows + [(c.batch_size, c.best) for c in cells]:
         d = r.config.draft
         if r.config.gamma > 0 and d.kind != "none":
             drafts[d.name] = (
@@ -63,6 +65,7 @@ def plan_check(path: Path, batch_size: int | None = None) -> CheckPlan:
             f"workload '{p.workload.name}' has changed since the profile was made "
             f"(hash {wl.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
         )
+    cell_items = [f"{c.best.config.label} @ B={c.batch_size}, L={c.context_length}" for c in cells]
     measured_on = str(p.hardware.get("slug", "?"))
     here = hardware_slug(hardware_info("cpu")) if p.hardware.get("kind", "cpu") == "cpu" else "?"
     notes = [] if here in (measured_on, "?") else [f"measured on {measured_on}: `check` here exits 3"]
@@ -74,7 +77,7 @@ def plan_check(path: Path, batch_size: int | None = None) -> CheckPlan:
         target=str(target),
         drafts=drafts,
         workload=p.workload.name,
-        items=[r.config.label + ("" if b == 1 else f" @ B={b}") for b, r in rows],
+        items=[r.config.label + ("" if b == 1 else f" @ B={b}") for b, r in rows] + cell_items,
         notes=notes,
     )
 

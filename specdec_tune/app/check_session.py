@@ -70,6 +70,7 @@ def check_in_session(
         prompts=p.workload.prompts,
         max_new_tokens=p.workload.max_new_tokens,
         temperature=p.workload.temperature,
+        context_length=p.workload.context_length,
         backend=(p.backend or {}).get("name") or "native",
         llama_server=server,
         threads=threads or (p.backend or {}).get("threads"),

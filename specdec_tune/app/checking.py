@@ -36,6 +36,7 @@ from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
 from ..store.atomic import atomic_write_text
 from ..store.yamlio import load_profile
+from .check_envelope import check_cells
 from .check_session import check_in_session
 from .common import check_writable
 from .profile_models import measure_best, open_profile_models
@@ -81,6 +82,11 @@ def check(
             allow_other_hardware=allow_other_hardware, allow_other_build=allow_other_build,
             batch_size=batch_size, policy=policy, server=llama_server,
         )  # fmt: skip
+        if batch_size is None and p.context_table:
+            report.items += check_cells(
+                p, path, tolerance=tolerance, acceptance_tolerance=acceptance_tolerance, repeats=repeats,
+                policy=policy, server=llama_server,
+            )  # fmt: skip
         if junit is not None:
             atomic_write_text(junit, junit_xml(report))
         return report
@@ -111,6 +117,14 @@ def check(
         ).items
         if p.batch_table:
             report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
+        if p.context_table:
+            report.items += check_cells(
+                p,
+                path,
+                device=device,
+                **settings,  # type: ignore[arg-type]
+            )
+            report.config += f" + context lengths {', '.join(sorted({str(r.context_length) for r in p.context_table}, key=int))}"
     else:
         report = judge_batch_rows(p, str(path), s, rows, weights, **settings)
         report.config = f"batch size {batch_size}: {rows[0].best.config.label}"

@@ -51,6 +51,7 @@ def open_profile_models(
             prompts=p.workload.prompts,
             max_new_tokens=p.workload.max_new_tokens,
             temperature=p.workload.temperature,
+            context_length=p.workload.context_length,
             device=device,
             dtype=p.target.dtype,
             engine_mode=p.engine_mode,

@@ -70,16 +70,22 @@ def tune_workers(
     progress: Progress | None = None,
     batch_sizes: list[int] | None = None,
     budget_s: float | None = None,
+    *,
+    context_lengths: list[int] | None = None,
 ) -> TuneOutcome:
     """`app.tune` on `workers` local processes sharing one study; returns this process's outcome."""
 
     if workers < 1:
         raise SpecDecError(f"--workers must be >= 1, got {workers}")
+    if context_lengths and workers > 1:
+        raise SpecDecError(
+            "--context-lengths searches one length after another in one process: drop --workers"
+        )
 
     def here(settings: TuneSettings, progress: Progress | None) -> TuneOutcome:
         return tune(
             models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes=batch_sizes,
-            budget_s=budget_s,
+            budget_s=budget_s, context_lengths=context_lengths,
         )  # fmt: skip
 
     if workers == 1:

@@ -46,6 +46,9 @@ class Models:
     backend: str = "native"  # where configs are measured: a name in BACKENDS
     llama_server: str | None = None  # an engine backend's server binary (default: its extra's)
     threads: int | None = None  # engine threads (default: every core)
+    # `run --context-lengths`: each prompt fitted to about this many target tokens with real text
+    # before its request (runtime.contexts); None: the workload's prompts as written.
+    context_length: int | None = None
 
     def open(self, lazy_drafts: bool = True, allow_random: bool = False) -> Any:
         """Load the models and the workload in this process (runtime.session); shapes (random
@@ -65,6 +68,7 @@ class Models:
             lazy_drafts=lazy_drafts,
             engine_mode=self.engine_mode,
             allow_random=allow_random,
+            context_length=self.context_length,
         )
 
 
@@ -113,6 +117,7 @@ class MeasuringSession(MeasuringBackend, Protocol):
     run_command: str  # the command that makes its profiles (for messages)
     threads: int | None  # the engine's threads, for its busy rule (None: not the engine's to say)
     screens: bool  # a trial can stop after its first prompts (measure.seam.Screen, search.pruning)
+    prompt_tokens: int  # the mean length of the prompts it sends, in the target's tokens
 
     def __enter__(self) -> MeasuringSession: ...
 

@@ -17,7 +17,7 @@ from .. import __version__
 from ..checkpolicy import LLAMACPP_CHECK_POLICY
 from ..domain import FIXED_GAMMA, Anchors, Config, Costs, DraftSpec, Noise
 from ..errors import SpecDecError
-from ..limits import check_count, check_temperature
+from ..limits import check_context, check_count, check_temperature
 from ..measure.anchors import measure_twice
 from ..measure.llamacpp.args import engine_default_configs
 from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
@@ -26,6 +26,7 @@ from ..measure.llamacpp.load import engine_busy, load_hint, oversubscribed_line,
 from ..measure.llamacpp.server import ServerError, build_info, find_server, servers_die_with_us
 from ..measure.noise import measure_noise
 from ..measure.timing import median
+from ..runtime.contexts import workload_as_sent
 from ..search.budget import TrialShape
 from ..search.enginemodel import EngineCostModel, Observation
 from ..search.space import TuneSettings
@@ -61,21 +62,30 @@ class LlamaCppSession:
         self.specs, paths = engine_drafts(models, self.target, cache_dir, purpose.layer_skip)
         self.workload = engine_workload(models)
         budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
+        context = engine_context(workload_as_sent(self.workload, None, len), budgets)
+        if models.context_length is not None:  # room for the fitted prompts, whatever their text
+            context = max(context, -(-(models.context_length + max(budgets) + 64) // 256) * 256)
         self.backend = LlamaCppBackend(
             self.target.path,
             binary=models.llama_server,
             threads=models.threads or os.cpu_count(),
-            context=engine_context(self.workload, budgets),
+            context=context,
             draft_paths=paths,
         )
         try:
             server = self.backend.plain(purpose.batch_size)
+            if models.context_length is not None:
+                positions = server.trained_positions()
+                check_context(models.context_length, max(budgets), positions, self.target.name)
+            count = lambda text: len(server.tokenize(text))  # noqa: E731
+            sent = workload_as_sent(self.workload, models.context_length, count)
             texts = []
-            for p in self.workload.prompts:
+            for p in sent.prompts:
                 if p.messages is None:
                     texts.append(p.text)
                 else:
                     texts.append(server.post("/apply-template", {"messages": p.messages})["prompt"])
+            self.prompt_tokens = round(sum(len(server.tokenize(t)) for t in texts) / len(texts))
         except BaseException:
             self.backend.close()
             raise

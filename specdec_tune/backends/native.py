@@ -64,6 +64,8 @@ class NativeSession:
         layer = [DraftSpec(name=f"layer-skip-{k}", kind="layer_skip", layers=k) for k in purpose.layer_skip]
         self.specs: list[DraftSpec] = list(self.s.specs) + layer
         self.workload, self.case, self.device = self.s.workload, self.s.case, self.s.device
+        lengths = [len(p) for p in self.case.prompts] if self.case else [0]
+        self.prompt_tokens = round(sum(lengths) / len(lengths))
         self.trial_shape = TrialShape(
             TRIAL_OVERHEAD_S, 2 / max(1, len(self.case.prompts) if self.case else 1)
         )

@@ -12,7 +12,7 @@ from ..app.categories import check_categories
 from ..app.categories import per_category as measure_categories
 from ..app.workers import tune_workers
 from ..errors import SpecDecError
-from ..limits import parse_batch_sizes
+from ..limits import parse_batch_sizes, parse_context_lengths
 from ..measure.llamacpp.args import ENGINE_MAX_GAMMA
 from ..output.categories import category_table
 from ..output.reports import run_summary
@@ -117,6 +117,15 @@ def run(
             "gets the best config per batch size and B*.",
         ),
     ] = "1",
+    context_lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--context-lengths",
+            help="Comma-separated prompt lengths in the target's tokens, e.g. 256,2048,6144: every prompt is "
+            "fitted to each length with real text before its request, and the profile gets the best config "
+            "per (batch size, length), T_target(L) and L*, where speculation stops paying.",
+        ),
+    ] = None,
     budget: Annotated[
         float,
         typer.Option(
@@ -177,6 +186,7 @@ def run(
         quiet_libraries()
 
         sizes = parse_batch_sizes(batch_sizes)
+        lengths = parse_context_lengths(context_lengths) if context_lengths is not None else None
         if budget < 0:
             raise SpecDecError(f"--budget must be >= 0 seconds, got {budget}")
         settings = api.TuneSettings(
@@ -214,6 +224,8 @@ def run(
         )
         if backend != "native" and (per_category or workers > 1):
             raise SpecDecError("--per-category and --workers run our own engine only: drop --backend")
+        if lengths and per_category:
+            raise SpecDecError("--per-category measures the workload as written: drop --context-lengths")
         if per_category:
             check_categories(models)
         with CliProgress(json_out, "loading", 1.0) as progress:
@@ -228,6 +240,7 @@ def run(
                 progress,
                 sizes,
                 budget or None,
+                context_lengths=lengths,
             )
             if per_category:
                 o.profile = measure_categories(

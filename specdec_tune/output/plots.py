@@ -13,6 +13,7 @@ from ..errors import SpecDecError
 from ..search.costmodel import CostModel
 from ..store.atomic import atomic_write_bytes
 from ..store.schema import Profile
+from .envelope import ENVELOPE_PLOTS, plot_context, plot_gamma_context
 from .trials import completed_trials, read_trials
 
 # What a plot function returns when it drew something: x label, y label, title.
@@ -25,6 +26,7 @@ PLOT_FILES = {
     "predicted": "predicted_vs_measured.png",
     "batch": "speedup_vs_batch_size.png",
     "gamma_batch": "gamma_vs_batch_size.png",
+    **ENVELOPE_PLOTS,
 }
 
 
@@ -49,6 +51,8 @@ def write_plots(profile: Profile, out_dir: str | Path, trials_csv: Path | None =
         ("predicted", lambda ax: _plot_predicted(ax, profile)),
         ("batch", lambda ax: _plot_batch(ax, profile)),
         ("gamma_batch", lambda ax: _plot_gamma_batch(ax, profile)),
+        ("context", lambda ax: plot_context(ax, profile)),
+        ("gamma_context", lambda ax: plot_gamma_context(ax, profile)),
     ]:
         # a Figure on its own Agg canvas: no pyplot, no global backend switch, nothing left open
         fig = Figure(figsize=(7, 4.5), dpi=110)

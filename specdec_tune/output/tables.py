@@ -16,6 +16,7 @@ from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from ..urls import redact_url
 from .engine import engine_rows
+from .envelope import envelope_table
 from .fmt import (
     add_columns,
     compile_words,
@@ -66,6 +67,9 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(_baseline_table(p.baseline))
     if p.batch_table:
         console.print(batch_table(p))
+    envelope = envelope_table(p)
+    if envelope is not None:
+        console.print(envelope)
     console.print(_run_table(p))
     console.print(kv_table("Hardware", _flatten(p.hardware)))
     if p.costs is None:

@@ -255,3 +255,13 @@ def fit_workload(
 def prompt_lengths(workload: Workload, count_tokens: CountTokens) -> list[int]:
     """Each prompt's token count as the model gets it (own context placed, if not fitted yet)."""
     return [int(count_tokens(inline_context(p).text if p.context else p.text)) for p in workload.prompts]
+
+
+def workload_as_sent(workload: Workload, length: int | None, count_tokens: CountTokens) -> Workload:
+    """What a session sends: every prompt fitted to `length` tokens, or with its own context placed
+    before its request when no length is asked for (a prompt's `context` is never left out)."""
+    if length is not None:
+        return fit_workload(workload, length, count_tokens)
+    if all(p.context is None for p in workload.prompts):
+        return workload
+    return replace(workload, prompts=[inline_context(p) for p in workload.prompts])

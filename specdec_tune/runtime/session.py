@@ -7,14 +7,17 @@ Also the `--draft` syntax: a model (folder, HF id, demo name or `shape:NAME`),
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..domain import DraftSpec
 from ..errors import SpecDecError
-from ..limits import check_count, check_temperature
+from ..limits import check_context, check_count, check_temperature
 from .caches.auto import resolve_auto
 from .caches.modes import DEFAULT_CAPACITY, EngineMode, ExecutionContext, check_engine_mode
+from .contexts import workload_as_sent
 from .drafting.hybrid import hybrid_parts
 from .models.devices import resolve_device
 from .models.loading import (
@@ -165,6 +168,7 @@ def open_session(
     engine_mode: EngineMode = "auto",
     allow_random: bool = False,
     auto_path: str | Path | None = None,
+    context_length: int | None = None,
 ) -> Session:
     """Load models (demo pair when `target` is None), check vocabularies, encode the workload.
 
@@ -173,7 +177,9 @@ def open_session(
     fails its trials instead of the whole run. Shapes (`shape:NAME`, random weights) are refused
     unless `allow_random`; a shape target has no tokenizer, so no workload is read and `case`
     is None. `engine_mode` "auto" is resolved here (remembered in `auto_path`, default
-    `auto.default_auto_path()`) and recorded in the session's context (`ctx.auto`).
+    `auto.default_auto_path()`) and recorded in the session's context (`ctx.auto`). With
+    `context_length` every prompt is fitted to about that many target tokens with real text before
+    its request (runtime.contexts); `workload` stays the workload as written (its identity).
     """
     check_count(max_new_tokens, "max_new_tokens")
     check_temperature(temperature)
@@ -203,8 +209,11 @@ def open_session(
             if limit is not None:
                 wl.prompts = stratified(wl.prompts, limit)
         tgt = load_model(target or DEMO_TARGET, dev, dtype)
-        ids = encode_prompts(wl, tgt.tokenizer)
         budgets = [p.max_new_tokens or max_new_tokens for p in wl.prompts]
+        if context_length is not None:
+            check_context(context_length, max(budgets), positions_of(tgt.model), tgt.name)
+        sent = workload_as_sent(wl, context_length, token_counter(tgt.tokenizer))
+        ids = encode_prompts(sent, tgt.tokenizer)
         case = Case(ids, budgets, eos_ids(tgt), temperature)
     auto = resolve_auto(dev, tgt.model, auto_path) if engine_mode == "auto" else None
     # Room for the longest request and a gamma up to 16; a cache asked for more grows. A shape
@@ -220,6 +229,16 @@ def open_session(
             if part is not None:
                 session.draft_model(part)
     return session
+
+
+def token_counter(tokenizer: Any) -> Callable[[str], int]:
+    """How many tokens `tokenizer` makes of a text (no special tokens: a template writes its own)."""
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def positions_of(model: Any) -> int | None:
+    """The positions the model was trained for (None when its config does not say)."""
+    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
 
 
 def has_random_weights(spec: DraftSpec) -> bool:

@@ -24,6 +24,7 @@ from ..store.schema import Profile
 from .capabilities import ENGINES, engine_info
 from .choice import Choice, choose, choose_at_load
 from .commands import command_argv, python_snippet
+from .envelope import context_notes
 from .flagcheck import problems
 from .flagsets import FlagSet, flagset
 from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
@@ -131,7 +132,7 @@ def export(
     out.target = target if target is not None else resolve(profile.target.path)
     out.load = load
     batch, more = _batch(profile, e.key, chosen, settings, out, schedule and not per_load)
-    notes += more + _load_notes(profile, e.key, batch_size)
+    notes += more + _load_notes(profile, e.key, batch_size) + context_notes(profile, chosen)
     if e.key == "llamacpp":
         threads, more = measured_threads(getattr(profile, "backend", None))
         batch, notes = batch + threads, notes + more
@@ -317,6 +318,7 @@ def _fragment(
     settings, notes = EXPORTERS[engine](profile, chosen.config, fs, resolve(d.path) if d.path else "")
     if profile.batch_table:
         notes += fragment_batch_notes(profile, engine, chosen, settings)
+    notes += context_notes(profile, chosen)
     if problems(fs, settings):
         raise RuntimeError(
             f"export to {engine} {fs.version} emitted options it refuses: {problems(fs, settings)}"

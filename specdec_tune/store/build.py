@@ -5,11 +5,21 @@ build and exactness) comes in as `EngineFields` from its measuring session (`bac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from ..domain import Anchors, CompileTime, Costs, Noise
 from .refs import storage_for_record
-from .schema import BatchRow, Profile, SearchInfo, TargetInfo, WorkloadInfo, created_now
+from .schema import (
+    BatchRow,
+    ContextRow,
+    EnvelopeLine,
+    Profile,
+    SearchInfo,
+    TargetInfo,
+    WorkloadInfo,
+    created_now,
+)
 
 
 @dataclass
@@ -110,4 +120,59 @@ def with_batch_table(profile: Profile, rows: list[BatchRow], predicted_b_star: i
     losing = [row.batch_size for row in rows if row.best.config.gamma == 0]
     profile.b_star = min(losing) if losing else None
     profile.predicted_b_star = predicted_b_star
+    return profile
+
+
+def context_row(
+    context_length: int, batch_size: int, result: Any, prompt_tokens: int, predicted: float | None = None
+) -> ContextRow:
+    """The envelope cell of one (B, L) search: its best, each draft's best, T_target(L) from the
+    plain side measured beside them, and the prediction of its best made before it was measured."""
+    per_draft: dict[str, Any] = {}
+    for r in result.results:  # best first: the first of each draft is its best
+        if r.config.gamma > 0:
+            per_draft.setdefault(r.config.draft.name, r)
+    base = result.baseline.tokens_per_s if result.baseline is not None else 0.0
+    return ContextRow(
+        context_length=context_length,
+        batch_size=batch_size,
+        best=result.results[0],
+        prompt_tokens=prompt_tokens,
+        per_draft=list(per_draft.values()),
+        t_target_ms=round(1000.0 / base, 4) if base > 0 else None,
+        predicted_speedup=predicted,
+        study_name=result.study_name,
+    )
+
+
+def envelope_lines(rows: list[ContextRow]) -> list[EnvelopeLine]:
+    """Per batch size, along L: L* (the shortest L whose best is plain decoding) and each change of
+    the best draft kind between neighbouring lengths.
+
+        B=1: L 256 ngram-simple 1.2x, L 2048 ngram-mod 1.1x, L 6144 plain
+          -> l_star 6144, kind_changes ["ngram-simple -> ngram-mod at L 2048", "ngram-mod -> none at L 6144"]
+    """
+    lines = []
+    for b in sorted({r.batch_size for r in rows}):
+        along = sorted((r for r in rows if r.batch_size == b), key=lambda r: r.context_length)
+        plain = [r.context_length for r in along if r.best.config.gamma == 0]
+        changes = []
+        for before, after in pairwise(along):
+            k0, k1 = draft_family(before.best), draft_family(after.best)
+            if k0 != k1:
+                changes.append(f"{k0} -> {k1} at L {after.context_length}")
+        lines.append(EnvelopeLine(b, min(plain) if plain else None, changes))
+    return lines
+
+
+def draft_family(result: Any) -> str:
+    """A result's kind of draft as a person names it: the draft's name without its parameters
+    ("ngram-simple:4" -> "ngram-simple", "hybrid:prompt-lookup+draft-1l" -> "hybrid"); "none" for plain."""
+    return "none" if result.config.gamma == 0 else result.config.draft.name.split(":")[0]
+
+
+def with_envelope(profile: Profile, rows: list[ContextRow]) -> Profile:
+    """The profile with its context table (sorted by B, then L) and the envelope lines."""
+    profile.context_table = sorted(rows, key=lambda r: (r.batch_size, r.context_length))
+    profile.envelope = envelope_lines(profile.context_table)
     return profile

@@ -41,6 +41,9 @@ class WorkloadInfo:
     sha256: str  # hash of the prompts (first 16 hex)
     max_new_tokens: int
     temperature: float
+    # `run --context-lengths`: the prompt length (target tokens) the profile's best was measured at;
+    # None: the workload's own prompts, as written.
+    context_length: int | None = None
 
 
 @dataclass
@@ -80,6 +83,31 @@ class BatchRow:
 
 
 @dataclass
+class ContextRow:
+    """One cell of the serving envelope (`run --context-lengths`): the best config with prompts of
+    about `context_length` target tokens at `batch_size` requests in flight, and what set it."""
+
+    context_length: int  # the prompt length asked for, in the target's own tokens
+    batch_size: int
+    best: Result  # metrics: speedup over plain decoding at this (B, L), measured head to head
+    prompt_tokens: int = 0  # the prompts' mean length as sent (a request alone may be longer than L)
+    per_draft: list[Result] = field(default_factory=list)  # each draft's best measured config here
+    t_target_ms: float | None = None  # plain decoding's milliseconds per token here: T_target(L)
+    predicted_speedup: float | None = None  # the cost model's prediction of `best`, made before measuring it
+    study_name: str = ""
+
+
+@dataclass
+class EnvelopeLine:
+    """Along L at one batch size: L* (the shortest measured L whose best is plain decoding; None:
+    speculation paid at every L measured) and where the best draft kind changes."""
+
+    batch_size: int
+    l_star: int | None = None
+    kind_changes: list[str] = field(default_factory=list)  # "ngram-simple -> ngram-mod at L 2048"
+
+
+@dataclass
 class CategoryRow:
     """The answer for one category of the workload (`run --per-category`): the best of the search's
     top configs measured on that category's prompts alone, and the overall best measured beside it."""
@@ -107,6 +135,10 @@ class Profile:
     b_star: int | None = None
     predicted_b_star: int | None = None  # the cost model's B* from the cost surface
     category_table: list[CategoryRow] = field(default_factory=list)  # `run --per-category`
+    # With `run --context-lengths`: the best config per (batch size, context length) cell, and per
+    # batch size where speculation stops paying along L (L*) and where the best draft kind changes.
+    context_table: list[ContextRow] = field(default_factory=list)
+    envelope: list[EnvelopeLine] = field(default_factory=list)
     # The engine mode the search measured under (runtime.caches.modes; `check` re-measures with it), and
     # any compile that failed there and fell back to the static engine.
     engine_mode: str = "eager"

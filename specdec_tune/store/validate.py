@@ -66,6 +66,30 @@ def profile_from_dict(d: Any) -> Profile:
     return profile
 
 
+def _validate_envelope(p: Profile) -> None:
+    if p.workload.context_length is not None:
+        _in_range(p.workload.context_length, 1, MAX_CONTEXT_LEN, "workload.context_length")
+    cells: set[tuple[int, int]] = set()
+    for i, row in enumerate(p.context_table):
+        where = f"context_table[{i}]"
+        _in_range(row.context_length, 1, MAX_CONTEXT_LEN, f"{where}.context_length")
+        _in_range(row.batch_size, 1, MAX_BATCH_SIZE, f"{where}.batch_size")
+        _in_range(row.prompt_tokens, 0, MAX_CONTEXT_LEN, f"{where}.prompt_tokens")
+        cell = (row.batch_size, row.context_length)
+        if cell in cells:
+            raise field_error(where, "must not repeat an earlier row's (batch_size, context_length)", cell)
+        cells.add(cell)
+        if row.t_target_ms is not None:
+            _positive(row.t_target_ms, f"{where}.t_target_ms")
+        _validate_result(row.best, f"{where}.best")
+        for j, r in enumerate(row.per_draft):
+            _validate_result(r, f"{where}.per_draft[{j}]")
+    for i, line in enumerate(p.envelope):
+        _in_range(line.batch_size, 1, MAX_BATCH_SIZE, f"envelope[{i}].batch_size")
+        if line.l_star is not None:
+            _in_range(line.l_star, 1, MAX_CONTEXT_LEN, f"envelope[{i}].l_star")
+
+
 def _validate(p: Profile) -> None:
     _validate_hardware(p.hardware)
     _validate_space(p.search.space)
@@ -76,7 +100,14 @@ def _validate(p: Profile) -> None:
     _in_range(p.target.num_params, 0, MAX_PARAMS, "target.num_params")
     for name in ("trials", "failed", "pruned"):
         _in_range(getattr(p.search, name), 0, MAX_TRIALS, f"search.{name}")
-    for name in ("alternatives", "batch_table", "category_table", "compile_fallbacks"):
+    for name in (
+        "alternatives",
+        "batch_table",
+        "category_table",
+        "context_table",
+        "envelope",
+        "compile_fallbacks",
+    ):
         if len(getattr(p, name)) > MAX_ITEMS:
             raise field_error(name, f"must have at most {MAX_ITEMS} entries", getattr(p, name))
     _one_of(p.engine_mode, MEASURED_MODES, "engine_mode")
@@ -106,6 +137,7 @@ def _validate(p: Profile) -> None:
         _at_least(crow.overall_speedup, 0.0, f"{where}.overall_speedup")
         _probability(crow.overall_acceptance_rate, f"{where}.overall_acceptance_rate")
         _validate_result(crow.best, f"{where}.best")
+    _validate_envelope(p)
     for name in ("b_star", "predicted_b_star"):
         if getattr(p, name) is not None:
             _in_range(getattr(p, name), 1, MAX_BATCH_SIZE, name)

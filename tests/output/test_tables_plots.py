@@ -137,6 +137,33 @@ def test_batch_table_is_shown_with_b_star():
     assert _row(text, "32")[1] == "no speculation"
 
 
+def _with_envelope(prof):
+    """The sample profile's best at L 256 and 2048, plain decoding at 6144: L* = 6144."""
+    import dataclasses
+
+    from specdec_tune.domain import Config, Result
+    from specdec_tune.store.build import with_envelope
+    from specdec_tune.store.schema import ContextRow
+
+    none = Result(
+        Config(dataclasses.replace(prof.best.config.draft, kind="none", name="none", path=None), 0),
+        prof.baseline,
+    )
+    rows = [
+        ContextRow(256, 1, prof.best, 250, [prof.best], 8.0, 1.4),
+        ContextRow(2048, 1, prof.alternatives[0], 2040, [prof.alternatives[0]], 20.0, 1.1),
+        ContextRow(6144, 1, none, 6100, [], 31.5, 0.9),
+    ]
+    return with_envelope(prof, rows)
+
+
+def test_show_prints_the_envelope_with_l_star_and_kind_changes():
+    prof = _with_envelope(make_sample_profile())
+    text = _render(render_profile, prof)
+    assert "Context lengths" in text and "L* = 6144" in text
+    assert "does not pay" in text and "speculation pays" in text
+
+
 def test_write_plots_writes_all_pngs(tmp_path):
     trials = tmp_path / "trials.csv"
     trials.write_text(
@@ -148,7 +175,9 @@ def test_write_plots_writes_all_pngs(tmp_path):
         "4,lookup,7,0.0,0.5,PRUNED\n",
         encoding="utf-8",
     )
-    paths = write_plots(_with_batch_table(make_sample_profile()), tmp_path / "plots", trials_csv=trials)
+    paths = write_plots(
+        _with_envelope(_with_batch_table(make_sample_profile())), tmp_path / "plots", trials_csv=trials
+    )
     assert sorted(p.name for p in paths) == sorted(PLOT_FILES.values())
     for path in paths:
         _assert_png(path)

@@ -681,3 +681,24 @@ def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():
     spent = after_probe(settings, 150.0, 6)
     assert 0 < spent.timeout_s < 0.01 and spent.final_budget_s == pytest.approx(10.0, abs=0.01)
     assert after_probe(TuneSettings(trials=20), 72.0, 4).timeout_s is None  # no budget, no timeout
+
+
+def test_run_at_several_context_lengths_writes_the_envelope(tiny_dirs, tmp_path):
+    # our engine through the same envelope pipeline as every backend (tests/test_envelope.py):
+    # the prompts fitted to each length with real text by the target's own tokenizer
+    out = tmp_path / "envelope.yaml"
+    args = ["--draft", "prompt-lookup", "--context-lengths", "24,48", "--trials", "3", "--max-gamma", "3",
+            "-n", "6", "--repeats", "1", "--final-repeats", "1", "--storage", f"sqlite:///{tmp_path / 'e.db'}",
+            "--out", out]  # fmt: skip
+    r = invoke("run", *tiny_args(tiny_dirs, *args))
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    assert [(row.batch_size, row.context_length) for row in p.context_table] == [(1, 24), (1, 48)]
+    assert p.workload.context_length == 24 and len(p.envelope) == 1
+    for row in p.context_table:
+        assert abs(row.prompt_tokens - row.context_length) <= 8 and row.t_target_ms > 0
+    plan = invoke("check", out, "--dry-run")
+    assert plan.exit_code == 0 and "L=48" in plan.output, plan.output
+    assert a_verdict(
+        invoke("check", out, "--tolerance", "0.9", "--repeats", "1", "--allow-other-hardware")
+    ) in (0, 1, 6)

@@ -202,12 +202,14 @@ def test_not_a_mapping(tmp_path):
     assert "must be a YAML mapping at the top level, got a list" in _load_error(path)
 
 
-@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9])
+@pytest.mark.parametrize("fraction", [0.25, 0.5, "baseline"])
 def test_truncated_file_names_the_missing_field(tmp_path, fraction):
     full = save_profile(make_sample_profile(), tmp_path / "full.yaml").read_text(encoding="utf-8")
     lines = full.splitlines(keepends=True)
     path = tmp_path / "cut.yaml"
-    path.write_text("".join(lines[: int(len(lines) * fraction)]), encoding="utf-8")
+    # "baseline": cut inside the last required section (every field after it is optional)
+    cut = lines.index("baseline:\n") + 2 if fraction == "baseline" else int(len(lines) * fraction)
+    path.write_text("".join(lines[:cut]), encoding="utf-8")
     msg = _load_error(path)
     assert str(path) in msg
     # the first field that went missing (or was cut to nothing) is named, not the trailing schema_version

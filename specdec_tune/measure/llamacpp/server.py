@@ -186,6 +186,22 @@ class LlamaServer:
             raise ServerError(f"llama-server answered {status} to {path}: {str(data)[:300]}")
         return data
 
+    def tokenize(self, text: str) -> list[int]:
+        """The target's own token ids of `text` (no special tokens), from the server's /tokenize."""
+        return list(self.post("/tokenize", {"content": text, "add_special": False}).get("tokens") or [])
+
+    def trained_positions(self) -> int | None:
+        """The positions the loaded model was trained for (its GGUF's n_ctx_train), None when the
+        server does not say."""
+        try:
+            status, data = self._call("GET", "/v1/models", None, timeout_s=10.0)
+        except (OSError, http.client.HTTPException):
+            return None
+        models = data.get("data") if status == 200 and isinstance(data, dict) else None
+        meta = (models[0] or {}).get("meta") if models else None
+        n = (meta or {}).get("n_ctx_train")
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     def log_tail(self, lines: int = 6) -> str:
         try:
             text = self.log_path.read_text(errors="replace") if self.log_path else ""

@@ -1,0 +1,256 @@
+"""One measuring session's search: open the session, profile its costs, search at each batch size
+within the budget left, and build the profile (not written). `app.tuning.tune` writes it;
+`app.envelope` runs one per context length and writes one profile of them all."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Models, Progress, Purpose, open_session
+from ..domain import FIXED_GAMMA, Config
+from ..errors import SpecDecError
+from ..measure.hardware import hardware_info, same_hardware
+from ..measure.noise import busy, os_snapshot
+from ..search.budget import after_probe, fit_budget
+from ..search.costmodel import CostModel
+from ..search.pruning import screen_prompts, screened_share
+from ..search.results import prediction_error, prediction_errors
+from ..search.space import TuneSettings, seed_configs
+from ..store.build import batch_row, build_profile, with_batch_table, workload_info
+from ..store.runfiles import check_replaceable
+from ..store.yamlio import load_costs
+from .common import adapt_to_noise, check_writable, trial_params, watched
+from .reference import process_seconds
+
+
+@dataclass
+class SessionRun:
+    """One session's search at each batch size, its profile built and not yet written."""
+
+    profile: Any  # store.schema.Profile
+    out: Path
+    results: dict[int, Any]  # batch size -> search.results.TuneResult
+    trial_rows: list[dict[str, Any]]
+    noise: Any
+    fresh_reference: bool
+    prompt_tokens: int = 0
+    predicted: dict[int, float | None] = field(default_factory=dict)  # batch size -> best's prediction
+
+
+def search_session(
+    models: Models,
+    settings: TuneSettings,
+    layer_skip: list[int] | None,
+    costs_file: Path | None,
+    no_profile: bool,
+    out: Path | None,
+    progress: Progress,
+    *,
+    batch_sizes: list[int],
+    budget_s: float | None,
+    started: float,
+) -> SessionRun:
+    """Open `models`' measuring session, profile its costs, search at each batch size within what
+    is left of `budget_s` (counted from `started`), and build the profile; nothing is written."""
+    from ..search.tuner import tune as run_search
+
+    purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
+    with open_session(models, purpose) as s:
+        settings = s.settings_for(settings, progress)
+        if settings.screen_prompts and not s.screens:
+            progress.note(f"--screen-prompts: the {s.name} backend measures every prompt of a trial")
+        hw = hardware_info(s.device)
+        out = out or s.profile_path(hw["slug"], models.target)
+        check_writable(out)
+        check_replaceable(out, s.content_hash(), settings.force)  # before minutes of measuring
+        s.begin(settings, _key(s, models, hw["slug"], settings, batch_sizes[0]))
+        costs = None
+        if costs_file is not None:
+            costs, costs_hw = load_costs(costs_file)
+            if not same_hardware(costs_hw, hw):
+                raise SpecDecError(
+                    f"{costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}"
+                )
+            s.use_costs(costs)
+        elif not no_profile:
+            costs = s.costs(settings.max_gamma, 5, progress, batch_sizes)
+        # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
+        noise, anchors = s.noise_and_anchors()
+        settings, line = adapt_to_noise(settings, noise)
+        if line:
+            progress.note(line)
+        # The reference processes `check` will judge against (app.reference) come out of the
+        # budget too; on a busy machine there are none (`_reference`).
+        reserve_s = 0.0
+        if s.fresh_reference and settings.reference_processes and not busy(noise):
+            reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
+        results: dict[int, Any] = {}
+        notes: list[str] = []
+        neighbour = s.first_trials(settings.max_gamma)
+        # The engine's own defaults race in the final round at the first batch size, so the answer
+        # is never below them and the profile shows them beside it (`engine_defaults`).
+        defaults = s.default_configs() if settings.finalists else []
+        predictor = s.predictor() if costs is not None else None  # an engine's model, fitted from trials
+        watch = os_snapshot()  # what else the machine does during the search and final round
+        for i, b in enumerate(batch_sizes):
+            settings_b = replace(settings, batch_size=b)
+            if settings.study_name and b != batch_sizes[0]:
+                settings_b.study_name = f"{settings.study_name}-b{b}"
+            budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
+            if budgeted:
+                left = (budget_s - (time.monotonic() - started) - reserve_s) / (len(batch_sizes) - i)
+                pass_s = noise.plain_pass_s if b == 1 else s.pass_seconds(b)
+                expected = s.expected_speedup(costs, settings_b)
+                pinned = len(defaults) if i == 0 else 0
+                screen = screen_prompts(settings_b.screen_prompts, len(s.case.prompts)) if s.screens else 0
+                settings_b, note = fit_budget(
+                    settings_b, left, pass_s, s.trial_shape, expected, pinned,
+                    screen_share=screened_share(screen, len(s.case.prompts)),
+                )  # fmt: skip
+                notes.append(note)
+            key_b = _key(s, models, hw["slug"], settings, b)
+            costs_b = costs
+            if s.fits_costs_from_trials:
+                # The engine's acceptance comes from the first trials (one per draft); the cost
+                # model's best predictions, fed with it, are tried next, then TPE. The cost surface
+                # over B is not measured in such an engine: no costs beyond B = 1.
+                costs_b = None
+                if costs is not None and b == 1:
+                    # measured whole (their screens reported, never pruned): each draft's acceptance
+                    # and timings fit the model, and later trials' screens are compared with theirs
+                    first = replace(
+                        settings_b, trials=min(settings_b.trials or 20, 1 + len(s.specs)), finalists=0,
+                        screen_prunes=False,
+                    )  # fmt: skip
+                    probe_started = time.monotonic()
+                    probe = run_search(
+                        None, s.specs, s.case, first, study_key=key_b, on_trial=progress.trial,
+                        extra_seeds=neighbour, backend=s, predictor=predictor,
+                    )  # fmt: skip
+                    costs_b = s.with_trial_acceptance(costs, probe, settings.max_gamma)
+                    _enqueue_predictions(probe, s, costs_b, settings_b, predictor)
+                    if budgeted:
+                        settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
+            results[b] = run_search(
+                None, s.specs, s.case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
+                on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
+                predictor=predictor if i == 0 else None,
+            )  # fmt: skip
+            for r in results[b].results:
+                flags = s.flags(r.config, b)  # the exact flags an engine backend ran (None: ours)
+                if flags is not None:
+                    r.backend_args = flags
+            for n in results[b].lost:
+                progress.note(
+                    f"trial {n} was failed by another worker while this one was paused; its result is dropped"
+                )
+            neighbour = [trial_params(results[b].results[0].config), *s.first_trials(settings.max_gamma)]
+        noise = watched(noise, watch, progress, s.busy_rule)
+        first = results[batch_sizes[0]]
+        exact = s.exactness(first)
+        fields = s.engine_fields(first, out.parent, models.target)
+        model = s.batch_model(costs)
+    if fields.backend:
+        fields.backend = {**fields.backend, "exactness": exact, "cost_model_error": prediction_error(first)}
+        if defaults:
+            fields.backend["engine_defaults"] = default_rows(first, defaults)
+        if predictor is not None:
+            fields.backend["cost_model"] = cost_model_fit(first, predictor)
+    workload = replace(workload_info(s.workload, s.case), context_length=models.context_length)
+    profile = build_profile(
+        first, settings, hw, fields, workload=workload, costs=costs, noise=noise, anchors=anchors,
+    )  # fmt: skip
+    if budget_s is not None and settings.trials is None and settings.sampler == "tpe":
+        profile.search.budget_s = budget_s
+        profile.search.budget_note = "; ".join(notes)
+    if batch_sizes != [1]:
+        rows = [batch_row(b, results[b], model, settings.max_gamma) for b in batch_sizes]
+        predicted = model.b_star(settings.max_gamma) if model is not None else None
+        profile = with_batch_table(profile, rows, predicted)
+    profile = s.portable(profile, out, models.target)
+    trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
+    predicted = {b: _predicted_best(results[b]) for b in batch_sizes}
+    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, predicted)
+
+
+def _key(
+    s: Any, models: Models, hardware_slug: str, settings: TuneSettings, batch_size: int
+) -> dict[str, Any]:
+    """The study's identity: the session's, and the context length its prompts were fitted to."""
+    key = s.study_key(hardware_slug, settings, batch_size)
+    return key if models.context_length is None else {**key, "context_length": models.context_length}
+
+
+def _predicted_best(result: Any) -> float | None:
+    """The prediction its best config had before it was measured (the tuner's predictor or the
+    closed-form model), None when nothing predicted it."""
+    predicted = result.results[0].metrics.predicted_speedup
+    return round(predicted, 4) if predicted else None
+
+
+def default_rows(result: Any, defaults: list[Any]) -> list[dict[str, Any]]:
+    """The engine's defaults as measured in the final round, each with its speedup, interval and
+    the flags that ran it."""
+    keys = {c.key for c in defaults}
+    rows = []
+    for r in result.results:
+        if r.config.key in keys:
+            m = r.metrics
+            rows.append({
+                "config": r.config.label, "speedup": round(m.speedup, 4),
+                "interval": [round(x, 4) for x in m.speedup_interval or []],
+                "tokens_per_s": round(m.tokens_per_s, 3), "acceptance_rate": round(m.acceptance_rate, 4),
+                "flags": list(r.backend_args),
+            })  # fmt: skip
+    return rows
+
+
+PREDICTED_SEEDS = 4  # the engine model's best configs tried right after the first trials
+
+
+def _enqueue_predictions(
+    result: Any, s: Any, costs: Any, settings: TuneSettings, predictor: Any = None
+) -> None:
+    """The study's next trials: the engine cost model's best predictions over the whole space
+    (fitted from the first trials' decode timings), else the closed-form model's (fed with the
+    engine's costs and measured acceptance, and the workload's per-request budgets)."""
+    import optuna
+
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    ranked = predictor.rank(space_configs(s.specs, settings.max_gamma)) if predictor is not None else []
+    if ranked:
+        seeds = [trial_params(c) for c, _ in ranked[:PREDICTED_SEEDS]]
+    else:
+        seeds = seed_configs(s.specs, CostModel(costs, s.case.max_new_tokens), settings)[1:]
+    for params in seeds:
+        study.enqueue_trial(params, skip_if_exists=True)
+
+
+def space_configs(specs: list[Any], max_gamma: int) -> list[Config]:
+    """Every (draft, gamma) of the space at threshold 0 (a draft of fixed length: its one gamma)."""
+    out = []
+    for d in specs:
+        gammas = [FIXED_GAMMA[d.kind]] if d.kind in FIXED_GAMMA else range(1, max_gamma + 1)
+        out += [Config(d, g, 0.0) for g in gammas]
+    return out
+
+
+def cost_model_fit(result: Any, predictor: Any) -> dict[str, Any]:
+    """The engine cost model against what was measured: each trial predicted before it ran (out of
+    sample), median and worst relative error, and its reason for the best config of each draft."""
+    errs = prediction_errors(result)
+    best: dict[str, Any] = {}
+    for r in result.results:
+        if r.config.gamma > 0:
+            best.setdefault(r.config.draft.name, r.config)
+    out: dict[str, Any] = {"configs": len(errs)}
+    if errs:
+        out |= {"median_error": round(statistics.median(e for e, _ in errs), 4), "worst_error": round(errs[-1][0], 4),
+                "worst_config": errs[-1][1]}  # fmt: skip
+    out["reason"] = predictor.explain(result.results[0].config) if result.results[0].config.gamma else ""
+    out["per_draft"] = {name: predictor.explain(c) for name, c in best.items()}
+    return out

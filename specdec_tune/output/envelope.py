@@ -1,0 +1,123 @@
+"""The serving envelope of a profile (`run --context-lengths`) for a person: the table of (B, L)
+cells with L* and the draft kind's changes, and the plots of speedup and γ* against L, one line per
+batch size. Reads data, never measures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from ..store.schema import ContextRow, Profile
+from .fmt import add_columns, interval, times
+
+# The plots' files (output.plots.PLOT_FILES takes them in).
+ENVELOPE_PLOTS = {"context": "speedup_vs_context_length.png", "gamma_context": "gamma_vs_context_length.png"}
+
+
+def pays(row: ContextRow) -> bool:
+    """Whether speculation pays in the cell: its best, raced against plain decoding, speculates."""
+    return row.best.config.gamma > 0
+
+
+def envelope_table(p: Profile) -> Table | None:
+    """One row per (B, L) cell, then L* and the kind changes per batch size as the caption; None
+    for a profile without the context axis."""
+    if not p.context_table:
+        return None
+    t = Table(title="Context lengths (speedup over plain decoding at the same B and L)", title_justify="left")
+    add_columns(
+        t,
+        [
+            ("B", "right"),
+            ("L", "right"),
+            ("prompt tokens", "right"),
+            ("best config", "left"),
+            ("speedup", "right"),
+            ("interval", "left"),
+            ("α", "right"),
+            ("T_target ms", "right"),
+            ("predicted", "right"),
+            ("verdict", "left"),
+        ],
+    )
+    for row in p.context_table:
+        m = row.best.metrics
+        t.add_row(
+            str(row.batch_size),
+            str(row.context_length),
+            str(row.prompt_tokens),
+            row.best.config.label,
+            times(m.speedup),
+            interval(m.speedup_interval),
+            f"{m.acceptance_rate:.2f}" if row.best.config.gamma else "—",
+            f"{row.t_target_ms:.2f}" if row.t_target_ms else "—",
+            times(row.predicted_speedup),
+            "speculation pays" if pays(row) else "does not pay",
+        )
+    t.caption = "; ".join(envelope_words(p))
+    return t
+
+
+def envelope_words(p: Profile) -> list[str]:
+    """Per batch size: L* (or that speculation paid at every L measured) and where the best draft
+    kind changed along L."""
+    words = []
+    lengths = sorted({r.context_length for r in p.context_table})
+    for line in p.envelope:
+        star = (
+            f"L* = {line.l_star}"
+            if line.l_star is not None
+            else f"pays at every L measured ({lengths[0]}-{lengths[-1]})"
+        )
+        changes = f", {'; '.join(line.kind_changes)}" if line.kind_changes else ""
+        words.append(f"B={line.batch_size}: {star}{changes}")
+    return words
+
+
+def plot_context(ax: Any, p: Profile) -> tuple[str, str, str] | None:
+    """Speedup of each cell's best against L, one line per batch size, with L* marked."""
+    by_b = _by_batch(p)
+    if not by_b or max(len(rows) for rows in by_b.values()) < 2:
+        return None
+    for b, rows in by_b.items():
+        ax.plot(
+            [r.context_length for r in rows], [r.best.metrics.speedup for r in rows], "o-", label=f"B = {b}"
+        )
+        for r in rows:
+            ax.annotate(r.best.config.label, (r.context_length, r.best.metrics.speedup), fontsize=6)
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    for line in p.envelope:
+        if line.l_star is not None:
+            ax.axvline(
+                line.l_star,
+                color="red",
+                linestyle="--",
+                linewidth=1,
+                label=f"L* = {line.l_star} (B = {line.batch_size})",
+            )
+    ax.set_xscale("log", base=2)
+    return "context length L (prompt tokens)", "speedup over plain decoding", "Speedup vs context length"
+
+
+def plot_gamma_context(ax: Any, p: Profile) -> tuple[str, str, str] | None:
+    """γ* of each cell's best against L, one line per batch size."""
+    by_b = _by_batch(p)
+    if not by_b or max(len(rows) for rows in by_b.values()) < 2:
+        return None
+    for b, rows in by_b.items():
+        ax.plot(
+            [r.context_length for r in rows],
+            [r.best.config.gamma for r in rows],
+            "o-",
+            label=f"γ*(L) at B = {b}",
+        )
+    ax.set_xscale("log", base=2)
+    return "context length L", "γ* (0 = no speculation)", "Best γ per context length"
+
+
+def _by_batch(p: Profile) -> dict[int, list[ContextRow]]:
+    out: dict[int, list[ContextRow]] = {}
+    for r in sorted(p.context_table, key=lambda r: (r.batch_size, r.context_length)):
+        out.setdefault(r.batch_size, []).append(r)
+    return out

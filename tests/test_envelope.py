@@ -1,0 +1,106 @@
+"""The serving envelope (`run --context-lengths`) end to end through the one pipeline, on the
+scripted engine of tests/fake_backend.py, whose truth along L is known: "copy" loses as the context
+grows and "guess" gains, so the best draft changes between 2048 and 6144 tokens; a length past its
+8192 positions is left out in one line. Then what `show`, `export` and `check` make of the table,
+and the envelope's rules on fabricated cells."""
+
+from __future__ import annotations
+
+import json
+
+import fake_backend as fake
+import pytest
+from helpers import invoke
+
+from specdec_tune.backends import base
+from specdec_tune.domain import Config, DraftSpec, Metrics, Result
+from specdec_tune.store.build import envelope_lines
+from specdec_tune.store.schema import ContextRow
+from specdec_tune.store.yamlio import load_profile
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    monkeypatch.setitem(base._REGISTERED, fake.NAME, fake.FakeModule)
+    monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
+    monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
+    monkeypatch.setitem(fake.SCRIPT, "measured", [])
+    monkeypatch.setitem(fake.SCRIPT, "screened", [])
+    monkeypatch.setattr(fake.FakeModule, "sessions", [])
+    return fake
+
+
+def _run(tmp_path, *extra: str):
+    out = tmp_path / "fake.yaml"
+    args = ["run", "--backend", "fake", "--workload", "demo-code", "--prompts", "3", "--storage",
+            f"sqlite:///{tmp_path / 's.db'}", "--out", str(out), "--reference-processes", "0", *extra]  # fmt: skip
+    return invoke(*args), out
+
+
+def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_engine):
+    r, out = _run(
+        tmp_path, "--trials", "12", "--batch-sizes", "1,4", "--context-lengths", "256,2048,6144,9000"
+    )
+    assert r.exit_code == 0, r.output
+    assert "context length 9000 is past the fake target's 8192 positions" in r.output
+    p = load_profile(out)
+    cells = [(row.batch_size, row.context_length) for row in p.context_table]
+    assert cells == [(1, 256), (1, 2048), (1, 6144), (4, 256), (4, 2048), (4, 6144)]
+    by = {(row.batch_size, row.context_length): row for row in p.context_table}
+    # each cell's best is the scripted engine's best there, measured at that length
+    assert by[1, 256].best.config.draft.name == "copy" and by[1, 6144].best.config.draft.name == "guess"
+    for row in p.context_table:
+        truth = fake.true_speedup(row.best.config, row.batch_size, row.context_length)
+        assert row.best.metrics.speedup == pytest.approx(truth, abs=1e-4)  # stored to 4 places
+        assert row.t_target_ms == pytest.approx(1000 / fake.PLAIN_TOKENS_PER_S)
+        # the prompts were fitted to the length with real text (the scripted tokenizer: words)
+        assert abs(row.prompt_tokens - row.context_length) <= max(8, 0.02 * row.context_length)
+    # the profile's best is the shortest length's at B = 1, and its workload says so
+    assert p.workload.context_length == 256 and p.best.config.label == by[1, 256].best.config.label
+    assert [(line.batch_size, line.l_star) for line in p.envelope] == [(1, None), (4, None)]
+    assert any("at L 6144" in c for c in p.envelope[0].kind_changes)
+    # one study per (B, L): trials of one length never answer for another
+    assert len({row.study_name for row in p.context_table}) == 6
+    assert all(s.closed for s in fake.FakeModule.sessions)
+
+    shown = invoke("show", str(out))
+    assert shown.exit_code == 0 and "Context lengths" in shown.output and "pays at every L" in shown.output
+
+    # no engine switches config by prompt length: the export names the lengths it was best for
+    e = invoke("export", str(out), "--to", "hf")
+    assert e.exit_code == 0, e.output
+    text = " ".join(e.output.split())
+    assert (
+        "were measured best for prompts of 256-2048 tokens" in text
+        and "at L 6144 tokens the best was guess" in text
+    )
+
+    # check re-measures every cell at its length; a slower engine is a regression there too
+    c = invoke("check", str(out), "--repeats", "3", "--json")
+    assert c.exit_code == 0, c.output
+    metrics = {i["metric"] for i in json.loads(c.stdout)["items"]}
+    assert {"speedup @ B=1, L=2048", "speedup @ B=1, L=6144", "speedup @ B=4, L=6144"} <= metrics
+    fake.SCRIPT["slowdown"] = 2.0
+    assert invoke("check", str(out), "--repeats", "3").exit_code == 1
+
+
+def _row(length: int, draft: str, speedup: float, b: int = 1) -> ContextRow:
+    spec = (
+        DraftSpec(name="none", kind="none") if draft == "none" else DraftSpec(name=draft, kind="ngram_simple")
+    )
+    gamma = 0 if draft == "none" else 4
+    return ContextRow(length, b, Result(Config(spec, gamma), Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0)))
+
+
+def test_l_star_is_the_shortest_length_where_plain_decoding_wins():
+    rows = [_row(256, "ngram-simple:4", 1.2), _row(2048, "ngram-mod", 1.1), _row(6144, "none", 1.0)]
+    (line,) = envelope_lines(rows)
+    assert line.l_star == 6144
+    assert line.kind_changes == ["ngram-simple -> ngram-mod at L 2048", "ngram-mod -> none at L 6144"]
+    (line,) = envelope_lines(rows[:2])
+    assert line.l_star is None
+
+
+def test_a_bad_context_length_is_one_red_line(tmp_path):
+    r = invoke("run", "--context-lengths", "256,abc", "--out", str(tmp_path / "x.yaml"))
+    assert r.exit_code == 2 and "--context-lengths" in r.output
