@@ -25,7 +25,11 @@ Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.", envvar="
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")]
 WorkloadOpt = Annotated[
     str,
-    typer.Option("--workload", "-w", help="Built-in name (demo-code, general, code-edit) or a JSONL path."),
+    typer.Option(
+        "--workload",
+        "-w",
+        help="Built-in name (demo-code, general, code-edit; long-code-edit, long-doc-qa, long-chat for --context-lengths) or a JSONL path.",
+    ),
 ]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate per prompt.")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy (exact match with the target).")]

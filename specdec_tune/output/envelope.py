@@ -55,8 +55,26 @@ def envelope_table(p: Profile) -> Table | None:
             times(row.predicted_speedup),
             "speculation pays" if pays(row) else "does not pay",
         )
-    t.caption = "; ".join(envelope_words(p))
+    t.caption = "; ".join(envelope_words(p) + prediction_words(p))
     return t
+
+
+def prediction_errors(p: Profile) -> list[float]:
+    """|predicted / measured - 1| of each cell whose best was predicted before it was measured."""
+    return sorted(
+        abs(r.predicted_speedup / r.best.metrics.speedup - 1)
+        for r in p.context_table
+        if r.predicted_speedup and r.best.metrics.speedup > 0
+    )
+
+
+def prediction_words(p: Profile) -> list[str]:
+    """The cost model's error over the cells it predicted: median and worst."""
+    errs = prediction_errors(p)
+    if not errs:
+        return []
+    median = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
+    return [f"cost model error over {len(errs)} cells: median {median:.0%}, worst {errs[-1]:.0%}"]
 
 
 def envelope_words(p: Profile) -> list[str]:

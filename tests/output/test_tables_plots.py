@@ -162,6 +162,9 @@ def test_show_prints_the_envelope_with_l_star_and_kind_changes():
     text = _render(render_profile, prof)
     assert "Context lengths" in text and "L* = 6144" in text
     assert "does not pay" in text and "speculation pays" in text
+    # predictions 1.4 / 1.1 / 0.9 against what each cell measured: the error is in the caption
+    errs = [abs(r.predicted_speedup / r.best.metrics.speedup - 1) for r in prof.context_table]
+    assert f"cost model error over 3 cells: median {sorted(errs)[1]:.0%}" in " ".join(text.split())
 
 
 def test_write_plots_writes_all_pngs(tmp_path):
