@@ -58,6 +58,12 @@ class FakeCase:
     def head(self, n: int) -> FakeCase:
         return FakeCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature, self.context_length)
 
+    def pick(self, indices: list[int]) -> FakeCase:
+        picked = [self.prompts[i] for i in indices]
+        return FakeCase(
+            picked, [self.max_new_tokens[i] for i in indices], self.temperature, self.context_length
+        )
+
 
 def count_words(text: str) -> int:
     """The scripted engine's tokenizer: a token per whitespace-separated word."""

@@ -20,6 +20,7 @@ import pytest
 from helpers import invoke
 
 from specdec_tune import __version__
+from specdec_tune.app.check_envelope import cells_to_check
 from specdec_tune.output.index import INDEX_NAME, index_markdown, index_rows
 from specdec_tune.serving.capabilities import ENGINES
 from specdec_tune.store.fields import SCHEMA_VERSION
@@ -66,7 +67,11 @@ def test_a_shipped_profile_is_current_and_passes_a_dry_run_check(path):
     assert Path(plan["target"]).exists()
     assert all(Path(f).exists() for f in plan["drafts"].values() if f)
     assert plan["items"][0] == p.best.config.label
-    assert len(plan["items"]) == 1 + len([b for b in p.batch_table if b.batch_size != 1])
+    rows = [b for b in p.batch_table if b.batch_size != 1]
+    # and every envelope cell the best and the batch rows do not already judge (app.check_envelope)
+    assert len(plan["items"]) == 1 + len(rows) + len(cells_to_check(p))
+    cells = [c for c in plan["items"] if ", L=" in c]
+    assert len(cells) == len(cells_to_check(p))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -130,3 +135,11 @@ def test_show_index_writes_one_row_per_profile_and_is_stable(tmp_path):
     assert (folder / INDEX_NAME).read_text(encoding="utf-8") == text
     r = invoke("show", folder / "cpu-amd-epyc-2t" / "demo.yaml", "--index")
     assert r.exit_code == 2 and "is not a folder" in r.stderr
+
+
+def test_an_envelope_profile_is_shipped_and_exports_its_lengths():
+    # the context axis (run --context-lengths) is covered by at least one shipped profile
+    envelopes = [p for p in SHIPPED if load_profile(p).context_table]
+    assert envelopes, "ship one profile of `run --context-lengths`"
+    p = load_profile(envelopes[0])
+    assert p.envelope and {r.context_length for r in p.context_table} >= {p.workload.context_length}

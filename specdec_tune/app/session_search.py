@@ -15,7 +15,8 @@ from ..domain import FIXED_GAMMA, Config
 from ..errors import SpecDecError
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
-from ..search.budget import after_probe, fit_budget
+from ..runtime.workloads import stratified
+from ..search.budget import after_probe, fit_budget, prompts_that_fit
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -95,24 +96,45 @@ def search_session(
         # is never below them and the profile shows them beside it (`engine_defaults`).
         defaults = s.default_configs() if settings.finalists else []
         predictor = s.predictor() if costs is not None else None  # an engine's model, fitted from trials
+        budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
+        case, cut = s.case, ""
+        if budgeted and len(s.case.prompts) > 1:
+            # A trial is cut to the prompts the least search affords at the first batch size before
+            # anything else is: a long context or a slow engine must not take the budget 3x over.
+            left = (budget_s - (time.monotonic() - started) - reserve_s) / len(batch_sizes)
+            n = len(s.case.prompts)
+            planned = replace(settings, batch_size=batch_sizes[0])
+            k = prompts_that_fit(
+                planned, left, noise.plain_pass_s, s.trial_shape, n, s.expected_speedup(costs, planned),
+                len(defaults),
+            )  # fmt: skip
+            if k < n:  # the prompts `check` measures again: the workload's first k, stratified
+                picked = stratified(s.workload.prompts, k)
+                case = s.case.pick(
+                    [next(i for i, p in enumerate(s.workload.prompts) if p is q) for q in picked]
+                )
+                cut = (
+                    f"each pass measures the first {k} of the {n} prompts, the most the least search affords"
+                )
+                progress.note(f"budget: {cut}")
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
                 settings_b.study_name = f"{settings.study_name}-b{b}"
-            budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
             if budgeted:
                 left = (budget_s - (time.monotonic() - started) - reserve_s) / (len(batch_sizes) - i)
                 pass_s = noise.plain_pass_s if b == 1 else s.pass_seconds(b)
+                pass_s *= len(case.prompts) / len(s.case.prompts)
                 expected = s.expected_speedup(costs, settings_b)
                 pinned = len(defaults) if i == 0 else 0
-                screen = screen_prompts(settings_b.screen_prompts, len(s.case.prompts)) if s.screens else 0
+                screen = screen_prompts(settings_b.screen_prompts, len(case.prompts)) if s.screens else 0
                 settings_b, note = fit_budget(
                     settings_b, left, pass_s, s.trial_shape, expected, pinned,
-                    screen_share=screened_share(screen, len(s.case.prompts)),
+                    screen_share=screened_share(screen, len(case.prompts)),
                 )  # fmt: skip
-                notes.append(note)
-            key_b = _key(s, models, hw["slug"], settings, b)
+                notes.append(note + (f"; {cut}" if cut and i == 0 else ""))
+            key_b = _key(s, models, hw["slug"], settings, b, len(case.prompts))
             costs_b = costs
             if s.fits_costs_from_trials:
                 # The engine's acceptance comes from the first trials (one per draft); the cost
@@ -128,7 +150,7 @@ def search_session(
                     )  # fmt: skip
                     probe_started = time.monotonic()
                     probe = run_search(
-                        None, s.specs, s.case, first, study_key=key_b, on_trial=progress.trial,
+                        None, s.specs, case, first, study_key=key_b, on_trial=progress.trial,
                         extra_seeds=neighbour, backend=s, predictor=predictor,
                     )  # fmt: skip
                     costs_b = s.with_trial_acceptance(costs, probe, settings.max_gamma)
@@ -136,7 +158,7 @@ def search_session(
                     if budgeted:
                         settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
             results[b] = run_search(
-                None, s.specs, s.case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
+                None, s.specs, case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
                 on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
                 predictor=predictor if i == 0 else None,
             )  # fmt: skip
@@ -160,7 +182,10 @@ def search_session(
             fields.backend["engine_defaults"] = default_rows(first, defaults)
         if predictor is not None:
             fields.backend["cost_model"] = cost_model_fit(first, predictor)
-    workload = replace(workload_info(s.workload, s.case), context_length=models.context_length)
+    measured = s.workload  # what was measured: all its prompts, or the first k when the budget cut them
+    if len(case.prompts) < len(s.case.prompts):
+        measured = replace(s.workload, prompts=stratified(s.workload.prompts, len(case.prompts)))
+    workload = replace(workload_info(measured, case), context_length=models.context_length)
     profile = build_profile(
         first, settings, hw, fields, workload=workload, costs=costs, noise=noise, anchors=anchors,
     )  # fmt: skip
@@ -178,11 +203,21 @@ def search_session(
 
 
 def _key(
-    s: Any, models: Models, hardware_slug: str, settings: TuneSettings, batch_size: int
+    s: Any,
+    models: Models,
+    hardware_slug: str,
+    settings: TuneSettings,
+    batch_size: int,
+    prompts: int | None = None,
 ) -> dict[str, Any]:
-    """The study's identity: the session's, and the context length its prompts were fitted to."""
+    """The study's identity: the session's, the context length its prompts were fitted to, and the
+    prompts a pass measures when the budget cut them."""
     key = s.study_key(hardware_slug, settings, batch_size)
-    return key if models.context_length is None else {**key, "context_length": models.context_length}
+    if models.context_length is not None:
+        key = {**key, "context_length": models.context_length}
+    if prompts is not None and prompts < len(s.case.prompts):
+        key = {**key, "trial_prompts": prompts}
+    return key
 
 
 def _predicted_best(result: Any) -> float | None:

@@ -310,3 +310,12 @@ class Case:
         if max_new_tokens is not None:
             budgets = [min(b, max_new_tokens) for b in budgets]
         return Case(self.prompts[:n], budgets, self.eos, self.temperature)
+
+    def pick(self, indices: list[int]) -> Case:
+        """The prompts at `indices`, in that order."""
+        return Case(
+            [self.prompts[i] for i in indices],
+            [self.max_new_tokens[i] for i in indices],
+            self.eos,
+            self.temperature,
+        )

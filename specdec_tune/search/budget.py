@@ -46,6 +46,30 @@ class TrialShape:
     plans_speedup: bool = True
 
 
+MIN_TRIAL_PROMPTS = 2  # a trial of fewer prompts says too little about a workload
+
+
+def prompts_that_fit(
+    settings: TuneSettings,
+    budget_s: float,
+    pass_s: float,
+    shape: TrialShape,
+    prompts: int,
+    expected_speedup: float | None = None,
+    pinned: int = 0,
+) -> int:
+    """How many of a pass's `prompts` the search measures so that the least it does fits `budget_s`
+    (`fit_budget`'s plan, a pass taking `pass_s` x k / prompts): all of them when they fit, else
+    the most that do, never fewer than MIN_TRIAL_PROMPTS. The trial is cut before the final round's
+    repeats are: a long context made one plain pass of six 2048-token prompts so slow that the least
+    search of SmolLM2 in llama.cpp took over 6 minutes of an 80 s share."""
+    least = min(prompts, MIN_TRIAL_PROMPTS)
+    for k in range(prompts, least - 1, -1):
+        if _plan(settings, budget_s, pass_s * k / prompts, shape, expected_speedup, pinned)[2] <= budget_s:
+            return k
+    return least
+
+
 def fit_budget(
     settings: TuneSettings,
     budget_s: float,
@@ -70,6 +94,20 @@ def fit_budget(
     `screen_share`: the share of a trial's passes it runs before its screen (search.pruning); a
     trial is then planned at that share plus PLANNED_SURVIVAL of the rest.
     """
+    out, note, _ = _plan(settings, budget_s, pass_s, shape, expected_speedup, pinned, screen_share)
+    return out, note
+
+
+def _plan(
+    settings: TuneSettings,
+    budget_s: float,
+    pass_s: float,
+    shape: TrialShape,
+    expected_speedup: float | None = None,
+    pinned: int = 0,
+    screen_share: float = 0.0,
+) -> tuple[TuneSettings, str, float]:
+    """`fit_budget`'s plan, and the seconds the least search takes."""
     b = settings.batch_size
     planned = expected_speedup if shape.plans_speedup else None
     speedup = min(max(planned or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
@@ -116,7 +154,7 @@ def fit_budget(
     out = replace(
         settings, trials=trials, timeout_s=timeout, final_budget_s=final_budget, final_repeats=repeats
     )
-    return out, note
+    return out, note, least_s
 
 
 def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> TuneSettings:

@@ -627,6 +627,21 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     assert wild.final_budget_s == pytest.approx(2 * ((1 + 3 / 4) * 5 * 2.0 + 0.45))
 
 
+def test_a_trial_is_cut_to_the_prompts_the_least_search_affords():
+    from specdec_tune.search.budget import TrialShape, fit_budget, prompts_that_fit
+
+    shape = TrialShape(overhead_s=0.15, warmup_passes=2 / 8)
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    # 8 prompts of 2 s a pass fit 200 s (test above): all of them are measured.
+    assert prompts_that_fit(settings, 200.0, 2.0, shape, 8) == 8
+    # 20 s a pass: the least search of 8 prompts takes about 911 s; of k prompts about 911 x k / 8
+    # (plus the finalists' start-ups), so 1 prompt would fit, and 2 is the least a trial measures.
+    assert prompts_that_fit(settings, 200.0, 20.0, shape, 8) == 2
+    k = prompts_that_fit(settings, 500.0, 20.0, shape, 8)
+    assert k == 4 and "run over" not in fit_budget(settings, 500.0, 20.0 * k / 8, shape)[1]
+    assert "run over" in fit_budget(settings, 500.0, 20.0 * (k + 1) / 8, shape)[1]
+
+
 def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():
     from specdec_tune.backends.llamacpp import TRIAL_SHAPE
     from specdec_tune.search.budget import fit_budget

@@ -28,6 +28,12 @@ class TextCase:
     def head(self, n: int) -> TextCase:
         return TextCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
 
+    def pick(self, indices: list[int]) -> TextCase:
+        """The prompts at `indices`, in that order."""
+        return TextCase(
+            [self.prompts[i] for i in indices], [self.max_new_tokens[i] for i in indices], self.temperature
+        )
+
     def part(self, start: int, stop: int) -> TextCase:
         """Prompts `start` to `stop` (exclusive)."""
         return TextCase(self.prompts[start:stop], self.max_new_tokens[start:stop], self.temperature)
