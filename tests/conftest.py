@@ -81,3 +81,20 @@ def ctx(request):
     from specdec_tune.runtime.caches.modes import ExecutionContext
 
     return ExecutionContext(request.param, 256)
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """The scripted third backend of tests/fake_backend.py, registered as `fake` for one test, its
+    script reset (tests/test_fake_backend.py, tests/test_envelope.py)."""
+    import fake_backend as fake
+
+    from specdec_tune.backends import base
+
+    monkeypatch.setitem(base._REGISTERED, fake.NAME, fake.FakeModule)
+    monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
+    monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
+    monkeypatch.setitem(fake.SCRIPT, "measured", [])
+    monkeypatch.setitem(fake.SCRIPT, "screened", [])
+    monkeypatch.setattr(fake.FakeModule, "sessions", [])
+    return fake

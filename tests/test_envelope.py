@@ -12,22 +12,10 @@ import fake_backend as fake
 import pytest
 from helpers import invoke
 
-from specdec_tune.backends import base
 from specdec_tune.domain import Config, DraftSpec, Metrics, Result
 from specdec_tune.store.build import envelope_lines
 from specdec_tune.store.schema import ContextRow
 from specdec_tune.store.yamlio import load_profile
-
-
-@pytest.fixture
-def fake_engine(monkeypatch):
-    monkeypatch.setitem(base._REGISTERED, fake.NAME, fake.FakeModule)
-    monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
-    monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
-    monkeypatch.setitem(fake.SCRIPT, "measured", [])
-    monkeypatch.setitem(fake.SCRIPT, "screened", [])
-    monkeypatch.setattr(fake.FakeModule, "sessions", [])
-    return fake
 
 
 def _run(tmp_path, *extra: str):

@@ -12,20 +12,8 @@ import pytest
 import yaml
 from helpers import invoke
 
-from specdec_tune.backends import base
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.store.yamlio import load_profile
-
-
-@pytest.fixture
-def fake_engine(monkeypatch):
-    monkeypatch.setitem(base._REGISTERED, fake.NAME, fake.FakeModule)
-    monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
-    monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
-    monkeypatch.setitem(fake.SCRIPT, "measured", [])
-    monkeypatch.setitem(fake.SCRIPT, "screened", [])
-    monkeypatch.setattr(fake.FakeModule, "sessions", [])
-    return fake
 
 
 def _run(tmp_path, *extra: str):

@@ -9,13 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Models, Purpose, open_session
+from ..backends.base import Purpose, open_session
 from ..checkpolicy import CheckPolicy
 from ..measure import noise
 from ..output.check import CheckItem, Evidence, confirm_repeats, judge_config, needs_confirmation
 from ..output.environment import classify
-from ..store.refs import resolve_ref
 from ..store.schema import ContextRow, Profile
+from .check_session import session_models
 
 
 def cells_to_check(p: Profile) -> list[ContextRow]:
@@ -50,22 +50,7 @@ def check_cells(
     cpus = os.cpu_count() or 1
     for length, rows in sorted(by_length.items()):
         drafts = [r.best.config.draft for r in rows if r.best.config.gamma > 0]
-        drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
-        models = Models(
-            target=resolve_ref(p.target.path, folder),
-            drafts=list({d.name: d for d in drafts}.values()),
-            workload=p.workload.name,
-            prompts=p.workload.prompts,
-            max_new_tokens=p.workload.max_new_tokens,
-            temperature=p.workload.temperature,
-            device=device,
-            dtype=p.target.dtype,
-            engine_mode=p.engine_mode,  # type: ignore[arg-type]
-            backend=(p.backend or {}).get("name") or "native",
-            llama_server=server,
-            threads=(p.backend or {}).get("threads"),
-            context_length=length,
-        )
+        models = session_models(p, folder, drafts, server=server, device=device, context_length=length)
         with open_session(models, Purpose("check", batch_size=rows[0].batch_size)) as s:
             by_name = {d.name: d for d in s.specs}
             for r in rows:

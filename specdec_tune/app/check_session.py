@@ -13,7 +13,7 @@ from typing import Any
 
 from ..backends.base import Models, Purpose, engine_build, open_session
 from ..checkpolicy import CheckPolicy
-from ..domain import Config
+from ..domain import Config, DraftSpec
 from ..errors import OtherHardwareError, SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
@@ -31,6 +31,37 @@ from ..output.check import (
 from ..output.environment import classify, other_software
 from ..store.refs import resolve_ref
 from ..store.schema import Profile
+
+
+def session_models(
+    p: Profile,
+    folder: Path,
+    drafts: list[DraftSpec],
+    *,
+    server: str | None = None,
+    threads: int | None = None,
+    device: str = "auto",
+    context_length: int | None = None,
+) -> Models:
+    """What a measuring session re-opens of profile `p` (in `folder`): its target, `drafts` (their
+    files resolved from the folder), workload, decoding settings, engine and context length (the
+    profile's best's, unless given)."""
+    drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
+    return Models(
+        target=resolve_ref(p.target.path, folder),  # a built-in by its name, a file by its path
+        drafts=list({d.name: d for d in drafts}.values()),
+        workload=p.workload.name,
+        prompts=p.workload.prompts,
+        max_new_tokens=p.workload.max_new_tokens,
+        temperature=p.workload.temperature,
+        device=device,
+        dtype=p.target.dtype,
+        engine_mode=p.engine_mode,  # type: ignore[arg-type]
+        backend=(p.backend or {}).get("name") or "native",
+        llama_server=server,
+        threads=threads or (p.backend or {}).get("threads"),
+        context_length=context_length or p.workload.context_length,
+    )
 
 
 def check_in_session(
@@ -62,19 +93,7 @@ def check_in_session(
             raise SpecDecError(f"{path} has no result at batch size {batch_size}")
     folder = Path(path).parent
     drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
-    drafts = [replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts]
-    models = Models(
-        target=resolve_ref(p.target.path, folder),  # a built-in by its name, a file by its path
-        drafts=list({d.name: d for d in drafts}.values()),
-        workload=p.workload.name,
-        prompts=p.workload.prompts,
-        max_new_tokens=p.workload.max_new_tokens,
-        temperature=p.workload.temperature,
-        context_length=p.workload.context_length,
-        backend=(p.backend or {}).get("name") or "native",
-        llama_server=server,
-        threads=threads or (p.backend or {}).get("threads"),
-    )
+    models = session_models(p, folder, drafts, server=server, threads=threads)
     stored, build = (p.backend or {}).get("build") or {}, engine_build(models)
     if other_software(stored, build) and not allow_other_build:
         raise OtherHardwareError(

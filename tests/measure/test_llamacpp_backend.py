@@ -151,9 +151,11 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
 
     doc = yaml.safe_load(out.read_text())
     metrics = doc["best"]["metrics"]
-    metrics["speedup_samples"] = [3 * x for x in metrics.get("speedup_samples") or [metrics["speedup"]]]
-    metrics["speedup"] = 3 * metrics["speedup"]
-    faster = out.with_name("faster.yaml")  # what a 3x faster speculation stored: far above now
+    # what a 1.6x faster speculation stored: now about 0.62x of it, below the 0.9 floor, and above
+    # the 0.5x a load can explain (CheckPolicy.load_explains_down_to), so busy makes it inconclusive
+    metrics["speedup_samples"] = [1.6 * x for x in metrics.get("speedup_samples") or [metrics["speedup"]]]
+    metrics["speedup"] = 1.6 * metrics["speedup"]
+    faster = out.with_name("faster.yaml")
     faster.write_text(yaml.safe_dump(doc, sort_keys=False))
     os_says(busy=False)
     # --allow-other-hardware: the machine's own anchors are not judged here (a quiet VM's matmul
