@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,7 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     times the profile's are other hardware (exit 3)."""
     import yaml
 
+    from specdec_tune import checkpolicy
     from specdec_tune.measure import noise
 
     def os_says(busy: bool) -> None:
@@ -151,11 +153,9 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
 
     doc = yaml.safe_load(out.read_text())
     metrics = doc["best"]["metrics"]
-    # what a 1.6x faster speculation stored: now about 0.62x of it, below the 0.9 floor, and above
-    # the 0.5x a load can explain (CheckPolicy.load_explains_down_to), so busy makes it inconclusive
-    metrics["speedup_samples"] = [1.6 * x for x in metrics.get("speedup_samples") or [metrics["speedup"]]]
-    metrics["speedup"] = 1.6 * metrics["speedup"]
-    faster = out.with_name("faster.yaml")
+    metrics["speedup_samples"] = [3 * x for x in metrics.get("speedup_samples") or [metrics["speedup"]]]
+    metrics["speedup"] = 3 * metrics["speedup"]
+    faster = out.with_name("faster.yaml")  # what a 3x faster speculation stored: far above now
     faster.write_text(yaml.safe_dump(doc, sort_keys=False))
     os_says(busy=False)
     # --allow-other-hardware: the machine's own anchors are not judged here (a quiet VM's matmul
@@ -165,6 +165,15 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     report = json.loads(c.stdout)
     assert report["noise"]["busy"] is False and report["anchors"]["by"] == "machine anchors"
     os_says(busy=True)
+    # a third of the stored speedup is past what any load explains (CheckPolicy.load_explains_down_to,
+    # a regression on any machine: tests/output/test_verdict_rules.py); the busy rule is this test's
+    # subject, so the policy's line is moved below the planted drop (a 1.6x plant, inside the line,
+    # read 0.79x [0.65, 0.93] here: too noisy to tell on a quiet machine)
+    monkeypatch.setitem(
+        checkpolicy.POLICIES,
+        "llamacpp",
+        replace(checkpolicy.LLAMACPP_CHECK_POLICY, load_explains_down_to=0.0),
+    )
     c = run_cli("check", str(faster), "--repeats", "1", "--json", "--allow-other-hardware")
     assert c.exit_code == 6, c.output
     item = next(i for i in json.loads(c.stdout)["items"] if i["metric"] == "speedup")
