@@ -21,7 +21,7 @@ from ..search.space import TuneSettings
 from ..store.build import context_row, with_envelope
 from ..store.runfiles import save_run
 from .common import TuneOutcome
-from .session_search import search_session
+from .session_search import predicted_best, search_session
 
 
 def tune_envelope(
@@ -66,7 +66,7 @@ def tune_envelope(
         )
     first = runs[min(runs)]
     rows = [
-        context_row(length, b, run.results[b], run.prompt_tokens, run.predicted.get(b))
+        context_row(length, b, run.results[b], run.prompt_tokens, predicted_best(run.results[b]))
         for length, run in runs.items()
         for b in batch_sizes
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ class SessionRun:
     noise: Any
     fresh_reference: bool
     prompt_tokens: int = 0
-    predicted: dict[int, float | None] = field(default_factory=dict)  # batch size -> best's prediction
 
 
 def search_session(
@@ -198,8 +197,7 @@ def search_session(
         profile = with_batch_table(profile, rows, predicted)
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    predicted = {b: _predicted_best(results[b]) for b in batch_sizes}
-    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, predicted)
+    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens)
 
 
 def _key(
@@ -220,7 +218,7 @@ def _key(
     return key
 
 
-def _predicted_best(result: Any) -> float | None:
+def predicted_best(result: Any) -> float | None:
     """The prediction its best config had before it was measured (the tuner's predictor or the
     closed-form model), None when nothing predicted it."""
     predicted = result.results[0].metrics.predicted_speedup

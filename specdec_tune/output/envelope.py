@@ -4,6 +4,7 @@ batch size. Reads data, never measures."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from rich.table import Table
@@ -73,8 +74,9 @@ def prediction_words(p: Profile) -> list[str]:
     errs = prediction_errors(p)
     if not errs:
         return []
-    median = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
-    return [f"cost model error over {len(errs)} cells: median {median:.0%}, worst {errs[-1]:.0%}"]
+    return [
+        f"cost model error over {len(errs)} cells: median {statistics.median(errs):.0%}, worst {errs[-1]:.0%}"
+    ]
 
 
 def envelope_words(p: Profile) -> list[str]:
