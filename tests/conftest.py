@@ -95,6 +95,7 @@ def fake_engine(monkeypatch):
     monkeypatch.setitem(fake.SCRIPT, "build", dict(fake.BUILD))
     monkeypatch.setitem(fake.SCRIPT, "slowdown", 1.0)
     monkeypatch.setitem(fake.SCRIPT, "measured", [])
+    monkeypatch.setitem(fake.SCRIPT, "budgets", [])
     monkeypatch.setitem(fake.SCRIPT, "screened", [])
     monkeypatch.setattr(fake.FakeModule, "sessions", [])
     return fake

@@ -58,11 +58,11 @@ class FakeCase:
     def head(self, n: int) -> FakeCase:
         return FakeCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature, self.context_length)
 
-    def pick(self, indices: list[int]) -> FakeCase:
+    def pick(self, indices: list[int], max_new_tokens: int | None = None) -> FakeCase:
         picked = [self.prompts[i] for i in indices]
-        return FakeCase(
-            picked, [self.max_new_tokens[i] for i in indices], self.temperature, self.context_length
-        )
+        cap = max_new_tokens or max(self.max_new_tokens, default=0)
+        budgets = [min(self.max_new_tokens[i], cap) for i in indices]
+        return FakeCase(picked, budgets, self.temperature, self.context_length)
 
 
 def count_words(text: str) -> int:
@@ -169,6 +169,7 @@ class FakeSession:
                 repeats=repeats,
             )  # fmt: skip
             SCRIPT["measured"].append((c.label, batch_size))
+            SCRIPT["budgets"].append(list(case.max_new_tokens))
             out.append(FakeMeasurement(metrics, 0, speedups))
         return out
 

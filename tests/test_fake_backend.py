@@ -72,6 +72,35 @@ def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path,
     assert got["speedup"] == pytest.approx(1.8) and got["device"] == "fake engine"
 
 
+def test_a_budget_too_short_cuts_the_prompts_then_the_replies_and_check_measures_what_ran(
+    tmp_path, fake_engine, monkeypatch
+):
+    """search.budget.trial_size through the pipeline: a plain pass of 8 prompts x 128 tokens takes
+    20 s here, the least search does not fit 60 s, so every pass measures 2 prompts of 32 tokens;
+    the profile's workload says so and `check` measures exactly that."""
+    from specdec_tune.domain import Anchors, Noise
+
+    quick = fake.FakeSession.noise_and_anchors
+    slow = lambda self: (Noise(20.0, 0.002, 3, 2), Anchors(fake.PLAIN_TOKENS_PER_S, None, None))  # noqa: E731
+    monkeypatch.setattr(fake.FakeSession, "noise_and_anchors", slow)
+    out = tmp_path / "fake.yaml"
+    r = invoke(
+        "run", "--backend", "fake", "--workload", "demo-code", "--prompts", "8", "-n", "128", "--budget", "60",
+        "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out), "--reference-processes", "0",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "the first 2 of the 8 prompts, 32 new tokens each (not 128)" in " ".join(r.output.split())
+    assert fake.SCRIPT["budgets"] and all(b == [32, 32] for b in fake.SCRIPT["budgets"])
+    p = load_profile(out)
+    assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 32)
+    assert "32 new tokens each" in p.search.budget_note
+    fake.SCRIPT["budgets"].clear()
+    monkeypatch.setattr(fake.FakeSession, "noise_and_anchors", quick)  # check at the engine's own speed
+    c = invoke("check", str(out), "--repeats", "3")
+    assert c.exit_code == 0, c.output
+    assert fake.SCRIPT["budgets"] and all(b == [32, 32] for b in fake.SCRIPT["budgets"])
+
+
 def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_engine):
     r, _ = _run(tmp_path, "--trials", "6")
     assert r.exit_code == 0, r.output

@@ -16,7 +16,7 @@ from ..errors import SpecDecError
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..runtime.workloads import stratified
-from ..search.budget import after_probe, fit_budget, prompts_that_fit
+from ..search.budget import after_probe, fit_budget, trial_size
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -98,22 +98,25 @@ def search_session(
         budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
         case, cut = s.case, ""
         if budgeted and len(s.case.prompts) > 1:
-            # A trial is cut to the prompts the least search affords at the first batch size before
-            # anything else is: a long context or a slow engine must not take the budget 3x over.
+            # A trial is cut to the prompts, then the reply lengths, the least search affords at the
+            # first batch size before anything else is: a long context or a slow engine must not
+            # take the budget 3x over.
             left = (budget_s - (time.monotonic() - started) - reserve_s) / len(batch_sizes)
-            n = len(s.case.prompts)
+            n, tokens = len(s.case.prompts), max(s.case.max_new_tokens)
             planned = replace(settings, batch_size=batch_sizes[0])
-            k = prompts_that_fit(
-                planned, left, noise.plain_pass_s, s.trial_shape, n, s.expected_speedup(costs, planned),
+            k, t = trial_size(
+                planned, left, noise.plain_pass_s, s.trial_shape, n, tokens, s.expected_speedup(costs, planned),
                 len(defaults),
             )  # fmt: skip
-            if k < n:  # the prompts `check` measures again: the workload's first k, stratified
+            if k < n or t < tokens:  # what `check` measures again: the first k prompts, stratified
                 picked = stratified(s.workload.prompts, k)
                 case = s.case.pick(
-                    [next(i for i, p in enumerate(s.workload.prompts) if p is q) for q in picked]
+                    [next(i for i, p in enumerate(s.workload.prompts) if p is q) for q in picked], t
                 )
                 cut = (
-                    f"each pass measures the first {k} of the {n} prompts, the most the least search affords"
+                    f"each pass measures the first {k} of the {n} prompts"
+                    + (f", {t} new tokens each (not {tokens})" if t < tokens else "")
+                    + ", the most the least search affords"
                 )
                 progress.note(f"budget: {cut}")
         watch = os_snapshot()  # what else the machine does during the search and final round
@@ -124,7 +127,7 @@ def search_session(
             if budgeted:
                 left = (budget_s - (time.monotonic() - started) - reserve_s) / (len(batch_sizes) - i)
                 pass_s = noise.plain_pass_s if b == 1 else s.pass_seconds(b)
-                pass_s *= len(case.prompts) / len(s.case.prompts)
+                pass_s *= sum(case.max_new_tokens) / sum(s.case.max_new_tokens)
                 expected = s.expected_speedup(costs, settings_b)
                 pinned = len(defaults) if i == 0 else 0
                 screen = screen_prompts(settings_b.screen_prompts, len(case.prompts)) if s.screens else 0
@@ -133,7 +136,7 @@ def search_session(
                     screen_share=screened_share(screen, len(case.prompts)),
                 )  # fmt: skip
                 notes.append(note + (f"; {cut}" if cut and i == 0 else ""))
-            key_b = _key(s, models, hw["slug"], settings, b, len(case.prompts))
+            key_b = _key(s, models, hw["slug"], settings, b, case)
             costs_b = costs
             if s.fits_costs_from_trials:
                 # The engine's acceptance comes from the first trials (one per draft); the cost
@@ -206,15 +209,17 @@ def _key(
     hardware_slug: str,
     settings: TuneSettings,
     batch_size: int,
-    prompts: int | None = None,
+    case: Any = None,
 ) -> dict[str, Any]:
     """The study's identity: the session's, the context length its prompts were fitted to, and the
-    prompts a pass measures when the budget cut them."""
+    prompts and reply lengths a pass measures when the budget cut them (`case`)."""
     key = s.study_key(hardware_slug, settings, batch_size)
     if models.context_length is not None:
         key = {**key, "context_length": models.context_length}
-    if prompts is not None and prompts < len(s.case.prompts):
-        key = {**key, "trial_prompts": prompts}
+    if case is not None and len(case.prompts) < len(s.case.prompts):
+        key = {**key, "trial_prompts": len(case.prompts)}
+    if case is not None and max(case.max_new_tokens) < max(s.case.max_new_tokens):
+        key = {**key, "trial_tokens": max(case.max_new_tokens)}
     return key
 
 

@@ -311,11 +311,12 @@ class Case:
             budgets = [min(b, max_new_tokens) for b in budgets]
         return Case(self.prompts[:n], budgets, self.eos, self.temperature)
 
-    def pick(self, indices: list[int]) -> Case:
-        """The prompts at `indices`, in that order."""
+    def pick(self, indices: list[int], max_new_tokens: int | None = None) -> Case:
+        """The prompts at `indices`, in that order; their budgets at most `max_new_tokens`."""
+        cap = max_new_tokens or max(self.max_new_tokens, default=0)
         return Case(
             [self.prompts[i] for i in indices],
-            [self.max_new_tokens[i] for i in indices],
+            [min(self.max_new_tokens[i], cap) for i in indices],
             self.eos,
             self.temperature,
         )

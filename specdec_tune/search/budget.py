@@ -47,6 +47,7 @@ class TrialShape:
 
 
 MIN_TRIAL_PROMPTS = 2  # a trial of fewer prompts says too little about a workload
+MIN_TRIAL_TOKENS = 32  # nor one of shorter replies: drafts that copy need some output to copy into
 
 
 def prompts_that_fit(
@@ -63,11 +64,36 @@ def prompts_that_fit(
     the most that do, never fewer than MIN_TRIAL_PROMPTS. The trial is cut before the final round's
     repeats are: a long context made one plain pass of six 2048-token prompts so slow that the least
     search of SmolLM2 in llama.cpp took over 6 minutes of an 80 s share."""
+    return trial_size(settings, budget_s, pass_s, shape, prompts, 0, expected_speedup, pinned)[0]
+
+
+def trial_size(
+    settings: TuneSettings,
+    budget_s: float,
+    pass_s: float,
+    shape: TrialShape,
+    prompts: int,
+    tokens: int,
+    expected_speedup: float | None = None,
+    pinned: int = 0,
+) -> tuple[int, int]:
+    """(k prompts, t new tokens each) a pass measures so that the least search fits `budget_s`: the
+    prompts are cut first (`prompts_that_fit`), down to MIN_TRIAL_PROMPTS; then the replies, halved
+    from `tokens` down to MIN_TRIAL_TOKENS (a pass taking `pass_s` x k / prompts x t / tokens: a
+    pass's prompts are restored, not processed, so it is decode time). `tokens` 0: never cut. At
+    6 107 tokens of context two SmolLM2 prompts of 128 tokens took 8 s a pass in llama.cpp, and
+    a trial about 7 passes, against an 80 s share for the whole length."""
+
+    def fits(k: int, t: int) -> bool:
+        share = k / prompts * (t / tokens if tokens else 1.0)
+        return _plan(settings, budget_s, pass_s * share, shape, expected_speedup, pinned)[2] <= budget_s
+
     least = min(prompts, MIN_TRIAL_PROMPTS)
-    for k in range(prompts, least - 1, -1):
-        if _plan(settings, budget_s, pass_s * k / prompts, shape, expected_speedup, pinned)[2] <= budget_s:
-            return k
-    return least
+    k = next((k for k in range(prompts, least - 1, -1) if fits(k, tokens)), least)
+    t = tokens
+    while t and not fits(k, t) and t // 2 >= MIN_TRIAL_TOKENS:
+        t //= 2
+    return k, t
 
 
 def fit_budget(

@@ -364,3 +364,50 @@ def test_killing_the_tuner_leaves_no_server(tmp_path, demo, sig):
             tuner.kill()
         for pid in servers_named(str(link)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_each_prompt_is_processed_once_and_restored_into_every_other_server(demo):
+    """measure.llamacpp.states: a backend processes a prompt once (in the first server that meets
+    it) and restores its saved state into every other B = 1 server; a restored speculative server
+    answers as one that processed the prompt itself, and the folder goes with the backend."""
+    prompts = [f"def g{i}(x):\n    return x * {i}\n\n" * 4 for i in range(2)]
+    case = TextCase(prompts, [16, 16])
+    config = Config(parse_llamacpp_draft("ngram-simple:3"), 4)
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        folder = b.states.folder
+        processed = []
+        real = b.states.restore
+
+        def watched(server, prompt, complete):
+            processed.append((prompt, prompt_cached(b, prompt)))
+            real(server, prompt, complete)
+
+        b.states.restore = watched
+        b.measure([config], case, 1, 2)
+        assert sorted(p.name for p in folder.iterdir()) == sorted(_state_name(p) for p in prompts)
+        assert [p for p, cached in processed if not cached] == prompts  # once each, the first time
+        fresh = b._server(config, 1)
+        try:
+            alone = b.complete(fresh, prompts[0], 16, 0.0)  # its own prefill, the cache off
+        finally:
+            fresh.stop()
+        restored = b._server(config, 1)
+        try:
+            got = b.ask(restored, prompts[0], 16, 0.0)
+        finally:
+            restored.stop()
+        assert got.tokens == alone.tokens and (got.draft_n, got.draft_accepted) == (
+            alone.draft_n,
+            alone.draft_accepted,
+        )
+    assert not folder.exists()
+
+
+def prompt_cached(b: LlamaCppBackend, prompt: str) -> bool:
+    return (b.states.folder / _state_name(prompt)).exists()
+
+
+def _state_name(prompt: str) -> str:
+    from specdec_tune.measure.llamacpp.states import _file_name
+
+    return _file_name(prompt)

@@ -642,6 +642,28 @@ def test_a_trial_is_cut_to_the_prompts_the_least_search_affords():
     assert "run over" in fit_budget(settings, 500.0, 20.0 * (k + 1) / 8, shape)[1]
 
 
+def test_past_the_least_prompts_a_trial_is_cut_to_shorter_replies():
+    from specdec_tune.search.budget import TrialShape, _plan, trial_size
+
+    shape = TrialShape(overhead_s=0.15, warmup_passes=2 / 8)
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    least = lambda budget, k, t: _plan(settings, budget, 20.0 * k / 8 * t / 128, shape)[2]  # noqa: E731
+    # 8 prompts of 128 tokens, 20 s a pass: at 500 s four prompts fit whole, no reply is cut.
+    assert trial_size(settings, 500.0, 20.0, shape, 8, 128) == (4, 128)
+    # At 200 s two prompts do not fit at 128 tokens (about 228 s), they do at 64 (115 s).
+    assert least(200.0, 2, 128) > 200.0 > least(200.0, 2, 64)
+    assert trial_size(settings, 200.0, 20.0, shape, 8, 128) == (2, 64)
+    # At 60 s the replies are halved down to 32 tokens and no further: 58 s fits.
+    assert trial_size(settings, 60.0, 20.0, shape, 8, 128) == (2, 32)
+    # ... and at 20 s nothing fits: 32 tokens is the least a trial measures (the note says it runs
+    # over); 48 tokens are never cut below 32, so they stay whole.
+    assert trial_size(settings, 20.0, 20.0, shape, 8, 128) == (2, 32)
+    assert trial_size(settings, 20.0, 20.0, shape, 8, 48) == (2, 48)
+    # Fast enough: nothing is cut; 0 tokens means replies are never cut.
+    assert trial_size(settings, 200.0, 2.0, shape, 8, 128) == (8, 128)
+    assert trial_size(settings, 60.0, 20.0, shape, 8, 0) == (2, 0)
+
+
 def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():
     from specdec_tune.backends.llamacpp import TRIAL_SHAPE
     from specdec_tune.search.budget import fit_budget

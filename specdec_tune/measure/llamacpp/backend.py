@@ -36,6 +36,7 @@ from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, EngineMeasurement, T
 from .counters import request_stats
 from .exactness import ExactnessChecks
 from .server import LlamaServer, ServerError, build_info, find_server
+from .states import PromptStates
 
 # re-exported: callers import the case and measurement types from the backend
 __all__ = ["NEAR_TIE", "STATEFUL_KINDS", "WARMUP_PROMPT", "EngineMeasurement", "LlamaCppBackend", "TextCase"]
@@ -65,6 +66,7 @@ class LlamaCppBackend(ExactnessChecks):
         self._plain: dict[int, LlamaServer] = {}
         self._reference: dict[tuple[int, str], _Reply] = {}
         self._exact: dict[tuple, dict[str, Any]] = {}  # (config, prompt, budget) -> exact at T = 0?
+        self.states = PromptStates()  # each prompt processed once, restored into every B = 1 server
 
     # -- lifecycle
     def __enter__(self) -> LlamaCppBackend:
@@ -77,6 +79,7 @@ class LlamaCppBackend(ExactnessChecks):
         for server in self._plain.values():
             server.stop()
         self._plain.clear()
+        self.states.close()
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "build": dict(self.build), "threads": self.threads}
@@ -95,7 +98,7 @@ class LlamaCppBackend(ExactnessChecks):
             config,
             self.draft_paths.get(config.draft.name) if config else None,
         )
-        server = LlamaServer(self.binary, args, self.threads)
+        server = LlamaServer(self.binary, args + self.states.flags(), self.threads)
         server.start()
         return server
 
@@ -150,6 +153,23 @@ class LlamaCppBackend(ExactnessChecks):
             n_predict=n_predict,
         )
 
+    def restore(self, server: LlamaServer, prompt: str | list[Any]) -> None:
+        """`prompt`'s state into `server`'s one slot (B = 1), processed once per backend (`states`)."""
+        self.states.restore(server, prompt, lambda srv, p, n: self.complete(srv, p, n, 0.0, cache=True))
+
+    def ask(
+        self,
+        server: LlamaServer,
+        prompt: str | list[Any],
+        n_predict: int,
+        temperature: float,
+        probs: bool = False,
+    ) -> _Reply:
+        """A B = 1 completion as every side sends it: the prompt's state restored, then the prompt
+        with the cache on (measure.llamacpp.states)."""
+        self.restore(server, prompt)
+        return self.complete(server, prompt, n_predict, temperature, probs=probs, cache=True)
+
     def reference(self, case: TextCase) -> list[_Reply]:
         """The plain server's replies (tokens, top-2 probabilities), taken once per prompt."""
         server = self.plain(1)
@@ -157,7 +177,7 @@ class LlamaCppBackend(ExactnessChecks):
         for prompt, n in zip(case.prompts, case.max_new_tokens, strict=True):
             key = (n, prompt)
             if key not in self._reference:
-                self._reference[key] = self.complete(server, prompt, n, case.temperature)
+                self._reference[key] = self.ask(server, prompt, n, case.temperature)
             out.append(self._reference[key])
         return out
 
@@ -306,13 +326,13 @@ class LlamaCppBackend(ExactnessChecks):
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the
         server's timings); B > 1 a closed loop of B requests in flight (wall-clock tokens/s).
 
-        At B = 1 the server reuses prompts it has processed before (its prompt cache): the
-        decode tokens/s it reports do not depend on that, and a pass takes a third of the time
-        on a long-prompt workload. At B > 1 every prompt is processed again, as new requests
+        At B = 1 each prompt's state is restored (processed once per backend, `states`): the
+        decode tokens/s the server reports do not depend on how the prompt got into its cache,
+        and at a long context a prefill costs more than the pass. At B > 1 every prompt is processed again, as new requests
         would be: wall-clock tokens/s include prompt processing, on both sides alike."""
         jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
         if batch_size == 1:
-            replies = [self.complete(server, p, n, case.temperature, cache=True) for p, n in jobs]
+            replies = [self.ask(server, p, n, case.temperature) for p, n in jobs]
             ms = sum(r.predicted_ms for r in replies)
             n = sum(r.predicted_n for r in replies)
         else:

@@ -28,10 +28,13 @@ class TextCase:
     def head(self, n: int) -> TextCase:
         return TextCase(self.prompts[:n], self.max_new_tokens[:n], self.temperature)
 
-    def pick(self, indices: list[int]) -> TextCase:
-        """The prompts at `indices`, in that order."""
+    def pick(self, indices: list[int], max_new_tokens: int | None = None) -> TextCase:
+        """The prompts at `indices`, in that order; their budgets at most `max_new_tokens`."""
+        cap = max_new_tokens or max(self.max_new_tokens, default=0)
         return TextCase(
-            [self.prompts[i] for i in indices], [self.max_new_tokens[i] for i in indices], self.temperature
+            [self.prompts[i] for i in indices],
+            [min(self.max_new_tokens[i], cap) for i in indices],
+            self.temperature,
         )
 
     def part(self, start: int, stop: int) -> TextCase:

@@ -7,6 +7,7 @@ plain decode ms per token) and, from measured trials, each draft's acceptance. T
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...domain import Costs, DraftCosts
@@ -41,19 +42,31 @@ def verify_curve_ms(
     return curve, worst
 
 
-def decode_ms(server: LlamaServer, case: TextCase, passes: int = 2) -> tuple[float, float]:
+def decode_ms(
+    server: LlamaServer,
+    case: TextCase,
+    passes: int = 2,
+    restore: Callable[[LlamaServer, str], None] | None = None,
+) -> tuple[float, float]:
     """ms per plain decode token of `server` over `case` (every budget generated: EOS ignored),
-    median of `passes` after one untimed warm-up, and its spread."""
-    per = []
-    for i in range(passes + 1):
-        ms = n = 0.0
-        for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
-            body = {"prompt": prompt, "n_predict": budget, "temperature": 0.0, "ignore_eos": True}
-            t = server.post("/completion", {**body, "cache_prompt": False}).get("timings") or {}
-            ms += float(t.get("predicted_ms", 0.0))
-            n += int(t.get("predicted_n", 0))
-        if i > 0 and n > 0:
-            per.append(ms / n)
+    median of `passes` after one untimed warm-up, and its spread.
+
+    Prompt by prompt, each sent `passes` + 1 times in a row with the prompt cache on (after
+    `restore` puts its state in the slot, when given): the prompt is processed at most once and
+    every timed pass decodes only. Decode time does not depend on how the prompt got into the cache,
+    and at a long context a prefill costs several passes."""
+    ms = [0.0] * passes
+    n = [0] * passes
+    for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
+        if restore is not None:
+            restore(server, prompt)
+        body = {"prompt": prompt, "n_predict": budget, "temperature": 0.0, "ignore_eos": True}
+        for i in range(passes + 1):
+            t = server.post("/completion", {**body, "cache_prompt": True}).get("timings") or {}
+            if i > 0:
+                ms[i - 1] += float(t.get("predicted_ms", 0.0))
+                n[i - 1] += int(t.get("predicted_n", 0))
+    per = [m / k for m, k in zip(ms, n, strict=True) if k > 0]
     return median(per), spread(per)
 
 
@@ -63,14 +76,16 @@ def measure_engine_costs(
     drafts: dict[str, str | None],
     max_gamma: int,
     repeats: int = 3,
-    context_len: int = 256,
 ) -> Costs:
     """The engine's costs: `drafts` maps each draft name to its GGUF (None for n-gram drafts).
-    Acceptance is filled in later from measured trials (`with_acceptance`)."""
+    C_ver is measured after the case's first prompt (its own length, so at a long context it is
+    the verification at that length; its state restored, not processed again). Acceptance is
+    filled in later from measured trials (`with_acceptance`)."""
     plain = backend.plain(1)
-    t_target, t_spread = decode_ms(plain, case, passes=3)
-    text = " ".join(case.prompts) * 4
-    ids = plain.post("/tokenize", {"content": text})["tokens"][:context_len]
+    t_target, t_spread = decode_ms(plain, case, passes=3, restore=backend.restore)
+    prompt = case.prompts[0]
+    ids = plain.post("/tokenize", {"content": prompt, "add_special": True})["tokens"]
+    backend.restore(plain, prompt)
     pp, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
     # Prompt processing runs another path than a decode step (its own graph and per-request
     # work), so its absolute times are not a step's: its shape over gamma is kept, anchored at

@@ -1,6 +1,6 @@
 """Exactness at temperature 0 in llama.cpp: a config's tokens against the plain server's, per
 prompt, checked once per (config, prompt, budget) and kept; where they part, the plain top-2 gap
-says whether it was a near-tie. A mixin of `backend.LlamaCppBackend`, which gives it `complete`,
+says whether it was a near-tie. A mixin of `backend.LlamaCppBackend`, which gives it `complete`, `ask`,
 `reference`, `plain`, `_server` and the `_exact` record."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class ExactnessChecks:
             own = server is None
             server = server or self._server(config, 1)
             try:
-                got = [self.complete(server, p, n, 0.0) for p, n in todo]
+                got = [self.ask(server, p, n, 0.0) for p, n in todo]
             finally:
                 if own:
                     server.stop()

@@ -1,0 +1,60 @@
+"""Prompt states saved once and restored into every server that measures the same prompt.
+
+Every config is measured in its own llama-server, and a server holds only the prompts it processed
+itself. At a long context that prompt processing is what a trial costs: 2 prompts of 6 107 tokens
+took 127 s to decode 1 024 tokens in one server, most of it two prefills, against a share of 80 s
+for the whole length's search. A slot's state (its KV cache and tokens) saved from the first server
+that processed a prompt (`/slots/0?action=save`) is restored into the next (`action=restore`): at
+2 100 tokens 48 MB in 14 ms, against 10.8 s to process the prompt again, with the same tokens and
+drafts after it (docs/llamacpp.md).
+
+Nothing timed changes: B = 1 tokens/s come from the server's decode timings, which begin after the
+prompt. Every B = 1 request, plain or speculative, timed or an exactness check, is sent the same
+way (its state restored, then the prompt with the cache on: the server evaluates its last token
+again), so both sides of a comparison meet the prompt alike. B > 1 requests process their prompts
+as new requests would. `--slot-save-path` is a flag of the measuring harness, never of a config:
+it changes no computation and is not in the exported flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .server import LlamaServer
+
+
+class PromptStates:
+    """A folder of saved slot states, one per prompt text, removed by `close`."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="specdec-slots-"))
+        self._saved: set[str] = set()
+
+    def flags(self) -> list[str]:
+        """The flags a server needs to save and restore into this folder."""
+        return ["--slot-save-path", str(self.folder)]
+
+    def restore(self, server: LlamaServer, prompt: str | list[Any], complete: Any) -> None:
+        """Put `prompt`'s state into slot 0 of `server` (one slot: B = 1): restored when some server
+        saved it, else processed here (`complete(server, prompt, 1)`, the prompt cache on) and saved
+        for the next."""
+        name = _file_name(prompt)
+        if name in self._saved:
+            server.post("/slots/0?action=restore", {"filename": name})
+            return
+        complete(server, prompt, 1)
+        server.post("/slots/0?action=save", {"filename": name})
+        self._saved.add(name)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self._saved.clear()
+
+
+def _file_name(prompt: str | list[Any]) -> str:
+    text = prompt if isinstance(prompt, str) else repr(prompt)
+    return hashlib.sha256(text.encode()).hexdigest()[:32] + ".bin"
