@@ -83,8 +83,10 @@ def main() -> None:
         chosen = p.best.config
         prompts, new_tokens = p.workload.prompts, p.workload.max_new_tokens
         cell = [r for r in p.context_table if r.batch_size == 1 and r.context_length == args.context_length]
-        if cell:  # an envelope profile: the run's choice for this length
+        if cell:  # an envelope profile: the run's choice for this length, on what it measured there
             chosen = cell[0].best.config
+            prompts = cell[0].prompts or prompts
+            new_tokens = cell[0].max_new_tokens or new_tokens
     specs = {c.draft.name: c.draft for c in configs + defaults + ([chosen] if chosen else []) if c.gamma}
     models = app.Models(
         target=args.target,

@@ -72,6 +72,31 @@ def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_en
     assert invoke("check", str(out), "--repeats", "3").exit_code == 1
 
 
+def test_a_long_length_cut_by_the_budget_is_checked_as_it_was_measured(tmp_path, fake_engine, monkeypatch):
+    """Each length plans its own trial size (search.budget.trial_size): a plain pass of 20 s at
+    6144 tokens cuts that length's passes to 2 prompts of 32 tokens, 256 keeps all 8 of 128; each
+    cell records what it measured, and `check` re-measures each cell that way."""
+    from specdec_tune.domain import Noise
+
+    quick = fake.FakeSession.noise_and_anchors
+
+    def slow_when_long(self):
+        noise, anchors = quick(self)
+        return (Noise(20.0, 0.002, 3, 2) if self.case.context_length >= 6144 else noise), anchors
+
+    monkeypatch.setattr(fake.FakeSession, "noise_and_anchors", slow_when_long)
+    r, out = _run(tmp_path, "--prompts", "8", "-n", "128", "--budget", "120", "--context-lengths", "256,6144")
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    cut = {row.context_length: (row.prompts, row.max_new_tokens) for row in p.context_table}
+    assert cut == {256: (8, 128), 6144: (2, 32)}
+    assert (p.workload.prompts, p.workload.max_new_tokens) == (8, 128)  # the best's length: uncut
+    fake.SCRIPT["budgets"].clear()
+    c = invoke("check", str(out), "--repeats", "3", "--json")
+    assert c.exit_code == 0, c.output
+    assert [32, 32] in fake.SCRIPT["budgets"] and [128] * 8 in fake.SCRIPT["budgets"]
+
+
 def _row(length: int, draft: str, speedup: float, b: int = 1) -> ContextRow:
     spec = (
         DraftSpec(name="none", kind="none") if draft == "none" else DraftSpec(name=draft, kind="ngram_simple")

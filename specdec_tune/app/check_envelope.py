@@ -51,6 +51,12 @@ def check_cells(
     for length, rows in sorted(by_length.items()):
         drafts = [r.best.config.draft for r in rows if r.best.config.gamma > 0]
         models = session_models(p, folder, drafts, server=server, device=device, context_length=length)
+        # what a pass measured at this length, when the budget cut it (one session: every B alike)
+        models = replace(
+            models,
+            prompts=rows[0].prompts or models.prompts,
+            max_new_tokens=rows[0].max_new_tokens or models.max_new_tokens,
+        )
         with open_session(models, Purpose("check", batch_size=rows[0].batch_size)) as s:
             by_name = {d.name: d for d in s.specs}
             for r in rows:

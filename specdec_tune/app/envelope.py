@@ -66,7 +66,9 @@ def tune_envelope(
         )
     first = runs[min(runs)]
     rows = [
-        context_row(length, b, run.results[b], run.prompt_tokens, predicted_best(run.results[b]))
+        context_row(
+            length, b, run.results[b], run.prompt_tokens, predicted_best(run.results[b]), run.profile.workload
+        )
         for length, run in runs.items()
         for b in batch_sizes
     ]

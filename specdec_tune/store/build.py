@@ -124,10 +124,16 @@ def with_batch_table(profile: Profile, rows: list[BatchRow], predicted_b_star: i
 
 
 def context_row(
-    context_length: int, batch_size: int, result: Any, prompt_tokens: int, predicted: float | None = None
+    context_length: int,
+    batch_size: int,
+    result: Any,
+    prompt_tokens: int,
+    predicted: float | None = None,
+    measured: WorkloadInfo | None = None,
 ) -> ContextRow:
     """The envelope cell of one (B, L) search: its best, each draft's best, T_target(L) from the
-    plain side measured beside them, and the prediction of its best made before it was measured."""
+    plain side measured beside them, the prediction of its best made before it was measured, and
+    what a pass measured there (`measured`: its session's workload, prompts and reply length)."""
     per_draft: dict[str, Any] = {}
     for r in result.results:  # best first: the first of each draft is its best
         if r.config.gamma > 0:
@@ -142,6 +148,8 @@ def context_row(
         t_target_ms=round(1000.0 / base, 4) if base > 0 else None,
         predicted_speedup=predicted,
         study_name=result.study_name,
+        prompts=measured.prompts if measured is not None else None,
+        max_new_tokens=measured.max_new_tokens if measured is not None else None,
     )
 
 

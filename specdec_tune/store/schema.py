@@ -95,6 +95,10 @@ class ContextRow:
     t_target_ms: float | None = None  # plain decoding's milliseconds per token here: T_target(L)
     predicted_speedup: float | None = None  # the cost model's prediction of `best`, made before measuring it
     study_name: str = ""
+    # What a pass measured in this cell (search.budget.trial_size may cut a long length's trial
+    # to fewer prompts and shorter replies): `check` re-measures that. None: the profile's workload.
+    prompts: int | None = None
+    max_new_tokens: int | None = None
 
 
 @dataclass

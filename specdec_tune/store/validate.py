@@ -75,6 +75,10 @@ def _validate_envelope(p: Profile) -> None:
         _in_range(row.context_length, 1, MAX_CONTEXT_LEN, f"{where}.context_length")
         _in_range(row.batch_size, 1, MAX_BATCH_SIZE, f"{where}.batch_size")
         _in_range(row.prompt_tokens, 0, MAX_CONTEXT_LEN, f"{where}.prompt_tokens")
+        if row.prompts is not None:
+            _in_range(row.prompts, 1, MAX_PROMPTS, f"{where}.prompts")
+        if row.max_new_tokens is not None:
+            _in_range(row.max_new_tokens, 1, MAX_NEW_TOKENS, f"{where}.max_new_tokens")
         cell = (row.batch_size, row.context_length)
         if cell in cells:
             raise field_error(where, "must not repeat an earlier row's (batch_size, context_length)", cell)
