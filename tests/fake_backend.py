@@ -215,7 +215,7 @@ class FakeSession:
             else ["fake-server"]
         )
 
-    def exactness(self, result: Any) -> dict[str, Any]:
+    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
         return {"token_exact": True}
 
     def expected_speedup(self, costs: Costs | None, settings: Any) -> float | None:

@@ -175,7 +175,7 @@ def search_session(
             neighbour = [trial_params(results[b].results[0].config), *s.first_trials(settings.max_gamma)]
         noise = watched(noise, watch, progress, s.busy_rule)
         first = results[batch_sizes[0]]
-        exact = s.exactness(first)
+        exact = s.exactness(first, case)
         fields = s.engine_fields(first, out.parent, models.target)
         model = s.batch_model(costs)
     if fields.backend:

@@ -171,8 +171,10 @@ class MeasuringSession(MeasuringBackend, Protocol):
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         """The exact command-line flags that measured `config` (None: an in-process engine)."""
 
-    def exactness(self, result: Any) -> dict[str, Any]:
-        """How exact its best speculative config was at T = 0 ({} when exact by construction)."""
+    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+        """How exact its best speculative config was at T = 0 over `case` (default: the session's
+        whole case; a search cut by its budget passes the prompts it measured) ({} when exact by
+        construction)."""
 
     def begin(self, settings: TuneSettings, study_key: dict[str, Any]) -> None:
         """Before measuring: what the study's workers agree on (our engine's `--engine auto`)."""

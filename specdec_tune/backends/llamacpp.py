@@ -226,12 +226,15 @@ class LlamaCppSession:
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         return self.backend.flags(config, batch_size)
 
-    def exactness(self, result: Any) -> dict[str, Any]:
-        """At T = 0: the best speculative config's tokens against the plain server's, per prompt."""
+    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+        """At T = 0: the best speculative config's tokens against the plain server's, per prompt of
+        `case` (the prompts the search measured: its first pass checked them already, so this
+        costs no request; the whole workload's would cost a prefill each at a long context)."""
+        case = case or self.case
         best = next((r for r in result.results if r.config.gamma > 0), None)
-        if best is None or self.case.temperature != 0:
+        if best is None or case.temperature != 0:
             return {}
-        e = self.backend.exactness(best.config, self.case)
+        e = self.backend.exactness(best.config, case)
         return {
             "config": best.config.label,
             "prompts": e["prompts"],

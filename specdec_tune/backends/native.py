@@ -219,7 +219,7 @@ class NativeSession:
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         return None
 
-    def exactness(self, result: Any) -> dict[str, Any]:
+    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
         return {}  # greedy output equals the target's own by construction (and by test)
 
     def expected_speedup(self, costs: Costs | None, settings: TuneSettings) -> float | None:

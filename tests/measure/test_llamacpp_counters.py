@@ -18,7 +18,8 @@ class FakeServer:
         self.args = args
         self.spec = "--spec-type" in args
         self.alive = False
-        self.bodies: list[dict[str, Any]] = []
+        self.bodies: list[dict[str, Any]] = []  # completions
+        self.slots: list[str] = []  # slot saves and restores (measure.llamacpp.states)
 
     def start(self) -> None:
         self.alive = True
@@ -27,6 +28,9 @@ class FakeServer:
         self.alive = False
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+        if path.startswith("/slots/"):
+            self.slots.append(path.split("action=")[1])
+            return {}
         self.bodies.append(body)
         n = int(body["n_predict"])
         timings = {"predicted_n": n, "predicted_ms": 10.0 * n}
@@ -70,6 +74,11 @@ def test_a_measurement_carries_each_timed_requests_counters(monkeypatch):
     # no extra request: per side, the reference or exactness pass, then the timed ones
     spec_server = next(s for s in started if s.spec)
     assert len(spec_server.bodies) == 2 + 6
+    # each prompt was processed once, in the plain server (its state saved), and restored before
+    # every request of the speculative one
+    assert spec_server.slots == ["restore"] * 8
+    plain_server = next(s for s in started if not s.spec)
+    assert plain_server.slots.count("save") == 2 and [b["n_predict"] for b in plain_server.bodies[:1]] == [1]
 
     (base,) = backend.measure([Config(config.draft, 0)], case, 1, 2)
     assert [r.side for r in base.requests] == ["plain"] * 4
