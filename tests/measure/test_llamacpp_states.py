@@ -3,7 +3,10 @@ every later one restores it; one file per prompt text; the folder goes at close.
 
 from __future__ import annotations
 
-from specdec_tune.measure.llamacpp.states import PromptStates
+import subprocess
+import sys
+
+from specdec_tune.measure.llamacpp.states import PREFIX, PromptStates, sweep_orphans
 
 
 class Server:
@@ -33,3 +36,17 @@ def test_a_prompt_is_processed_and_saved_once_then_restored():
     finally:
         states.close()
     assert not states.folder.exists()
+
+
+def test_a_folder_left_by_a_killed_process_is_swept_and_a_live_ones_is_kept(tmp_path):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    orphan = tmp_path / f"{PREFIX}{int(dead.stdout)}-abc"
+    mine = tmp_path / f"{PREFIX}{__import__('os').getpid()}-def"
+    other = tmp_path / "unrelated"
+    for d in (orphan, mine, other):
+        d.mkdir()
+        (d / "x.bin").write_bytes(b"state")
+    assert sweep_orphans(tmp_path) == [orphan]
+    assert not orphan.exists() and mine.exists() and other.exists()

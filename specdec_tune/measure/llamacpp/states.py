@@ -19,6 +19,7 @@ it changes no computation and is not in the exported flags.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,12 +27,16 @@ from typing import Any
 
 from .server import LlamaServer
 
+PREFIX = "specdec-slots-"
+
 
 class PromptStates:
-    """A folder of saved slot states, one per prompt text, removed by `close`."""
+    """A folder of saved slot states, one per prompt text, removed by `close`; a folder left by a
+    process that was killed (its pid in the name, no longer alive) is removed by the next one."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="specdec-slots-"))
+        sweep_orphans()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self._saved: set[str] = set()
 
     def flags(self) -> list[str]:
@@ -53,6 +58,27 @@ class PromptStates:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self._saved.clear()
+
+
+def sweep_orphans(root: Path | None = None) -> list[Path]:
+    """Remove the state folders under `root` (the temp folder) whose process is gone; returns them."""
+    gone = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = d.name[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _file_name(prompt: str | list[Any]) -> str:
