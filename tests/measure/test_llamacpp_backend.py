@@ -119,9 +119,15 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo, monkeypatc
         server = srv.LlamaServer(REAL, argv[1:], threads=1)
         try:
             server.start()
-            prompt = "def f(x):\n    return x + 1\n\n" * 4  # lookups find matches in it
-            reply = server.post("/completion", {"prompt": prompt, "n_predict": 32})
-            assert reply["timings"].get("draft_n", 0) > 0
+            prompt = "def f(x):\n    return x + 1\n\n" * 4
+            reply = server.post("/completion", {"prompt": prompt, "n_predict": 32, "temperature": 0})
+            assert reply["timings"]["predicted_n"] > 0  # it took the exported flags and answered
+            if p.best.config.draft.kind == "model":
+                assert reply["timings"].get("draft_n", 0) > 0
+            # An n-gram draft proposes only where the text repeats itself, and the demo target's
+            # own text here does not: ngram-simple:3 drafted 0 tokens at T = 0 in 5 of 5 requests,
+            # and at T = 0.8 in 2 of 5 at gamma 4, 0 of 5 at gamma 1 and 2 (CI failed on it when a
+            # noisy search chose the n-gram). Its drafting is what the trials measured (draft_n).
         finally:
             server.stop()
 
