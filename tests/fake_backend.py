@@ -6,7 +6,7 @@ exactly as a vLLM or SGLang backend would be, and the pipeline has no branch for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,6 +14,7 @@ from specdec_tune.backends.base import Models, Progress, Purpose
 from specdec_tune.checkpolicy import CHECK_POLICY
 from specdec_tune.domain import Anchors, Config, Costs, DraftCosts, DraftSpec, Metrics, Noise
 from specdec_tune.limits import check_context
+from specdec_tune.measurement import Measurement
 from specdec_tune.runtime.contexts import workload_as_sent
 from specdec_tune.runtime.workloads import Workload, load_workload, stratified
 from specdec_tune.search.budget import TrialShape
@@ -68,16 +69,6 @@ class FakeCase:
 def count_words(text: str) -> int:
     """The scripted engine's tokenizer: a token per whitespace-separated word."""
     return len(text.split())
-
-
-@dataclass
-class FakeMeasurement:
-    metrics: Metrics
-    mismatches: int = 0
-    speedups: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.metrics.as_dict(), "mismatches": self.mismatches, "speedups": list(self.speedups)}
 
 
 class FakeSession:
@@ -170,7 +161,7 @@ class FakeSession:
             )  # fmt: skip
             SCRIPT["measured"].append((c.label, batch_size))
             SCRIPT["budgets"].append(list(case.max_new_tokens))
-            out.append(FakeMeasurement(metrics, 0, speedups))
+            out.append(Measurement(metrics, tokens=0, mismatches=0, speedups=speedups))
         return out
 
     def pass_seconds(self, batch_size: int) -> float:

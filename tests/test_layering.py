@@ -22,11 +22,13 @@ STAGES = ["runtime", "measure", "search", "store", "backends", "serving", "outpu
 # Shared leaves (dotted names under the package): plain data and checks every stage may use
 # (serving.capabilities: what each serving engine runs, which the search space and the profile schema
 # both name; demo: the shipped models; atomic: the one atomic writer and file lock, which runtime's
-# caches and the store both write through; checkpolicy: every threshold `check` decides by, which
-# measure.noise's busy rule and domain's reference rule read too; paths: the one cache folder). A
+# caches and the store both write through; measurement: the one type every backend's `measure`
+# returns; checkpolicy: every threshold `check` decides by, which measure.noise's busy rule and
+# domain's reference rule read too; paths: the one cache folder). A
 # leaf inside a stage folder imports that folder's `__init__` too, which therefore imports nothing
 # of the package.
-LEAVES = {"domain", "errors", "limits", "demo", "atomic", "checkpolicy", "paths", "serving.capabilities"}
+LEAVES = {"domain", "errors", "limits", "demo", "atomic", "checkpolicy", "paths", "measurement",
+          "serving.capabilities"}  # fmt: skip
 # Modules outside the stage folders and the stage they belong to.
 LOOSE = {"__init__": None}
 # Stages that import no other stage (only the shared leaves): store's profiles load without torch.

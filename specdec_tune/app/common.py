@@ -12,6 +12,7 @@ from ..backends.base import Models, Progress
 from ..errors import SpecDecError
 from ..measure.noise import busy, during_line, machine_window, noise_line
 from ..measure.stats import MIN_PAIRS
+from ..measurement import Measurement
 from ..search.space import TuneSettings
 from ..store.schema import Profile
 
@@ -38,7 +39,7 @@ class BenchResult:
     workload: str
     prompts: int
     device: str
-    measurement: Any  # measure.bench.Measurement
+    measurement: Measurement
     hf: dict[str, Any] | None = None  # transformers' assisted generation, with `compare_hf`
     # per category of the workload (batch 1, two categories or more): acceptance and speedup
     categories: list[dict[str, Any]] | None = None

@@ -26,6 +26,7 @@ from ..measure.llamacpp.load import engine_busy, load_hint, oversubscribed_line,
 from ..measure.llamacpp.server import ServerError, build_info, find_server, servers_die_with_us
 from ..measure.noise import measure_noise
 from ..measure.timing import median
+from ..measurement import Measurement
 from ..runtime.contexts import workload_as_sent
 from ..search.budget import TrialShape
 from ..search.enginemodel import EngineCostModel, Observation
@@ -152,7 +153,7 @@ class LlamaCppSession:
 
     # -- measuring
     def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None, screen: Any = None) -> list[Any]:  # fmt: skip
+                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
 
     @property
@@ -341,8 +342,8 @@ class EnginePredictor:
     def __init__(self) -> None:
         self.model = EngineCostModel()
 
-    def observe(self, config: Config, m: Any) -> None:
-        if getattr(m, "requests", None):
+    def observe(self, config: Config, m: Measurement) -> None:
+        if m.requests:
             self.model.add(Observation.from_measurement(config, m))
 
     def predict(self, config: Config) -> float | None:

@@ -19,6 +19,7 @@ from ..measure.anchors import measure_twice
 from ..measure.backends import NativeBackend
 from ..measure.decode_anchor import spec_of
 from ..measure.noise import measure_noise
+from ..measurement import Measurement
 from ..runtime.models.loading import content_hash, slugify
 from ..runtime.models.shapes import SHAPE_CONTEXT_LEN
 from ..search.budget import TrialShape
@@ -145,7 +146,7 @@ class NativeSession:
 
     # -- measuring
     def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None, screen: Any = None) -> list[Any]:  # fmt: skip
+                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
 
     @property

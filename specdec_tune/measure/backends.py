@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..domain import Config
+from ..measurement import Measurement
 from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
 from .seam import Measured, MeasuringBackend, Screen
@@ -45,7 +46,7 @@ class NativeBackend:
         seed: int = 0,
         on_repeat: Callable[[int, float], None] | None = None,
         screen: Screen | None = None,  # not split here (`screens`): the whole workload is measured
-    ) -> list[Any]:
+    ) -> list[Measurement]:
         pool = self.pool
         hook = None
         if on_repeat is not None:

@@ -15,13 +15,14 @@ import os
 import resource
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
+from ..measurement import Measurement
 from ..runtime.batch import BatchDrafter, BatchRun, batch_generate
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats
@@ -41,18 +42,14 @@ class ServingSide:
     peak_memory_mb: float | None
 
 
-@dataclass
-class BatchMeasurement:
+@dataclass(kw_only=True)
+class BatchMeasurement(Measurement):
+    """A config at batch size B: a `Measurement` (metrics of the config at B, per-repeat speedups,
+    the loop's counters, compile work) and both serving sides' throughput, latency and memory."""
+
     batch_size: int
-    metrics: Metrics  # speedup and acceptance of the config at this batch size
     speculative: ServingSide
     plain: ServingSide
-    mismatches: int  # greedy only: prompts whose output differs from plain batched decoding
-    speedups: list[float] = field(default_factory=list)
-    stats: SpecStats = field(default_factory=SpecStats)
-    outputs: list[list[int]] = field(default_factory=list)
-    # compiled engine: graphs built and compile seconds before timing (never inside it)
-    build: GraphBuild = field(default_factory=GraphBuild)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,7 +59,7 @@ class BatchMeasurement:
             "plain": vars(self.plain),
             "mismatches": self.mismatches,
             "speedups": list(self.speedups),
-            "compile": self.build.as_dict(),
+            "compile": (self.build or GraphBuild()).as_dict(),
         }
 
 
@@ -230,7 +227,18 @@ def measure_batched_many(
         )
         mine = _side(own, rates, memory[i]) if speculative[i] else plain
         result.append(
-            BatchMeasurement(batch_size, metrics, mine, plain, mismatches, ratios[i], stats, out, build)
+            BatchMeasurement(
+                metrics,
+                sum(map(len, out)),
+                mismatches,
+                ratios[i],
+                stats=stats,
+                outputs=out,
+                build=build,
+                batch_size=batch_size,
+                speculative=mine,
+                plain=plain,
+            )
         )
     return result
 

@@ -8,13 +8,14 @@ ratios to the same repeat's baseline, with the spread reported.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
+from ..measurement import Measurement
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.drafting.drafters import Drafter
@@ -23,37 +24,6 @@ from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compil
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
 from .timing import interleaved_parts, median, spread
-
-
-@dataclass
-class Measurement:
-    """The metrics of one config plus the evidence behind them."""
-
-    metrics: Metrics
-    tokens: int  # tokens generated per pass
-    mismatches: int  # greedy only: prompts whose output differs from the baseline's (0 = exact)
-    speedups: list[float] = field(default_factory=list)  # per repeat
-    stats: SpecStats = field(default_factory=SpecStats)
-    outputs: list[list[int]] = field(default_factory=list)
-    # compiled engine: graphs built and compile seconds before timing (never inside it)
-    build: GraphBuild = field(default_factory=GraphBuild)
-    # per repeat: the config's tokens/s and the plain target's (`check` judges them)
-    rates: list[float] = field(default_factory=list)
-    baseline_rates: list[float] = field(default_factory=list)
-    processes: int = 0  # > 0: medians of that many fresh processes, one sample each (app.checking)
-    # measured with a decode anchor (measure.decode_anchor): per repeat, its steps/s and the plain
-    # tokens/s divided by them (timed prompt by prompt between the plain passes)
-    anchor_rates: list[float] = field(default_factory=list)
-    plain_per_anchor: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            **self.metrics.as_dict(),
-            "tokens": self.tokens,
-            "mismatches": self.mismatches,
-            "speedups": list(self.speedups),
-            "compile": self.build.as_dict(),
-        }
 
 
 @dataclass
@@ -271,11 +241,11 @@ def measure_many(
                 sum(map(len, outs)),
                 mismatches,
                 ratios[i],
-                stats,
-                outs,
-                build,
                 own_rates,
                 base_rates,
+                stats=stats,
+                outputs=outs,
+                build=build,
                 anchor_rates=list(anchor_rates),
                 plain_per_anchor=list(per_anchor),
             )

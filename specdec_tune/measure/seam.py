@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..domain import Config, Metrics
+from ..measurement import Measurement
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class MeasuringBackend(Protocol):
         seed: int = 0,
         on_repeat: Callable[[int, float], None] | None = None,
         screen: Screen | None = None,
-    ) -> list[Any]:
+    ) -> list[Measurement]:
         """One measurement per config (`.metrics`, `.mismatches`), timed against the plain
         baseline in the same run. `on_repeat(r, speedup)` after each repeat (one config only);
         `screen` (one config only): the first prompts first, reported (a backend that cannot

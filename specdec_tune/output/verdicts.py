@@ -13,7 +13,7 @@ from .environment import Environment
 @dataclass(frozen=True)
 class Evidence:
     """What `check` gathered for one stored config: what it stored (`stored`: a search Result, its
-    `config` and `metrics`), what it measured now (`measured`: a bench.Measurement; `again`: the
+    `config` and `metrics`), what it measured now (`measured`: a `Measurement`; `again`: the
     confirmation, None when the first clearly passed) and on what machine (`environment`).
 
     `judge_rates`: the machine anchors agree, so the plain tokens/s is judged, at `rate_scale`

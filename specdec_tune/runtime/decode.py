@@ -9,90 +9,16 @@ At temperature 0 the output equals the target's own greedy decoding token for to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import SpecDecError
 from ..limits import check_decoding
+from ..measurement import SpecStats
 from .caches.modes import ExecutionContext, SeqCache
 from .drafting.drafters import Drafter
-
-
-@dataclass
-class SpecStats:
-    """Counters of one or more generations; rates are derived, so stats of runs simply add."""
-
-    proposed: int = 0  # draft tokens offered to the target
-    accepted: int = 0  # of those, kept
-    target_forwards: int = 0  # decode-time target forwards (prefill excluded)
-    emitted: int = 0  # tokens generated
-    reached_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was verified
-    accepted_at: list[int] = field(default_factory=list)  # [i]: times position i+1 was accepted
-    # [i]: times position i+1 was within the step's gamma with positions 1..i accepted, whether or
-    # not the drafter proposed it (prompt lookup often has nothing to propose)
-    allowed_at: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """alpha = accepted / proposed draft tokens (0 when nothing was proposed)."""
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def mean_accepted_len(self) -> float:
-        """tau = tokens emitted per target forward."""
-        return self.emitted / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        """P(draft token i accepted | tokens 1..i-1 accepted), for each position ever verified."""
-        return [a / r for a, r in zip(self.accepted_at, self.reached_at, strict=False) if r]
-
-    @property
-    def effective_acceptance(self) -> list[float]:
-        """P(token i accepted | tokens 1..i-1 accepted), a position the drafter left empty counting
-        as rejected: what the cost model needs, since an empty position emits nothing. Equal to
-        `per_position_acceptance` for a drafter that always proposes its full gamma."""
-        accepted = self.accepted_at + [0] * (len(self.allowed_at) - len(self.accepted_at))
-        return [a / r for a, r in zip(accepted, self.allowed_at, strict=False) if r]
-
-    def add(self, other: SpecStats) -> None:
-        self.proposed += other.proposed
-        self.accepted += other.accepted
-        self.target_forwards += other.target_forwards
-        self.emitted += other.emitted
-        for mine, theirs in (
-            (self.reached_at, other.reached_at),
-            (self.accepted_at, other.accepted_at),
-            (self.allowed_at, other.allowed_at),
-        ):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-
-    @classmethod
-    def from_steps(cls, steps: list[tuple[int, int, int]], forwards: int, emitted: int) -> SpecStats:
-        """Counters of one generation from its steps: (allowed gamma g, proposed k, accepted n)."""
-        width = max((k for _, k, _ in steps), default=0)
-        allowed_width = max((g for g, _, _ in steps), default=0)
-        reached, accepted, allowed = [0] * width, [0] * width, [0] * allowed_width
-        for g, k, n in steps:
-            for i in range(min(n + 1, k)):
-                reached[i] += 1
-            for i in range(n):
-                accepted[i] += 1
-            for i in range(min(n + 1, g)):
-                allowed[i] += 1
-        return cls(
-            proposed=sum(k for _, k, _ in steps),
-            accepted=sum(n for _, _, n in steps),
-            target_forwards=forwards,
-            emitted=emitted,
-            reached_at=reached,
-            accepted_at=accepted,
-            allowed_at=allowed,
-        )
 
 
 @dataclass

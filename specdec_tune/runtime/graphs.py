@@ -18,29 +18,11 @@ profile and a costs file record them apart from the measurements.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from ..measurement import GraphBuild
 from .caches.modes import ExecutionContext
 from .caches.slots import compile_events
-
-
-@dataclass
-class GraphBuild:
-    """Compile work done outside the timed region, and any seen inside it."""
-
-    graphs: int = 0  # graphs dynamo built during warm-up and prebuild
-    seconds: float = 0.0  # wall time of warm-up and prebuild (compile time, never timed as decode)
-    in_timing: int = 0  # graphs built inside timed passes (each such pass was discarded and re-timed)
-    retimed: int = 0  # timed rounds discarded because a graph was built inside them
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "graphs": self.graphs,
-            "compile_s": round(self.seconds, 3),
-            "graphs_in_timing": self.in_timing,
-            "retimed": self.retimed,
-        }
 
 
 def widths_for(is_target: bool, gammas: list[int]) -> list[int]:

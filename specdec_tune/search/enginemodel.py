@@ -111,7 +111,7 @@ class Observation:
 
     @classmethod
     def from_measurement(cls, config: Config, measurement: Any) -> Observation:
-        """From an `EngineMeasurement` (its `requests`, each with a `side`); requests that ran
+        """From a `Measurement` (its `requests`, each with a `side`); requests that ran
         with other requests in flight (batch_size > 1) are left out: their ms are not one row's."""
         obs = cls(config)
         for r in measurement.requests:
@@ -383,5 +383,5 @@ def _group(config: Config) -> tuple[str, float]:
 
 
 def observations(pairs: Sequence[tuple[Config, Any]]) -> list[Observation]:
-    """Observations from (config, EngineMeasurement) pairs, as a backend's `measure` returns them."""
+    """Observations from (config, Measurement) pairs, as a backend's `measure` returns them."""
     return [Observation.from_measurement(c, m) for c, m in pairs]

@@ -186,7 +186,7 @@ def _measure(
         )
         for i, m in zip(indices, ms, strict=True):
             parts[i].append(m.metrics)
-        return [list(getattr(m, "speedups", None) or [m.metrics.speedup]) for m in ms]
+        return [list(m.speedups or [m.metrics.speedup]) for m in ms]
 
     try:
         outcome = race(

@@ -328,14 +328,15 @@ class _Objective:
                     if self.model
                     else None
                 )
-            samples = list(getattr(m, "speedups", None) or [])
+            samples = list(m.speedups)
             m.metrics.speedup_samples = [round(x, 5) for x in samples]
             m.metrics.speedup_interval = speedup_interval(samples, self.settings.seed)
             for k, v in {**m.metrics.as_dict(), "mismatches": m.mismatches}.items():
                 trial.set_user_attr(k, v)
-            for k in ("flags", "exactness"):  # what an engine backend ran and how exact it was
-                if getattr(m, k, None):
-                    trial.set_user_attr(k, getattr(m, k))
+            if m.flags:  # what an engine backend ran and how exact it was
+                trial.set_user_attr("flags", m.flags)
+            if m.exactness:
+                trial.set_user_attr("exactness", m.exactness)
             return m.metrics.speedup
         except optuna.TrialPruned:
             raise

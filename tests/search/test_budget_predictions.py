@@ -7,7 +7,7 @@ import pytest
 from helpers import make_costs
 
 from specdec_tune.domain import DraftSpec, Metrics
-from specdec_tune.measure.bench import Measurement
+from specdec_tune.measurement import Measurement
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import CostModel
 from specdec_tune.search.space import TuneSettings

@@ -14,7 +14,7 @@ from helpers import a_verdict, invoke, one_red_line, tiny_args
 from specdec_tune.app.common import adapt_to_noise
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Noise, Result
 from specdec_tune.errors import SpecDecError
-from specdec_tune.measure.bench import Measurement
+from specdec_tune.measurement import Measurement
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search import tuner
 from specdec_tune.search.final import pick_finalists
@@ -720,6 +720,7 @@ def test_the_llamacpp_probe_trials_come_out_of_the_search_timeout():
     assert after_probe(TuneSettings(trials=20), 72.0, 4).timeout_s is None  # no budget, no timeout
 
 
+@pytest.mark.slow  # the CLI end to end, three lengths
 def test_run_at_several_context_lengths_writes_the_envelope(tiny_dirs, tmp_path):
     # our engine through the same envelope pipeline as every backend (tests/test_envelope.py):
     # the prompts fitted to each length with real text by the target's own tokenizer

@@ -29,17 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from ...domain import Config, Metrics
+from ...measurement import Measurement
 from ..seam import Screen
 from ..timing import median, spread
 from .args import server_args
-from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, EngineMeasurement, TextCase, _Reply
+from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, TextCase, _Reply
 from .counters import request_stats
 from .exactness import ExactnessChecks
 from .server import LlamaServer, ServerError, build_info, find_server
 from .states import PromptStates
 
 # re-exported: callers import the case and measurement types from the backend
-__all__ = ["NEAR_TIE", "STATEFUL_KINDS", "WARMUP_PROMPT", "EngineMeasurement", "LlamaCppBackend", "TextCase"]
+__all__ = ["NEAR_TIE", "STATEFUL_KINDS", "WARMUP_PROMPT", "LlamaCppBackend", "TextCase"]
 
 
 class LlamaCppBackend(ExactnessChecks):
@@ -193,7 +194,7 @@ class LlamaCppBackend(ExactnessChecks):
         seed: int = 0,
         on_repeat: Any = None,
         screen: Screen | None = None,
-    ) -> list[EngineMeasurement]:
+    ) -> list[Measurement]:
         """The configs against one plain side, interleaved (`_measure_together`); a config whose
         server fails raises `ServerError` (the caller fails that trial alone). With `screen`, a config's first prompts
         are measured first (every repeat) and reported before the rest."""
@@ -214,7 +215,7 @@ class LlamaCppBackend(ExactnessChecks):
         repeats: int,
         on_repeat: Any = None,
         screen: Screen | None = None,
-    ) -> list[EngineMeasurement]:
+    ) -> list[Measurement]:
         """Speculative `configs` against one plain side: per repeat a plain pass and each config's
         pass, in turn (reversed every other repeat: ABBA), every config's server alive for the
         whole measurement (llama-server maps the GGUF, so they share the weights' pages). A
@@ -293,34 +294,32 @@ class LlamaCppBackend(ExactnessChecks):
             )
             exact = self._exactness_of(config, case) if case.temperature == 0 and batch_size == 1 else {}
             out.append(
-                EngineMeasurement(
+                Measurement(
                     metrics,
                     tokens // max(1, repeats),
                     exact.get("mismatches", 0),
                     speedups[i],
-                    exact,
-                    self.flags(config, batch_size),
-                    [q for p in passes[-1] + own for q in p["requests"]],
+                    requests=[q for p in passes[-1] + own for q in p["requests"]],
+                    flags=self.flags(config, batch_size),
+                    exactness=exact,
                 )
             )
         return out
 
-    def _plain_of(self, m: EngineMeasurement, repeats: int) -> EngineMeasurement:
+    def _plain_of(self, m: Measurement, repeats: int) -> Measurement:
         """The baseline's measurement in a round of configs: the shared plain side, 1.0 a repeat."""
         rate = m.metrics.baseline_tokens_per_s
         metrics = Metrics(rate, rate, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
         plain = [q for q in m.requests if q.side == "plain"]
-        return EngineMeasurement(metrics, sum(q.predicted_n for q in plain) // max(1, repeats), 0,
-                                 [1.0] * repeats, requests=plain)  # fmt: skip
+        tokens = sum(q.predicted_n for q in plain) // max(1, repeats)
+        return Measurement(metrics, tokens, 0, [1.0] * repeats, requests=plain)
 
-    def _baseline(
-        self, plain: LlamaServer, case: TextCase, batch_size: int, repeats: int
-    ) -> EngineMeasurement:
+    def _baseline(self, plain: LlamaServer, case: TextCase, batch_size: int, repeats: int) -> Measurement:
         passes = [self._pass(plain, case, batch_size) for _ in range(max(1, repeats))]
         tok_s = median([p["tok_s"] for p in passes])
         metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
         requests = [r for p in passes for r in p["requests"]]
-        return EngineMeasurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
+        return Measurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
 
     def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the

@@ -1,13 +1,9 @@
 """What the llama.cpp backend sends and keeps: a pass's prompts (`TextCase`), one server reply,
-and one config's measurement with its evidence (`EngineMeasurement`)."""
+and the exactness rule's near-tie margin."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from ...domain import Metrics
-from .counters import RequestStats
 
 NEAR_TIE = 0.05  # plain top-1 minus top-2 probability below this: a near-tie, not a bug
 # Drafts whose state outlives a request (ngram-mod's n-gram pool is shared by every request of a
@@ -40,30 +36,6 @@ class TextCase:
     def part(self, start: int, stop: int) -> TextCase:
         """Prompts `start` to `stop` (exclusive)."""
         return TextCase(self.prompts[start:stop], self.max_new_tokens[start:stop], self.temperature)
-
-
-@dataclass
-class EngineMeasurement:
-    """One config measured in an engine: metrics and the evidence (per-repeat speedups, exactness)."""
-
-    metrics: Metrics
-    tokens: int
-    mismatches: int  # prompts whose T = 0 tokens differ from the plain server's
-    speedups: list[float] = field(default_factory=list)
-    exactness: dict[str, Any] = field(default_factory=dict)
-    flags: list[str] = field(default_factory=list)
-    requests: list[RequestStats] = field(default_factory=list)  # every timed one, both sides, in order
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            **self.metrics.as_dict(),
-            "tokens": self.tokens,
-            "mismatches": self.mismatches,
-            "speedups": list(self.speedups),
-            "exactness": dict(self.exactness),
-            "flags": list(self.flags),
-            "requests": [r.as_dict() for r in self.requests],
-        }
 
 
 @dataclass

@@ -4,31 +4,9 @@ so a cost model of the engine can be fitted from decode timings (`search.enginem
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from typing import Any
 
-
-@dataclass
-class RequestStats:
-    """One timed request's counters from the server's `timings` (server-common.cpp, build 11434).
-
-    predicted_n: tokens generated, the first one included (it comes from the prompt's logits);
-    predicted_ms: from that first token to the last, so it covers predicted_n - 1 - draft_accepted
-    target forwards; draft_n: tokens drafted, summed over the request's drafts; draft_accepted:
-    drafted tokens the target accepted. The server does not report how many forwards carried a
-    draft (its per-request n_draft_verif_steps reaches only the log and /metrics).
-    """
-
-    side: str  # "spec" or "plain"
-    predicted_n: int
-    predicted_ms: float
-    draft_n: int = 0
-    draft_accepted: int = 0
-    n_predict: int = 0  # the request's token budget
-    batch_size: int = 1  # requests in flight on the server while it ran
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from ...measurement import RequestStats
 
 
 def request_stats(replies: Iterable[Any], side: str, batch_size: int) -> list[RequestStats]:
