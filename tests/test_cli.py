@@ -159,6 +159,20 @@ def test_profile_bad_input(tiny_dirs, extra):
     one_red_line(invoke("profile", *tiny_args(tiny_dirs, *extra)))
 
 
+def test_an_unwritable_output_is_refused_before_anything_is_measured(tmp_path):
+    from pathlib import Path
+
+    from specdec_tune.app.common import check_writable
+    from specdec_tune.errors import SpecDecError
+
+    # as root os.access says /proc is writable: only a file made there says it is not (the
+    # profile above used to measure everything first, then fail to write)
+    with pytest.raises(SpecDecError, match=r"cannot write /proc/nope/costs\.yaml"):
+        check_writable(Path("/proc/nope/costs.yaml"))
+    check_writable(tmp_path / "new" / "deeper" / "p.yaml")  # folders that do not exist yet are made later
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

@@ -4,6 +4,7 @@ noise adaptation of the final round, the check that an output path is writable, 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,15 @@ def check_writable(path: Path) -> None:
         probe = probe.parent
     if path.is_dir() or not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise SpecDecError(f"cannot write {path}: choose a writable file path")
+    # os.access says yes to root everywhere, /proc included: a file created and removed at once
+    # in the deepest folder that exists is what says it (the folders below it are made later).
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".specdec-probe-"):
+            pass
+    except OSError as exc:
+        raise SpecDecError(
+            f"cannot write {path}: {exc.strerror or exc}; choose a writable file path"
+        ) from None
 
 
 @dataclass
