@@ -9,10 +9,10 @@ against the reference's ratio: the machine's own speed cancels there.
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..measure.stats import INCONCLUSIVE, REGRESSION, Judgement, judge_speedup
+from ..measurement import Measurement
 from .verdicts import CheckItem, Evidence
 
 
@@ -39,12 +39,12 @@ def info_item(name: str, stored: float, measured: float, note: str = "informatio
 RATES = {"tokens_per_s": "rates", "baseline_tokens_per_s": "baseline_rates"}  # metric: per-repeat field
 
 
-def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
+def rates_of(measured: Measurement, again: Measurement | None, metric: str) -> list[float]:
     """Every per-repeat tokens/s of `metric` in a re-measurement and its confirmation (the median
     alone where a measurement kept no repeats)."""
     out = []
     for m in (measured, again) if again is not None else (measured,):
-        out += list(getattr(m, RATES[metric], None) or [getattr(m.metrics, metric)])
+        out += list(getattr(m, RATES[metric]) or [getattr(m.metrics, metric)])
     return out
 
 
@@ -52,12 +52,12 @@ def rates_of(measured: Any, again: Any | None, metric: str) -> list[float]:
 PER_ANCHOR = "plain_per_anchor"
 
 
-def per_anchor_of(measured: Any, again: Any | None) -> list[float]:
+def per_anchor_of(measured: Measurement, again: Measurement | None) -> list[float]:
     """Every plain tokens/s per decode-anchor step/s of a re-measurement and its confirmation
     (empty where the first was measured without the anchor)."""
-    out = list(getattr(measured, PER_ANCHOR, None) or [])
+    out = list(measured.plain_per_anchor)
     if out and again is not None:
-        out += list(getattr(again, PER_ANCHOR, None) or [])
+        out += list(again.plain_per_anchor)
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..measurement import Measurement
 from .environment import Environment
 
 
@@ -21,8 +22,8 @@ class Evidence:
     (output.check.reference_of, {} for older profiles); `where`: the items' suffix (" @ B=4")."""
 
     stored: Any
-    measured: Any
-    again: Any | None = None
+    measured: Measurement
+    again: Measurement | None = None
     temperature: float = 0.0
     environment: Environment = field(default_factory=Environment)
     judge_rates: bool = False

@@ -8,6 +8,7 @@ import pytest
 
 from specdec_tune.domain import Anchors, Metrics
 from specdec_tune.measure.anchors import MachineSpeed, faster
+from specdec_tune.measurement import Measurement
 from specdec_tune.output.anchors import anchor_verdict, other_hardware_message
 from specdec_tune.output.check import Evidence, needs_confirmation, rate_items
 from specdec_tune.output.environment import BUSY, QUIET, SHARED, Environment, load_of
@@ -22,12 +23,8 @@ def _metrics(tokens=100.0, baseline=80.0, speedup=1.25):
 
 
 def _measured(rates, baseline_rates, speedups=(1.25, 1.26, 1.24)):
-    return SimpleNamespace(
-        metrics=_metrics(sorted(rates)[1], sorted(baseline_rates)[1], sorted(speedups)[1]),
-        speedups=list(speedups),
-        rates=list(rates),
-        baseline_rates=list(baseline_rates),
-    )
+    metrics = _metrics(sorted(rates)[1], sorted(baseline_rates)[1], sorted(speedups)[1])
+    return Measurement(metrics, 10, 0, list(speedups), rates=list(rates), baseline_rates=list(baseline_rates))
 
 
 MACHINE = {"copy_bandwidth_gbps": 20.0, "matmul_gflops": 100.0}

@@ -17,6 +17,7 @@ from specdec_tune import checkpolicy
 from specdec_tune.checkpolicy import CHECK_POLICY, LLAMACPP_CHECK_POLICY, CheckPolicy, policy_for
 from specdec_tune.domain import Anchors, Metrics
 from specdec_tune.measure.anchors import MachineSpeed
+from specdec_tune.measurement import Measurement
 from specdec_tune.output.anchors import anchor_verdict
 from specdec_tune.output.check import (
     SHARED,
@@ -46,14 +47,8 @@ def _measured(
 ):
     med = sorted(speedups)[len(speedups) // 2]
     metrics = Metrics(sorted(rates)[1], sorted(baseline)[1], med, 0.02, acceptance, 2.0)
-    return SimpleNamespace(
-        metrics=metrics,
-        speedups=list(speedups),
-        rates=list(rates),
-        baseline_rates=list(baseline),
-        mismatches=mismatches,
-        plain_per_anchor=[],
-        processes=0,
+    return Measurement(
+        metrics, 10, mismatches, list(speedups), rates=list(rates), baseline_rates=list(baseline)
     )
 
 
