@@ -25,6 +25,7 @@ def _run(tmp_path, *extra: str):
     return invoke(*args), out
 
 
+@pytest.mark.slow  # the CLI end to end: run, show, export, check
 def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_engine):
     r, out = _run(
         tmp_path, "--trials", "12", "--batch-sizes", "1,4", "--context-lengths", "256,2048,6144,9000"
@@ -72,6 +73,7 @@ def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_en
     assert invoke("check", str(out), "--repeats", "3").exit_code == 1
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_a_long_length_cut_by_the_budget_is_checked_as_it_was_measured(tmp_path, fake_engine, monkeypatch):
     """Each length plans its own trial size (search.budget.trial_size): a plain pass of 20 s at
     6144 tokens cuts that length's passes to 2 prompts of 32 tokens, 256 keeps all 8 of 128; each

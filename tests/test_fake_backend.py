@@ -23,6 +23,7 @@ def _run(tmp_path, *extra: str):
     return invoke(*args), out
 
 
+@pytest.mark.slow  # the CLI end to end: run, four checks, bench
 def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path, fake_engine):
     r, out = _run(tmp_path, "--trials", "14", "--batch-sizes", "1,4")
     assert r.exit_code == 0, r.output
@@ -72,6 +73,7 @@ def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path,
     assert got["speedup"] == pytest.approx(1.8) and got["device"] == "fake engine"
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_a_budget_too_short_cuts_the_prompts_then_the_replies_and_check_measures_what_ran(
     tmp_path, fake_engine, monkeypatch
 ):
@@ -108,6 +110,7 @@ def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_eng
     assert bad.exit_code == 2 and "unknown backend 'vllm': use native or llamacpp or fake" in bad.output
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_a_profile_checked_with_another_backend_is_refused(tmp_path, fake_engine):
     r, out = _run(tmp_path, "--trials", "6")
     assert r.exit_code == 0, r.output
@@ -117,6 +120,7 @@ def test_a_profile_checked_with_another_backend_is_refused(tmp_path, fake_engine
     assert c.exit_code == 2 and "measured with the fake backend, not llamacpp" in c.output
 
 
+@pytest.mark.slow  # the CLI end to end
 def test_trials_are_screened_on_their_first_prompts_and_the_losing_ones_stop_there(tmp_path, fake_engine):
     """Every speculative trial reports its first prompts' speedup to the study's pruner; a config
     clearly below the best there (the scripted `guess` draft, 1.1x against `copy`'s 1.8x, or `copy`

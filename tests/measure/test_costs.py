@@ -212,6 +212,7 @@ def test_slow_host_work_per_step_shows_up_as_step_overhead(tiny_target, monkeypa
     assert slow_step - loop > 2.0  # the plain loop has no drafter: untouched
 
 
+@pytest.mark.slow  # the whole costs pass
 def test_measure_costs_fills_every_field_and_reports_progress(tiny_target, tiny_draft, prompts):
     case = Case(prompts, [12] * len(prompts))
     drafters = {"draft": ModelDrafter(tiny_draft), "lookup": PromptLookupDrafter()}

@@ -160,6 +160,7 @@ def test_measure_hf_sampling_does_not_claim_identity(tiny_target, tiny_draft):
         measure_hf(tiny_target, sampled, HFConfig("model", 2, 0.0, tiny_draft), repeats=0)
 
 
+@pytest.mark.slow  # a statistical test
 def test_sampling_verifies_on_the_same_distribution(tiny_target):
     """HF's default top-k 50 would cut the target's tail; the pass must switch it off."""
     vocab = tiny_target.config.vocab_size

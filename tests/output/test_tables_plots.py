@@ -167,6 +167,7 @@ def test_show_prints_the_envelope_with_l_star_and_kind_changes():
     assert f"cost model error over 3 cells: median {sorted(errs)[1]:.0%}" in " ".join(text.split())
 
 
+@pytest.mark.slow  # matplotlib renders every plot
 def test_write_plots_writes_all_pngs(tmp_path):
     trials = tmp_path / "trials.csv"
     trials.write_text(

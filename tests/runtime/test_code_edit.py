@@ -62,6 +62,7 @@ def test_code_edit_typos_are_undefined_names():
         assert len(typos) == 1, (p.messages[0]["content"], typos)
 
 
+@pytest.mark.slow  # rebuilds the workload from the standard library
 @pytest.mark.skipif(
     platform.python_version() != _script().PYTHON,
     reason="the shipped file is made from another Python's standard library sources",

@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 
 import pytest
+from helpers import fast_subset
 
 from specdec_tune.demo import demo_path
 from specdec_tune.errors import SpecDecError
@@ -187,7 +188,7 @@ def test_builtins_fit_within_tolerance(name, length):
 
 
 @pytest.mark.filterwarnings("ignore:a request alone")  # general's longest prompts at L=256
-@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("length", fast_subset(LENGTHS, fast=(256,)))
 def test_at_most_max_calls(length):
     for name in (*LONG, "general"):
         for p in load_workload(name).prompts:
@@ -288,6 +289,7 @@ def test_bad_length():
             fit_prompt(Prompt("q"), bad, words)
 
 
+@pytest.mark.slow  # tokenises whole modules
 def test_demo_tokenizer_fits_long_code_edit():
     """The target's own tokenizer (the demo pair's byte-level BPE), read from its tokenizer.json."""
     tokenizers = pytest.importorskip("tokenizers")

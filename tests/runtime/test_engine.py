@@ -57,8 +57,8 @@ def test_baseline_equals_transformers_generate(tiny_target, prompts, hf_referenc
         assert autoregressive_generate(tiny_target, p, MAX_NEW, ctx=ctx).tokens == want
 
 
-@pytest.mark.parametrize("gamma", fast_subset(range(1, 9), fast=(1, 8)))
-@pytest.mark.parametrize("threshold", [0.0, 0.5])
+@pytest.mark.parametrize("gamma", fast_subset(range(1, 9), fast=(8,)))
+@pytest.mark.parametrize("threshold", fast_subset([0.0, 0.5], fast=(0.5,)))
 def test_greedy_speculation_is_exact(tiny_target, tiny_draft, prompts, hf_reference, gamma, threshold, ctx):
     for p, want in zip(prompts, hf_reference, strict=False):
         for d in drafters(tiny_target, tiny_draft, ctx):

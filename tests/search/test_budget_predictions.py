@@ -45,6 +45,7 @@ def _predicted(budgets: list[int], tmp_path) -> dict[int, float]:
     return {r.config.gamma: r.metrics.predicted_speedup for r in res.results if r.config.gamma > 0}
 
 
+@pytest.mark.slow  # tunes in process
 def test_short_budgets_lower_the_tuners_predictions(tmp_path):
     long = _predicted([400, 400, 400], tmp_path)
     short = _predicted([4, 3, 5], tmp_path)

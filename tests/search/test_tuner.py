@@ -39,7 +39,7 @@ def pool(target, draft):
     return DrafterPool(specs(), target, load=lambda spec: draft)
 
 
-@pytest.mark.slow  # a whole tune end to end: the fast tier keeps the failing-trial and resume runs
+@pytest.mark.slow  # a whole tune end to end: the fast tier keeps the failing-trial run
 def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, prompts, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     settings = TuneSettings(trials=6, storage=storage, study_name="t", repeats=1, max_gamma=4)
@@ -76,6 +76,7 @@ def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, pro
     assert study.trials[0].params == {"draft": "none"}
 
 
+@pytest.mark.slow  # two tunes in process
 def test_resume_keeps_finished_trials(tiny_target, tiny_draft, prompts, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     case = small_case(prompts)
@@ -428,6 +429,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert len(started) == 1 and not fail.calls
 
 
+@pytest.mark.slow  # a tune in process
 def test_a_failing_final_round_keeps_the_search_ranking(
     monkeypatch, tiny_target, tiny_draft, prompts, tmp_path
 ):

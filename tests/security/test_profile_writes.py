@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from helpers import invoke, make_sample_profile, one_red_line, tiny_args
 
 from specdec_tune.store.refs import profile_file_slug
@@ -39,6 +40,7 @@ def test_run_refuses_to_replace_a_file_that_is_no_profile(tiny_dirs, tmp_path):
     assert "not a readable profile" in r.stderr and out.read_text() == "- not a profile\n"
 
 
+@pytest.mark.slow  # two runs end to end
 def test_run_force_replaces_it_and_writes_a_matching_pair(tiny_dirs, tmp_path):
     out = tmp_path / "p.yaml"
     save_profile(make_sample_profile(), out)
