@@ -6,7 +6,7 @@ handful of forwards; cells expected below 5 are pooled. A correct sampler must g
 > 1e-3 (a false alarm once in 1,000 runs, were the seeds not fixed); the power check plants the
 classic verifier bug and requires p < 1e-6, so the test can fail.
 
-Power at N = 8,000 (measured at 20,000 and 6,000 with these seeds): the classic bug adds 0.23 to χ²
+Power at N = 8,000 (`benchmarks/sampling_power.py`, with these seeds): the classic bug adds 0.23 to χ²
 per sample (χ² 4,822 on 204 degrees of freedom at 20,000; 1,483 on 143 at 6,000, p 3e-221), 0.10
 through the hybrid drafter (p 9e-61 at 6,000). A correct sampler scored p 0.10 and 0.22. A bug
 adds about 110 to χ² at 80 % power against the 1e-3 line, so these tests still catch a bias
