@@ -27,19 +27,8 @@ from specdec_tune.runtime.drafting.drafters import ModelDrafter, PromptLookupDra
 from specdec_tune.runtime.drafting.hybrid import HybridDrafter  # noqa: E402
 
 
-def statistic(counts, probs) -> tuple[float, int]:
-    """Pearson χ² and its degrees of freedom, pooled as the tests pool (cells expected below 5)."""
-    n, bins, pe, po = sum(counts.values()), [], 0.0, 0
-    for cell in sorted(probs, key=probs.get):
-        pe, po = pe + n * probs[cell], po + counts.get(cell, 0)
-        if pe >= 5:
-            bins.append((pe, po))
-            pe, po = 0.0, 0
-    return sum((o - e) ** 2 / e for e, o in bins), len(bins) - 1
-
-
 def show(what: str, counts, probs) -> None:
-    s, d = statistic(counts, probs)
+    s, d = ts.chi2_statistic(counts, probs)
     print(f"{what}: chi2 {s:.0f} on {d} dof, p {ts.chi2_p_value(counts, probs):.3g}", flush=True)
 
 

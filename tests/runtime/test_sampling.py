@@ -90,6 +90,11 @@ except ImportError:  # scipy is not a dependency
 
 def chi2_p_value(counts: Counter, probs: dict[tuple[int, ...], float]) -> float:
     """Pearson χ² of observed `counts` against `probs`; cells expected below 5 are pooled."""
+    return chi2_sf(*chi2_statistic(counts, probs))
+
+
+def chi2_statistic(counts: Counter, probs: dict[tuple[int, ...], float]) -> tuple[float, int]:
+    """The pooled Pearson χ² statistic and its degrees of freedom (benchmarks/sampling_power.py)."""
     n = sum(counts.values())
     bins: list[tuple[float, int]] = []  # (expected, observed)
     pool_e, pool_o = 0.0, 0
@@ -99,7 +104,7 @@ def chi2_p_value(counts: Counter, probs: dict[tuple[int, ...], float]) -> float:
             bins.append((pool_e, pool_o))
             pool_e, pool_o = 0.0, 0
     stat = sum((o - e) ** 2 / e for e, o in bins)
-    return chi2_sf(stat, max(len(bins) - 1, 1))
+    return stat, max(len(bins) - 1, 1)
 
 
 # --- a fast stand-in for the forward pass ------------------------------------------------------
