@@ -6,7 +6,8 @@ took 127 s to decode 1 024 tokens in one server, most of it two prefills, agains
 for the whole length's search. A slot's state (its KV cache and tokens) saved from the first server
 that processed a prompt (`/slots/0?action=save`) is restored into the next (`action=restore`): at
 2 100 tokens 48 MB in 14 ms, against 10.8 s to process the prompt again, with the same tokens and
-drafts after it (docs/llamacpp.md).
+drafts after it (docs/llamacpp.md). A server with a draft model is the exception: the state holds no
+draft context, so it processes each prompt itself.
 
 Nothing timed changes: B = 1 tokens/s come from the server's decode timings, which begin after the
 prompt. Every B = 1 request, plain or speculative, timed or an exactness check, is sent the same
@@ -28,6 +29,7 @@ from typing import Any
 from .server import LlamaServer
 
 PREFIX = "specdec-slots-"
+DRAFT_MODEL_FLAG = "--spec-draft-model"  # a server that runs a draft model beside the target
 
 
 class PromptStates:
@@ -47,6 +49,13 @@ class PromptStates:
         """Put `prompt`'s state into slot 0 of `server` (one slot: B = 1): restored when some server
         saved it, else processed here (`complete(server, prompt, 1)`, the prompt cache on) and saved
         for the next."""
+        if DRAFT_MODEL_FLAG in server.args:
+            # A slot's saved state holds the target's KV cache alone: restored into a server with a
+            # draft model, the draft has no context and the first speculative batch fails (500,
+            # "failed to process speculative batch"; build 11434). Such a server processes the
+            # prompt itself, target and draft, with the prompt cache on, as a new request would.
+            complete(server, prompt, 1)
+            return
         name = _file_name(prompt)
         if name in self._saved:
             server.post("/slots/0?action=restore", {"filename": name})
