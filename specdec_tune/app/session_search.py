@@ -16,7 +16,7 @@ from ..errors import SpecDecError
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..runtime.workloads import stratified
-from ..search.budget import after_probe, fit_budget, trial_size
+from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -97,17 +97,32 @@ def search_session(
         predictor = s.predictor() if costs is not None else None  # an engine's model, fitted from trials
         budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
         case, cut = s.case, ""
+        # A budgeted run searches its first batch size; each later one races the first's top
+        # configs head to head against plain there (`confirm_candidates`), marked in the profile.
+        confirming = budgeted and len(batch_sizes) > 1 and settings.finalists > 0
+        # One plain pass at each batch size, measured once: the trial is cut so that the least
+        # every batch size does fits, not only the first (a 240 s code-edit run at B = 1,4 in
+        # llama.cpp took 511 s when B = 4's passes were first seen after B = 1's search).
+        pass_by_b = _pass_times(s, noise.plain_pass_s, batch_sizes) if budgeted else {}
+
+        def cells(share: float = 1.0) -> list[Cell]:
+            out = []
+            for i, b in enumerate(batch_sizes):
+                planned = replace(settings, batch_size=b)
+                searched = i == 0 or not confirming
+                pinned = len(defaults) if i == 0 else 0 if searched else CONFIRM_TOP
+                out.append(
+                    Cell(planned, pass_by_b[b] * share, s.expected_speedup(costs, planned), pinned, searched)
+                )
+            return out
+
         if budgeted and len(s.case.prompts) > 1:
-            # A trial is cut to the prompts, then the reply lengths, the least search affords at the
-            # first batch size before anything else is: a long context or a slow engine must not
+            # A trial is cut to the prompts, then the reply lengths, the least search affords at
+            # every batch size before anything else is: a long context or a slow engine must not
             # take the budget 3x over.
-            left = (budget_s - (time.monotonic() - started) - reserve_s) / len(batch_sizes)
+            left = budget_s - (time.monotonic() - started) - reserve_s
             n, tokens = len(s.case.prompts), max(s.case.max_new_tokens)
-            planned = replace(settings, batch_size=batch_sizes[0])
-            k, t = trial_size(
-                planned, left, noise.plain_pass_s, s.trial_shape, n, tokens, s.expected_speedup(costs, planned),
-                len(defaults),
-            )  # fmt: skip
+            k, t = cells_trial_size(cells(), left, s.trial_shape, n, tokens)
             if k < n or t < tokens:  # what `check` measures again: the first k prompts, stratified
                 picked = stratified(s.workload.prompts, k)
                 case = s.case.pick(
@@ -117,25 +132,45 @@ def search_session(
                     f"each pass measures the first {k} of the {n} prompts"
                     + (f", {t} new tokens each (not {tokens})" if t < tokens else "")
                     + ", the most the least search affords"
+                    + (" at every batch size" if len(batch_sizes) > 1 else "")
                 )
                 progress.note(f"budget: {cut}")
+        share = sum(case.max_new_tokens) / sum(s.case.max_new_tokens)
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
                 settings_b.study_name = f"{settings.study_name}-b{b}"
+            confirm = confirming and i > 0
+            candidates = confirm_candidates(results[batch_sizes[0]], CONFIRM_TOP) if confirm else []
             if budgeted:
-                left = (budget_s - (time.monotonic() - started) - reserve_s) / (len(batch_sizes) - i)
-                pass_s = noise.plain_pass_s if b == 1 else s.pass_seconds(b)
-                pass_s *= sum(case.max_new_tokens) / sum(s.case.max_new_tokens)
+                left = budget_s - (time.monotonic() - started) - reserve_s
+                left = (
+                    first_cell_share(cells(share), left, s.trial_shape)
+                    if i == 0
+                    else left / (len(batch_sizes) - i)
+                )
+                pass_s = pass_by_b[b] * share
                 expected = s.expected_speedup(costs, settings_b)
-                pinned = len(defaults) if i == 0 else 0
+                pinned = len(defaults) if i == 0 else len(candidates)
                 screen = screen_prompts(settings_b.screen_prompts, len(case.prompts)) if s.screens else 0
                 settings_b, note = fit_budget(
                     settings_b, left, pass_s, s.trial_shape, expected, pinned,
-                    screen_share=screened_share(screen, len(case.prompts)),
+                    screen_share=screened_share(screen, len(case.prompts)), searched=not confirm,
                 )  # fmt: skip
                 notes.append(note + (f"; {cut}" if cut and i == 0 else ""))
+            if confirm:  # its own study: the configs it raced are part of what it answers
+                key_b = {
+                    **_key(s, models, hw["slug"], settings, b, case),
+                    "confirms": [c.label for c in candidates],
+                }
+                results[b] = run_search(
+                    None, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
+                    on_trial=progress.trial, on_final=progress.final, backend=s, pinned=candidates,
+                )  # fmt: skip
+                results[b].confirmed_from = batch_sizes[0]
+                _record_flags(s, results[b], b, progress)
+                continue
             key_b = _key(s, models, hw["slug"], settings, b, case)
             costs_b = costs
             if s.fits_costs_from_trials:
@@ -164,14 +199,7 @@ def search_session(
                 on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
                 predictor=predictor if i == 0 else None,
             )  # fmt: skip
-            for r in results[b].results:
-                flags = s.flags(r.config, b)  # the exact flags an engine backend ran (None: ours)
-                if flags is not None:
-                    r.backend_args = flags
-            for n in results[b].lost:
-                progress.note(
-                    f"trial {n} was failed by another worker while this one was paused; its result is dropped"
-                )
+            _record_flags(s, results[b], b, progress)
             neighbour = [trial_params(results[b].results[0].config), *s.first_trials(settings.max_gamma)]
         noise = watched(noise, watch, progress, s.busy_rule)
         first = results[batch_sizes[0]]
@@ -201,6 +229,34 @@ def search_session(
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens)
+
+
+CONFIRM_TOP = 3  # the first batch size's top configs a later one races head to head
+
+
+def confirm_candidates(result: Any, k: int) -> list[Config]:
+    """The first `k` speculative configs of a finished search, best first (the final round's
+    ranking, then the search's): what a confirming batch size races against plain."""
+    return [r.config for r in result.results if r.config.gamma > 0][:k]
+
+
+def _record_flags(s: Any, result: Any, batch_size: int, progress: Progress) -> None:
+    """The exact flags an engine backend ran for each result (none for ours), and a line per trial
+    this worker lost to a peer while it was paused."""
+    for r in result.results:
+        flags = s.flags(r.config, batch_size)
+        if flags is not None:
+            r.backend_args = flags
+    for n in result.lost:
+        progress.note(
+            f"trial {n} was failed by another worker while this one was paused; its result is dropped"
+        )
+
+
+def _pass_times(s: Any, plain_pass_s: float, batch_sizes: list[int]) -> dict[int, float]:
+    """Seconds one plain pass over the whole workload takes at each batch size: the noise pass's at
+    B = 1, one measured pass (after an untimed one) at any other."""
+    return {b: plain_pass_s if b == 1 else s.pass_seconds(b) for b in batch_sizes}
 
 
 def _key(

@@ -48,7 +48,7 @@ def envelope_table(p: Profile) -> Table | None:
             str(row.batch_size),
             str(row.context_length),
             str(row.prompt_tokens),
-            row.best.config.label,
+            row.best.config.label + (" †" if row.confirmed_from else ""),
             times(m.speedup),
             interval(m.speedup_interval),
             f"{m.acceptance_rate:.2f}" if row.best.config.gamma else "—",
@@ -56,7 +56,7 @@ def envelope_table(p: Profile) -> Table | None:
             times(row.predicted_speedup),
             "speculation pays" if pays(row) else "does not pay",
         )
-    t.caption = "; ".join(envelope_words(p) + prediction_words(p))
+    t.caption = "; ".join(envelope_words(p) + prediction_words(p)) + confirmed_words(p.context_table)
     return t
 
 
@@ -141,3 +141,11 @@ def _by_batch(p: Profile) -> dict[int, list[ContextRow]]:
     for r in sorted(p.context_table, key=lambda r: (r.batch_size, r.context_length)):
         out.setdefault(r.batch_size, []).append(r)
     return out
+
+
+def confirmed_words(rows: list[Any]) -> str:
+    """What † marks in a table of cells: not searched, the searched size's top configs raced there."""
+    sizes = sorted({r.confirmed_from for r in rows if r.confirmed_from})
+    if not sizes:
+        return ""
+    return f"; † not searched: B={', '.join(map(str, sizes))}'s top configs raced head to head against plain there"

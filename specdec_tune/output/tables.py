@@ -16,7 +16,7 @@ from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from ..urls import redact_url
 from .engine import engine_rows
-from .envelope import envelope_table
+from .envelope import confirmed_words, envelope_table
 from .fmt import (
     add_columns,
     compile_words,
@@ -101,7 +101,7 @@ def batch_table(p: Profile) -> Table:
         )
         t.add_row(
             str(row.batch_size),
-            row.best.config.label,
+            row.best.config.label + (" †" if row.confirmed_from else ""),
             times(m.speedup),
             f"{m.tokens_per_s:.0f}",
             f"{m.baseline_tokens_per_s:.0f}",
@@ -113,7 +113,7 @@ def batch_table(p: Profile) -> Table:
     bound = ""
     if p.costs is not None and p.costs.memory_bound_until:
         bound = f"; verification is about free (memory-bound) up to B = {p.costs.memory_bound_until}"
-    t.caption = f"{b_star}{predicted}{bound}"
+    t.caption = f"{b_star}{predicted}{bound}" + confirmed_words(p.batch_table)
     return t
 
 

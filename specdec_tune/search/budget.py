@@ -84,9 +84,43 @@ def trial_size(
     6 107 tokens of context two SmolLM2 prompts of 128 tokens took 8 s a pass in llama.cpp, and
     a trial about 7 passes, against an 80 s share for the whole length."""
 
+    return cells_trial_size(
+        [Cell(settings, pass_s, expected_speedup, pinned)], budget_s, shape, prompts, tokens
+    )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One batch size of a run as the budget plans it: its settings, one plain pass over the whole
+    workload there, the cost model's expected speedup, the pinned finalists it races, and whether
+    it is searched (the first) or confirms the first's top configs (app.session_search)."""
+
+    settings: TuneSettings
+    pass_s: float
+    expected_speedup: float | None = None
+    pinned: int = 0
+    searched: bool = True
+
+
+def least_seconds(cell: Cell, budget_s: float, shape: TrialShape, share: float = 1.0) -> float:
+    """The least `cell` does (its minimum trials and the final round's first pass), a pass being
+    `share` of the whole workload's."""
+    return _plan(
+        cell.settings, budget_s, cell.pass_s * share, shape, cell.expected_speedup, cell.pinned,
+        searched=cell.searched,
+    )[2]  # fmt: skip
+
+
+def cells_trial_size(
+    cells: list[Cell], budget_s: float, shape: TrialShape, prompts: int, tokens: int
+) -> tuple[int, int]:
+    """`trial_size` over a run of several cells: (k prompts, t tokens) such that the least every
+    cell does fits `budget_s` together. A run at B = 1,4 in llama.cpp took 511 s of a 240 s budget
+    when B = 4's passes were first seen after B = 1's search."""
+
     def fits(k: int, t: int) -> bool:
         share = k / prompts * (t / tokens if tokens else 1.0)
-        return _plan(settings, budget_s, pass_s * share, shape, expected_speedup, pinned)[2] <= budget_s
+        return sum(least_seconds(c, budget_s / len(cells), shape, share) for c in cells) <= budget_s
 
     least = min(prompts, MIN_TRIAL_PROMPTS)
     k = next((k for k in range(prompts, least - 1, -1) if fits(k, tokens)), least)
@@ -94,6 +128,15 @@ def trial_size(
     while t and not fits(k, t) and t // 2 >= MIN_TRIAL_TOKENS:
         t //= 2
     return k, t
+
+
+def first_cell_share(cells: list[Cell], budget_s: float, shape: TrialShape) -> float:
+    """The seconds the first (searched) cell gets of `budget_s`: what the confirming cells after it
+    need at the least is kept back, and the search takes the rest; searched cells share evenly."""
+    if all(c.searched for c in cells):
+        return budget_s / len(cells)
+    later = sum(least_seconds(c, budget_s / len(cells), shape) for c in cells[1:])
+    return max(budget_s - later, budget_s / len(cells))
 
 
 def fit_budget(
@@ -104,6 +147,7 @@ def fit_budget(
     expected_speedup: float | None = None,
     pinned: int = 0,
     screen_share: float = 0.0,
+    searched: bool = True,
 ) -> tuple[TuneSettings, str]:
     """Trials and a timeout that fit `budget_s` seconds at `settings.batch_size`, one plain pass over
     the workload taking `pass_s` here.
@@ -120,7 +164,7 @@ def fit_budget(
     `screen_share`: the share of a trial's passes it runs before its screen (search.pruning); a
     trial is then planned at that share plus PLANNED_SURVIVAL of the rest.
     """
-    out, note, _ = _plan(settings, budget_s, pass_s, shape, expected_speedup, pinned, screen_share)
+    out, note, _ = _plan(settings, budget_s, pass_s, shape, expected_speedup, pinned, screen_share, searched)
     return out, note
 
 
@@ -132,8 +176,10 @@ def _plan(
     expected_speedup: float | None = None,
     pinned: int = 0,
     screen_share: float = 0.0,
+    searched: bool = True,
 ) -> tuple[TuneSettings, str, float]:
-    """`fit_budget`'s plan, and the seconds the least search takes."""
+    """`fit_budget`'s plan, and the seconds the least search takes. `searched` False: a confirming
+    cell (`Cell`), one baseline trial and its `pinned` candidates raced, nothing searched."""
     b = settings.batch_size
     planned = expected_speedup if shape.plans_speedup else None
     speedup = min(max(planned or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
@@ -141,6 +187,9 @@ def _plan(
     passes = settings.repeats * (1 + speedup**-0.5) + shape.warmup_passes
     trial_s = passes * share * pass_s + shape.overhead_s
     finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
+    if not searched:
+        finalists = pinned
+    least_trials = MIN_BUDGET_TRIALS if searched else 1
     own = 1.0 if shape.own_baseline else 0.0
 
     def first_pass_s(repeats: int) -> float:
@@ -155,11 +204,21 @@ def _plan(
     while finalists and repeats > least and first_pass_s(repeats) > FIRST_PASS_SHARE * budget_s:
         repeats -= 1
     first_s = first_pass_s(repeats)
-    search_min_s = MIN_BUDGET_TRIALS * trial_s
+    search_min_s = least_trials * trial_s
     final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
-    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits))
+    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits)) if searched else 1
     timeout = max(budget_s - final_s, search_min_s)
+    if not searched:
+        out = replace(settings, trials=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats)
+        note = (
+            f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, so "
+            f"no search: the first batch size's top {pinned} raced head to head against plain"
+        )
+        least_s = search_min_s + first_s
+        if least_s > budget_s:
+            note += f" (about {least_s:.0f} s, more than that: expect it to run over)"
+        return out, note, least_s
     note = (
         f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s"
         + (f", the cost model's best {planned:.2f}x" if planned else "")

@@ -76,7 +76,10 @@ def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 
             per_draft.setdefault(r.config.draft.name, r)
     ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
     predicted = max(1.0, ranked[0][2]) if ranked else None
-    return BatchRow(batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name)
+    return BatchRow(
+        batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name,
+        result.confirmed_from,
+    )  # fmt: skip
 
 
 def build_profile(
@@ -148,6 +151,7 @@ def context_row(
         t_target_ms=round(1000.0 / base, 4) if base > 0 else None,
         predicted_speedup=predicted,
         study_name=result.study_name,
+        confirmed_from=result.confirmed_from,
         prompts=measured.prompts if measured is not None else None,
         max_new_tokens=measured.max_new_tokens if measured is not None else None,
     )

@@ -85,6 +85,8 @@ def _validate_envelope(p: Profile) -> None:
         cells.add(cell)
         if row.t_target_ms is not None:
             _positive(row.t_target_ms, f"{where}.t_target_ms")
+        if row.confirmed_from is not None:
+            _in_range(row.confirmed_from, 1, MAX_BATCH_SIZE, f"{where}.confirmed_from")
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
@@ -128,6 +130,8 @@ def _validate(p: Profile) -> None:
                 f"{where}.batch_size", "must not repeat an earlier row's batch size", row.batch_size
             )
         seen.add(row.batch_size)
+        if row.confirmed_from is not None:
+            _in_range(row.confirmed_from, 1, MAX_BATCH_SIZE, f"{where}.confirmed_from")
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
