@@ -75,9 +75,10 @@ def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_en
 
 @pytest.mark.slow  # the CLI end to end
 def test_a_long_length_cut_by_the_budget_is_checked_as_it_was_measured(tmp_path, fake_engine, monkeypatch):
-    """Each length plans its own trial size (search.budget.trial_size): a plain pass of 20 s at
-    6144 tokens cuts that length's passes to 2 prompts of 32 tokens, 256 keeps all 8 of 128; each
-    cell records what it measured, and `check` re-measures each cell that way."""
+    """Each length plans its own trial size (search.budget.cells_trial_size): a plain pass of 20 s
+    at 6144 tokens cuts that length's passes to 2 prompts of 64 tokens (it races, it does not search:
+    a budgeted run searches its shortest length only, and the row says so), 256 keeps all 8 of 128;
+    each cell records what it measured, and `check` re-measures each cell that way."""
     from specdec_tune.domain import Noise
 
     quick = fake.FakeSession.noise_and_anchors
@@ -91,12 +92,19 @@ def test_a_long_length_cut_by_the_budget_is_checked_as_it_was_measured(tmp_path,
     assert r.exit_code == 0, r.output
     p = load_profile(out)
     cut = {row.context_length: (row.prompts, row.max_new_tokens) for row in p.context_table}
-    assert cut == {256: (8, 128), 6144: (2, 32)}
+    assert cut == {256: (8, 128), 6144: (2, 64)}
     assert (p.workload.prompts, p.workload.max_new_tokens) == (8, 128)  # the best's length: uncut
+    # Only the shortest length is searched: 6144 races 256's best of each draft (and the next best)
+    # with the engine's default, and finds the draft that gains with the context there.
+    by = {row.context_length: row for row in p.context_table}
+    assert (by[256].confirmed_from, by[6144].confirmed_from) == (None, "L=256")
+    assert by[6144].best.config.draft.name == "guess" and by[256].best.config.draft.name == "copy"
+    shown = invoke("show", str(out))
+    assert "not searched: the top configs of L=256 raced" in " ".join(shown.output.split())
     fake.SCRIPT["budgets"].clear()
     c = invoke("check", str(out), "--repeats", "3", "--json")
     assert c.exit_code == 0, c.output
-    assert [32, 32] in fake.SCRIPT["budgets"] and [128] * 8 in fake.SCRIPT["budgets"]
+    assert [64, 64] in fake.SCRIPT["budgets"] and [128] * 8 in fake.SCRIPT["budgets"]
 
 
 def _row(length: int, draft: str, speedup: float, b: int = 1) -> ContextRow:

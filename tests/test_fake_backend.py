@@ -106,7 +106,8 @@ def test_a_budget_too_short_cuts_the_prompts_then_the_replies_and_check_measures
 @pytest.mark.slow  # the CLI end to end
 def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path, fake_engine, monkeypatch):
     """A plain pass takes 0.01 s at B = 1 and 20 s at B = 4: the least search fits 120 s at B = 1
-    with every prompt, not at B = 4, so every pass at both sizes measures 2 prompts of 64 tokens,
+    with every prompt, not at B = 4, so every pass at both sizes measures 2 prompts of 32 tokens (at B = 4 a
+    pass of 2 prompts costs as much as one of 4: search.budget.pass_share),
     planned before B = 1's search (each plain pass at each size measured once). B = 4 is not
     searched: B = 1's top three race head to head against plain there, and its row says so."""
     timed: list[int] = []
@@ -125,25 +126,25 @@ def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path,
     assert r.exit_code == 0, r.output
     assert timed == [4]
     said = " ".join(r.output.split())
-    assert "the first 2 of the 8 prompts, 64 new tokens each (not 128)" in said
+    assert "the first 2 of the 8 prompts, 32 new tokens each (not 128)" in said
     assert "at every batch size" in said
-    assert fake.SCRIPT["budgets"] and all(b == [64, 64] for b in fake.SCRIPT["budgets"])
+    assert fake.SCRIPT["budgets"] and all(b == [32, 32] for b in fake.SCRIPT["budgets"])
     p = load_profile(out)
-    assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 64)
+    assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 32)
     one, four = p.batch_table
-    assert (one.confirmed_from, four.confirmed_from) == (None, 1)
-    top = [r.config.label for r in [p.best, *p.alternatives] if r.config.gamma][:3]
-    assert four.best.config.label in top and len(top) == 3
-    # B = 4's study is the baseline alone; the three raced in its final round, nothing else
+    assert (one.confirmed_from, four.confirmed_from) == (None, "B=1")
+    # B = 4's study is the baseline alone; its final round raced B = 1's best of each draft and
+    # the next best config (app.session_search.confirm_candidates), and nothing else
     import optuna
 
     study = optuna.load_study(study_name=four.study_name, storage=f"sqlite:///{tmp_path / 's.db'}")
     assert [t.params.get("draft") for t in study.trials] == ["none"]
-    assert {tuple(c) for c in study.user_attrs["final_round"]["key"]["configs"]} == {
-        tuple(r.config.key) for r in [p.best, *p.alternatives] if r.config.gamma and r.config.label in top
-    }
+    raced = {tuple(c) for c in study.user_attrs["final_round"]["key"]["configs"]}
+    assert len(raced) == 3 and {tuple(r.config.key) for r in one.per_draft} < raced
+    assert {r.config.draft.name for r in one.per_draft} == set(fake.DRAFTS)
+    assert four.best.config.gamma == 0 or tuple(four.best.config.key) in raced
     shown = invoke("show", str(out))
-    assert shown.exit_code == 0 and "not searched: B=1's top configs raced" in " ".join(shown.output.split())
+    assert shown.exit_code == 0 and "not searched: the top configs of B=1 raced" in " ".join(shown.output.split())
 
 
 def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_engine):

@@ -4,7 +4,10 @@ sized to it), and writes one profile whose best is the shortest length's, with t
 T_target(L), L* per batch size and where the best draft kind changes (store.build.with_envelope).
 
 The budget is shared evenly among the lengths still to search, re-planned from what is left after
-each one, so a slow long length cannot take the time of the next. A length past the target's
+each one, so a slow long length cannot take the time of the next. In a budgeted run only the
+shortest length is searched: each longer one races its top three and the engine's defaults head to
+head against plain (`session_search.every_draft`: the best of each draft, every draft once), its
+cells marked `confirmed_from: L=...`. A length past the target's
 trained positions is left out in one line (errors.ContextTooLong), not the whole run.
 """
 
@@ -54,6 +57,7 @@ def tune_envelope(
             runs[length] = search_session(
                 replace(models, context_length=length), settings_l, layer_skip, costs_file, no_profile,
                 out, progress, batch_sizes=batch_sizes, budget_s=budget_i, started=started,
+                confirm=_confirm(runs, batch_sizes[0]),
             )  # fmt: skip
         except ContextTooLong as exc:
             progress.note(str(exc))
@@ -76,3 +80,12 @@ def tune_envelope(
     trial_rows = [{**row, "context_length": length} for length, run in runs.items() for row in run.trial_rows]
     profile, csv_path = save_run(profile, first.out, trial_rows, settings.force)
     return TuneOutcome(profile, first.out, csv_path, first.results[batch_sizes[0]], first.results)
+
+
+def _confirm(runs: dict[int, Any], batch_size: int) -> tuple[str, Any] | None:
+    """The shortest measured length's search at `batch_size`, whose configs a longer length races
+    instead of searching (None before any length was measured)."""
+    if not runs:
+        return None
+    first = min(runs)
+    return f"L={first}", runs[first].results[batch_size]

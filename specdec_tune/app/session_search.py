@@ -16,7 +16,7 @@ from ..errors import SpecDecError
 from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..runtime.workloads import stratified
-from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget
+from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget, pass_share
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -53,9 +53,13 @@ def search_session(
     batch_sizes: list[int],
     budget_s: float | None,
     started: float,
+    confirm: tuple[str, Any] | None = None,
 ) -> SessionRun:
     """Open `models`' measuring session, profile its costs, search at each batch size within what
-    is left of `budget_s` (counted from `started`), and build the profile; nothing is written."""
+    is left of `budget_s` (counted from `started`), and build the profile; nothing is written.
+    `confirm` (a cell's name and its search.results.TuneResult, app.envelope): in a budgeted run
+    the first batch size is not searched either; `every_draft` of that cell and the engine's
+    defaults race there instead."""
     from ..search.tuner import tune as run_search
 
     purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
@@ -99,18 +103,25 @@ def search_session(
         case, cut = s.case, ""
         # A budgeted run searches its first batch size; each later one races the first's top
         # configs head to head against plain there (`confirm_candidates`), marked in the profile.
-        confirming = budgeted and len(batch_sizes) > 1 and settings.finalists > 0
+        confirming = budgeted and settings.finalists > 0 and (len(batch_sizes) > 1 or confirm is not None)
+        first_from = confirm if confirming else None  # the first batch size confirms another cell's
+        first_pinned = (
+            _union(every_draft(first_from[1], s.specs, settings.max_gamma), defaults)
+            if first_from
+            else defaults
+        )
         # One plain pass at each batch size, measured once: the trial is cut so that the least
         # every batch size does fits, not only the first (a 240 s code-edit run at B = 1,4 in
         # llama.cpp took 511 s when B = 4's passes were first seen after B = 1's search).
         pass_by_b = _pass_times(s, noise.plain_pass_s, batch_sizes) if budgeted else {}
 
-        def cells(share: float = 1.0) -> list[Cell]:
+        def cells(k: int, t: int) -> list[Cell]:  # each batch size, a pass cut to k prompts of t tokens
             out = []
             for i, b in enumerate(batch_sizes):
+                share = pass_share(s.trial_shape, b, k, len(s.case.prompts), t, max(s.case.max_new_tokens))
                 planned = replace(settings, batch_size=b)
-                searched = i == 0 or not confirming
-                pinned = len(defaults) if i == 0 else 0 if searched else CONFIRM_TOP
+                searched = not confirming or (i == 0 and first_from is None)
+                pinned = len(first_pinned) if i == 0 else 0 if searched else CONFIRM_TOP
                 out.append(
                     Cell(planned, pass_by_b[b] * share, s.expected_speedup(costs, planned), pinned, searched)
                 )
@@ -122,7 +133,7 @@ def search_session(
             # take the budget 3x over.
             left = budget_s - (time.monotonic() - started) - reserve_s
             n, tokens = len(s.case.prompts), max(s.case.max_new_tokens)
-            k, t = cells_trial_size(cells(), left, s.trial_shape, n, tokens)
+            k, t = cells_trial_size(cells(n, tokens), left, s.trial_shape, n, tokens)
             if k < n or t < tokens:  # what `check` measures again: the first k prompts, stratified
                 picked = stratified(s.workload.prompts, k)
                 case = s.case.pick(
@@ -135,31 +146,37 @@ def search_session(
                     + (" at every batch size" if len(batch_sizes) > 1 else "")
                 )
                 progress.note(f"budget: {cut}")
-        share = sum(case.max_new_tokens) / sum(s.case.max_new_tokens)
+        k_cut, t_cut = len(case.prompts), max(case.max_new_tokens)
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             settings_b = replace(settings, batch_size=b)
             if settings.study_name and b != batch_sizes[0]:
                 settings_b.study_name = f"{settings.study_name}-b{b}"
-            confirm = confirming and i > 0
-            candidates = confirm_candidates(results[batch_sizes[0]], CONFIRM_TOP) if confirm else []
+            confirming_b = confirming and (i > 0 or first_from is not None)
+            candidates = []
+            if confirming_b:
+                candidates = (
+                    first_pinned if i == 0 else confirm_candidates(results[batch_sizes[0]], CONFIRM_TOP)
+                )
             if budgeted:
                 left = budget_s - (time.monotonic() - started) - reserve_s
                 left = (
-                    first_cell_share(cells(share), left, s.trial_shape)
+                    first_cell_share(cells(k_cut, t_cut), left, s.trial_shape)
                     if i == 0
                     else left / (len(batch_sizes) - i)
                 )
-                pass_s = pass_by_b[b] * share
+                pass_s = pass_by_b[b] * pass_share(
+                    s.trial_shape, b, k_cut, len(s.case.prompts), t_cut, max(s.case.max_new_tokens)
+                )
                 expected = s.expected_speedup(costs, settings_b)
-                pinned = len(defaults) if i == 0 else len(candidates)
+                pinned = len(candidates) if confirming_b else len(defaults) if i == 0 else 0
                 screen = screen_prompts(settings_b.screen_prompts, len(case.prompts)) if s.screens else 0
                 settings_b, note = fit_budget(
                     settings_b, left, pass_s, s.trial_shape, expected, pinned,
-                    screen_share=screened_share(screen, len(case.prompts)), searched=not confirm,
+                    screen_share=screened_share(screen, len(case.prompts)), searched=not confirming_b,
                 )  # fmt: skip
                 notes.append(note + (f"; {cut}" if cut and i == 0 else ""))
-            if confirm:  # its own study: the configs it raced are part of what it answers
+            if confirming_b:  # its own study: the configs it raced are part of what it answers
                 key_b = {
                     **_key(s, models, hw["slug"], settings, b, case),
                     "confirms": [c.label for c in candidates],
@@ -168,7 +185,7 @@ def search_session(
                     None, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
                     on_trial=progress.trial, on_final=progress.final, backend=s, pinned=candidates,
                 )  # fmt: skip
-                results[b].confirmed_from = batch_sizes[0]
+                results[b].confirmed_from = first_from[0] if i == 0 and first_from else f"B={batch_sizes[0]}"
                 _record_flags(s, results[b], b, progress)
                 continue
             key_b = _key(s, models, hw["slug"], settings, b, case)
@@ -235,9 +252,37 @@ CONFIRM_TOP = 3  # the first batch size's top configs a later one races head to 
 
 
 def confirm_candidates(result: Any, k: int) -> list[Config]:
-    """The first `k` speculative configs of a finished search, best first (the final round's
-    ranking, then the search's): what a confirming batch size races against plain."""
-    return [r.config for r in result.results if r.config.gamma > 0][:k]
+    """What a confirming cell races against plain: up to `k` speculative configs of a finished
+    search, the best of each draft first (best first: the final round's ranking, then the
+    search's), then the next best. One per draft because the best draft kind changes with the
+    context length (issue 36: llama.cpp's ngram-mod default drafted nothing at 220 tokens and
+    paid at 2 100)."""
+    ranked = [r.config for r in result.results if r.config.gamma > 0]
+    out: list[Config] = []
+    for c in ranked:
+        if all(o.draft.name != c.draft.name for o in out):
+            out.append(c)
+    out += [c for c in ranked if c not in out]
+    return out[:k]
+
+
+def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
+    """What a longer context length races instead of searching: `confirm_candidates` of the
+    shortest length's search, and every draft it holds no finished trial of (all pruned there) at
+    that search's best gamma: untested is not refuted, and the best draft kind changes along L."""
+    out = confirm_candidates(result, CONFIRM_TOP)
+    best = next((c for c in out if c.gamma > 0), None)
+    for d in specs:
+        if all(c.draft.name != d.name for c in out):
+            gamma = FIXED_GAMMA.get(d.kind) or min(max_gamma, best.gamma if best else max(1, max_gamma // 2))
+            out.append(Config(d, gamma, 0.0))
+    return out
+
+
+def _union(first: list[Config], then: list[Config]) -> list[Config]:
+    """`first`, then each config of `then` not already in it."""
+    keys = {c.key for c in first}
+    return [*first, *(c for c in then if c.key not in keys)]
 
 
 def _record_flags(s: Any, result: Any, batch_size: int, progress: Progress) -> None:

@@ -41,7 +41,9 @@ NOISE_PASSES = 3
 # A trial's server start-up and its warm-up request; its first pass over the workload (the
 # exactness check) is untimed.
 # The finalists share one plain side (measure.llamacpp.backend): no own baseline.
-TRIAL_SHAPE = TrialShape(overhead_s=1.5, warmup_passes=1.0, own_baseline=False, plans_speedup=False)
+TRIAL_SHAPE = TrialShape(
+    overhead_s=1.5, warmup_passes=1.0, own_baseline=False, plans_speedup=False, batch_requests=2.0
+)  # batch_requests: measure.llamacpp.backend._closed_loop's 2 x B requests at the least
 
 
 class LlamaCppSession:

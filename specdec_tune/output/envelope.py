@@ -144,8 +144,8 @@ def _by_batch(p: Profile) -> dict[int, list[ContextRow]]:
 
 
 def confirmed_words(rows: list[Any]) -> str:
-    """What † marks in a table of cells: not searched, the searched size's top configs raced there."""
-    sizes = sorted({r.confirmed_from for r in rows if r.confirmed_from})
-    if not sizes:
+    """What † marks in a table of cells: not searched, another cell's top configs raced there."""
+    cells = sorted({r.confirmed_from for r in rows if r.confirmed_from})
+    if not cells:
         return ""
-    return f"; † not searched: B={', '.join(map(str, sizes))}'s top configs raced head to head against plain there"
+    return f"; † not searched: the top configs of {' / '.join(cells)} raced head to head against plain there"

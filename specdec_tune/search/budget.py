@@ -38,12 +38,27 @@ class TrialShape:
     - `plans_speedup`: a speculative pass is planned as a plain one divided by the cost model's
       expected speedup (our engine); else as long as a plain one (llama.cpp on a CPU gains tens of
       per cent, not times, and its model is fitted only once trials ran).
+    - `batch_requests`: a pass at B > 1 sends at least this many requests per slot, the workload
+      cycling when it is shorter (llama.cpp's closed loop: 2, so every slot stays busy; ours: 1, a
+      round of B rows costs about as much with fewer). A trial cut to fewer prompts than that
+      takes no less: a B = 4 pass of 2 prompts still sent 8 requests, and a 240 s run at B = 1,4
+      planned on 2/8 of a pass took 4 times that at B = 4.
     """
 
     overhead_s: float
     warmup_passes: float
     own_baseline: bool = False
     plans_speedup: bool = True
+    batch_requests: float = 1.0
+
+
+def pass_share(
+    shape: TrialShape, batch_size: int, k: int, prompts: int, t: int = 0, tokens: int = 0
+) -> float:
+    """The share of a whole-workload pass (`prompts` prompts, replies of `tokens`) that a pass of
+    the first `k` prompts with replies of `t` takes at `batch_size` (`TrialShape.batch_requests`)."""
+    floor = shape.batch_requests * batch_size if batch_size > 1 else 0.0
+    return max(k, floor) / max(prompts, floor) * (t / tokens if tokens else 1.0)
 
 
 MIN_TRIAL_PROMPTS = 2  # a trial of fewer prompts says too little about a workload
@@ -119,8 +134,18 @@ def cells_trial_size(
     when B = 4's passes were first seen after B = 1's search."""
 
     def fits(k: int, t: int) -> bool:
-        share = k / prompts * (t / tokens if tokens else 1.0)
-        return sum(least_seconds(c, budget_s / len(cells), shape, share) for c in cells) <= budget_s
+        return (
+            sum(
+                least_seconds(
+                    c,
+                    budget_s / len(cells),
+                    shape,
+                    pass_share(shape, c.settings.batch_size, k, prompts, t, tokens),
+                )
+                for c in cells
+            )
+            <= budget_s
+        )
 
     least = min(prompts, MIN_TRIAL_PROMPTS)
     k = next((k for k in range(prompts, least - 1, -1) if fits(k, tokens)), least)
@@ -213,7 +238,7 @@ def _plan(
         out = replace(settings, trials=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats)
         note = (
             f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, so "
-            f"no search: the first batch size's top {pinned} raced head to head against plain"
+            f"no search: {pinned} configs found at another cell raced head to head against plain"
         )
         least_s = search_min_s + first_s
         if least_s > budget_s:

@@ -47,8 +47,8 @@ class TuneResult:
     outliers: list[str] = field(default_factory=list)  # search trials not believed (final.is_outlier)
     # This worker's trials that a peer failed while it was paused: their results were dropped.
     lost: list[int] = field(default_factory=list)
-    # Not searched: the top configs of this batch size's search raced head to head here instead.
-    confirmed_from: int | None = None
+    # Not searched: the cell whose top configs raced head to head here instead ("B=1", "L=256").
+    confirmed_from: str | None = None
 
 
 def csv_row(number: int | None, state: str, config: Config, speedup: float | None, attrs: dict) -> dict:

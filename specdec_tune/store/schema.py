@@ -80,9 +80,9 @@ class BatchRow:
     per_draft: list[Result] = field(default_factory=list)  # each draft's best measured config
     predicted_speedup: float | None = None  # the cost model's best prediction at this B
     study_name: str = ""
-    # Not searched: the top configs of the search at this batch size raced head to head here
-    # against plain (app.session_search.confirm_candidates). None: searched here.
-    confirmed_from: int | None = None
+    # Not searched: the cell ("B=1") whose top configs raced head to head here against plain
+    # (app.session_search.confirm_candidates). None: searched here.
+    confirmed_from: str | None = None
 
 
 @dataclass
@@ -98,8 +98,8 @@ class ContextRow:
     t_target_ms: float | None = None  # plain decoding's milliseconds per token here: T_target(L)
     predicted_speedup: float | None = None  # the cost model's prediction of `best`, made before measuring it
     study_name: str = ""
-    # Not searched: the top configs of this length's search at this batch size raced here. None: searched.
-    confirmed_from: int | None = None
+    # Not searched: the cell ("B=1", "L=256") whose top configs raced here. None: searched here.
+    confirmed_from: str | None = None
     # What a pass measured in this cell (search.budget.trial_size may cut a long length's trial
     # to fewer prompts and shorter replies): `check` re-measures that. None: the profile's workload.
     prompts: int | None = None

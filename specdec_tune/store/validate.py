@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..domain import (
@@ -66,6 +67,12 @@ def profile_from_dict(d: Any) -> Profile:
     return profile
 
 
+def _cell_name(value: str, where: str) -> None:
+    """A cell as `confirmed_from` names it: B=N or L=N, comma-separated."""
+    if not isinstance(value, str) or not re.fullmatch(r"[BL]=\d{1,7}(, [BL]=\d{1,7})?", value):
+        raise field_error(where, "must name a cell as B=N or L=N", value)
+
+
 def _validate_envelope(p: Profile) -> None:
     if p.workload.context_length is not None:
         _in_range(p.workload.context_length, 1, MAX_CONTEXT_LEN, "workload.context_length")
@@ -86,7 +93,7 @@ def _validate_envelope(p: Profile) -> None:
         if row.t_target_ms is not None:
             _positive(row.t_target_ms, f"{where}.t_target_ms")
         if row.confirmed_from is not None:
-            _in_range(row.confirmed_from, 1, MAX_BATCH_SIZE, f"{where}.confirmed_from")
+            _cell_name(row.confirmed_from, f"{where}.confirmed_from")
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
@@ -131,7 +138,7 @@ def _validate(p: Profile) -> None:
             )
         seen.add(row.batch_size)
         if row.confirmed_from is not None:
-            _in_range(row.confirmed_from, 1, MAX_BATCH_SIZE, f"{where}.confirmed_from")
+            _cell_name(row.confirmed_from, f"{where}.confirmed_from")
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
