@@ -12,7 +12,9 @@ import fake_backend as fake
 import pytest
 from helpers import invoke
 
+from specdec_tune.app.session_search import every_draft
 from specdec_tune.domain import Config, DraftSpec, Metrics, Result
+from specdec_tune.search.results import TuneResult
 from specdec_tune.store.build import envelope_lines
 from specdec_tune.store.schema import ContextRow
 from specdec_tune.store.yamlio import load_profile
@@ -127,3 +129,20 @@ def test_l_star_is_the_shortest_length_where_plain_decoding_wins():
 def test_a_bad_context_length_is_one_red_line(tmp_path):
     r = invoke("run", "--context-lengths", "256,abc", "--out", str(tmp_path / "x.yaml"))
     assert r.exit_code == 2 and "--context-lengths" in r.output
+
+
+def test_a_longer_length_races_each_draft_at_its_own_best_and_an_untried_one_at_the_best_gamma():
+    """app.session_search.every_draft: the shortest length's best of each draft (the best three by
+    confirm_candidates, then every other draft at its own best there), and a draft with no finished
+    trial there (all pruned) at the best config's gamma."""
+    specs = {n: DraftSpec(name=n, kind="prompt_lookup") for n in "abcde"}
+
+    def result(name: str, gamma: int, speedup: float) -> Result:
+        draft = DraftSpec(name="none", kind="none") if name == "none" else specs[name]
+        return Result(Config(draft, gamma), Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0))
+
+    ranked = [("a", 5, 2.0), ("b", 3, 1.5), ("c", 7, 1.4), ("d", 11, 1.3), ("d", 2, 1.1), ("none", 0, 1.0)]
+    results = [result(*r) for r in ranked]
+    tune = TuneResult(results, results[-1].metrics, "s", "sqlite://", 6, 0, 0, {})
+    got = [(c.draft.name, c.gamma) for c in every_draft(tune, list(specs.values()), 16)]
+    assert got == [("a", 5), ("b", 3), ("c", 7), ("d", 11), ("e", 5)]

@@ -144,7 +144,9 @@ def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path,
     assert {r.config.draft.name for r in one.per_draft} == set(fake.DRAFTS)
     assert four.best.config.gamma == 0 or tuple(four.best.config.key) in raced
     shown = invoke("show", str(out))
-    assert shown.exit_code == 0 and "not searched: the top configs of B=1 raced" in " ".join(shown.output.split())
+    assert shown.exit_code == 0 and "not searched: the top configs of B=1 raced" in " ".join(
+        shown.output.split()
+    )
 
 
 def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_engine):

@@ -268,14 +268,20 @@ def confirm_candidates(result: Any, k: int) -> list[Config]:
 
 def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
     """What a longer context length races instead of searching: `confirm_candidates` of the
-    shortest length's search, and every draft it holds no finished trial of (all pruned there) at
-    that search's best gamma: untested is not refuted, and the best draft kind changes along L."""
+    shortest length's search, then every other draft of the space at its own best config there,
+    and a draft it holds no finished trial of (all pruned there) at that search's best gamma:
+    untested is not refuted, and the best draft kind changes along L."""
     out = confirm_candidates(result, CONFIRM_TOP)
-    best = next((c for c in out if c.gamma > 0), None)
+    ranked = [r.config for r in result.results if r.config.gamma > 0]
+    best = ranked[0] if ranked else None
     for d in specs:
-        if all(c.draft.name != d.name for c in out):
+        if any(c.draft.name == d.name for c in out):
+            continue
+        own = next((c for c in ranked if c.draft.name == d.name), None)
+        if own is None:
             gamma = FIXED_GAMMA.get(d.kind) or min(max_gamma, best.gamma if best else max(1, max_gamma // 2))
-            out.append(Config(d, gamma, 0.0))
+            own = Config(d, gamma, 0.0)
+        out.append(own)
     return out
 
 
