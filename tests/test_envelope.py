@@ -12,8 +12,8 @@ import fake_backend as fake
 import pytest
 from helpers import invoke
 
-from specdec_tune.app.session_search import every_draft
 from specdec_tune.domain import Config, DraftSpec, Metrics, Result
+from specdec_tune.search.cells import every_draft
 from specdec_tune.search.results import TuneResult
 from specdec_tune.store.build import envelope_lines
 from specdec_tune.store.schema import ContextRow
@@ -132,7 +132,7 @@ def test_a_bad_context_length_is_one_red_line(tmp_path):
 
 
 def test_a_longer_length_races_each_draft_at_its_own_best_and_an_untried_one_at_the_best_gamma():
-    """app.session_search.every_draft: the shortest length's best of each draft (the best three by
+    """search.cells.every_draft: the shortest length's best of each draft (the best three by
     confirm_candidates, then every other draft at its own best there), and a draft with no finished
     trial there (all pruned) at the best config's gamma."""
     specs = {n: DraftSpec(name=n, kind="prompt_lookup") for n in "abcde"}

@@ -134,7 +134,7 @@ def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path,
     one, four = p.batch_table
     assert (one.confirmed_from, four.confirmed_from) == (None, "B=1")
     # B = 4's study is the baseline alone; its final round raced B = 1's best of each draft and
-    # the next best config (app.session_search.confirm_candidates), and nothing else
+    # the next best config (search.cells.confirm_candidates), and nothing else
     import optuna
 
     study = optuna.load_study(study_name=four.study_name, storage=f"sqlite:///{tmp_path / 's.db'}")

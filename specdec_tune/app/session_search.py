@@ -17,6 +17,7 @@ from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..runtime.workloads import stratified
 from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget, pass_share
+from ..search.cells import CONFIRM_TOP, confirm_candidates, every_draft, union
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -106,7 +107,7 @@ def search_session(
         confirming = budgeted and settings.finalists > 0 and (len(batch_sizes) > 1 or confirm is not None)
         first_from = confirm if confirming else None  # the first batch size confirms another cell's
         first_pinned = (
-            _union(every_draft(first_from[1], s.specs, settings.max_gamma), defaults)
+            union(every_draft(first_from[1], s.specs, settings.max_gamma), defaults)
             if first_from
             else defaults
         )
@@ -246,49 +247,6 @@ def search_session(
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens)
-
-
-CONFIRM_TOP = 3  # the first batch size's top configs a later one races head to head
-
-
-def confirm_candidates(result: Any, k: int) -> list[Config]:
-    """What a confirming cell races against plain: up to `k` speculative configs of a finished
-    search, the best of each draft first (best first: the final round's ranking, then the
-    search's), then the next best. One per draft because the best draft kind changes with the
-    context length (issue 36: llama.cpp's ngram-mod default drafted nothing at 220 tokens and
-    paid at 2 100)."""
-    ranked = [r.config for r in result.results if r.config.gamma > 0]
-    out: list[Config] = []
-    for c in ranked:
-        if all(o.draft.name != c.draft.name for o in out):
-            out.append(c)
-    out += [c for c in ranked if c not in out]
-    return out[:k]
-
-
-def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
-    """What a longer context length races instead of searching: `confirm_candidates` of the
-    shortest length's search, then every other draft of the space at its own best config there,
-    and a draft it holds no finished trial of (all pruned there) at that search's best gamma:
-    untested is not refuted, and the best draft kind changes along L."""
-    out = confirm_candidates(result, CONFIRM_TOP)
-    ranked = [r.config for r in result.results if r.config.gamma > 0]
-    best = ranked[0] if ranked else None
-    for d in specs:
-        if any(c.draft.name == d.name for c in out):
-            continue
-        own = next((c for c in ranked if c.draft.name == d.name), None)
-        if own is None:
-            gamma = FIXED_GAMMA.get(d.kind) or min(max_gamma, best.gamma if best else max(1, max_gamma // 2))
-            own = Config(d, gamma, 0.0)
-        out.append(own)
-    return out
-
-
-def _union(first: list[Config], then: list[Config]) -> list[Config]:
-    """`first`, then each config of `then` not already in it."""
-    keys = {c.key for c in first}
-    return [*first, *(c for c in then if c.key not in keys)]
 
 
 def _record_flags(s: Any, result: Any, batch_size: int, progress: Progress) -> None:

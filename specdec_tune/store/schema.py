@@ -81,7 +81,7 @@ class BatchRow:
     predicted_speedup: float | None = None  # the cost model's best prediction at this B
     study_name: str = ""
     # Not searched: the cell ("B=1") whose top configs raced head to head here against plain
-    # (app.session_search.confirm_candidates). None: searched here.
+    # (search.cells.confirm_candidates). None: searched here.
     confirmed_from: str | None = None
 
 

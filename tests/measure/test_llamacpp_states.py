@@ -10,7 +10,8 @@ from specdec_tune.measure.llamacpp.states import PREFIX, PromptStates, sweep_orp
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
+        self.args = list(args)  # the server's flags, as LlamaServer.args
         self.posts: list[tuple[str, dict]] = []
 
     def post(self, path: str, body: dict) -> dict:
@@ -36,6 +37,26 @@ def test_a_prompt_is_processed_and_saved_once_then_restored():
     finally:
         states.close()
     assert not states.folder.exists()
+
+
+def test_a_server_with_a_draft_model_processes_each_prompt_itself():
+    """A saved state holds the target's KV cache alone: a server that runs a draft model is never
+    given one, and none is saved from it; it processes the prompt (with the cache on) every time."""
+    states = PromptStates()
+    processed = []
+    plain, drafted = Server(), Server("-m", "t.gguf", "--spec-draft-model", "d.gguf")
+    try:
+        states.restore(plain, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
+        states.restore(drafted, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
+        states.restore(drafted, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
+        assert processed == [
+            (plain, "long prompt", 1),
+            (drafted, "long prompt", 1),
+            (drafted, "long prompt", 1),
+        ]
+        assert drafted.posts == [] and [p for p, _ in plain.posts] == ["/slots/0?action=save"]
+    finally:
+        states.close()
 
 
 def test_a_folder_left_by_a_killed_process_is_swept_and_a_live_ones_is_kept(tmp_path):
