@@ -96,7 +96,9 @@ def race(
             break
         todo = sorted({leader, *open_} - {BASELINE})
         repeats = step_repeats
-        done = len(samples[leader]) if leader != BASELINE else max(len(s) for s in samples.values())
+        # the most repeats any entrant of the next round has: a leader that sat out rounds (resolved
+        # below, then back in front) has fewer than the others it races
+        done = max(len(samples[i]) for i in todo)
         if done + repeats > max_repeats:
             break
         next_s = last_s * len(todo) * repeats / max(last_n, 1)

@@ -176,3 +176,18 @@ def test_a_leader_wholly_above_plain_decoding_stays_though_the_sign_test_disagre
     rounds[1] = [1.0, 0.95, 1.01, 0.96, 1.0, 0.98]
     out = race([Config(MODEL, 6), Config(MODEL, 7)], measure_round, 6, 3, max_repeats=6)
     assert out.verdict == TIE and out.chosen == BASELINE
+
+
+def test_no_finalist_passes_max_repeats_when_a_config_left_behind_takes_the_lead():
+    """A config resolved below the leader after the first round sits out the next rounds; when the
+    others' medians then fall below its own it leads again, with fewer repeats than they have. The
+    cap counts the most repeats any entrant of the next round already has, not the leader's: it
+    counted the leader's, and the other two went on to 18 repeats of 12."""
+    first = {0: [1.5] * 6, 1: [1.51, 1.49] * 3, 2: [1.3] * 6}
+
+    def measure_round(indices, repeats, rnd):
+        return [first[i] if rnd == 0 else [1.0] * repeats for i in indices]
+
+    configs = [Config(MODEL, 5), Config(MODEL, 4), Config(LOOKUP, 3)]
+    out = race(configs, measure_round, first_repeats=6, step_repeats=2, max_repeats=12)
+    assert max(len(s) for s in out.samples.values()) <= 12, {i: len(s) for i, s in out.samples.items()}
