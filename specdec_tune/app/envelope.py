@@ -5,8 +5,8 @@ T_target(L), L* per batch size and where the best draft kind changes (store.buil
 
 The budget is shared evenly among the lengths still to search, re-planned from what is left after
 each one, so a slow long length cannot take the time of the next. In a budgeted run only the
-shortest length is searched: each longer one races its top three and the engine's defaults head to
-head against plain (`search.cells.every_draft`: the best of each draft, every draft once), its
+shortest length is searched: each longer one races the shortest's best config of each draft (every
+draft once, `search.cells.every_draft`) and the engine's defaults head to head against plain, its
 cells marked `confirmed_from: L=...`. A length past the target's
 trained positions is left out in one line (errors.ContextTooLong), not the whole run.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -664,6 +665,42 @@ def test_past_the_least_prompts_a_trial_is_cut_to_shorter_replies():
     # Fast enough: nothing is cut; 0 tokens means replies are never cut.
     assert trial_size(settings, 200.0, 2.0, shape, 8, 128) == (8, 128)
     assert trial_size(settings, 60.0, 20.0, shape, 8, 0) == (2, 0)
+
+
+def test_a_confirming_cell_is_planned_as_one_race_and_the_first_cell_gets_the_rest():
+    from specdec_tune.search.budget import (
+        Cell,
+        TrialShape,
+        _plan,
+        cells_trial_size,
+        first_cell_share,
+        pass_share,
+    )
+
+    closed_loop = TrialShape(overhead_s=1.5, warmup_passes=1.0, plans_speedup=False, batch_requests=2.0)
+    # A pass at B = 4 sends 8 requests at the least: 2 of 8 prompts cost a whole pass there, a
+    # quarter at B = 1; halving the replies halves both.
+    assert pass_share(closed_loop, 4, 2, 8) == 1.0 and pass_share(closed_loop, 1, 2, 8) == 0.25
+    assert pass_share(closed_loop, 4, 2, 8, 24, 48) == 0.5 and pass_share(closed_loop, 4, 8, 3) == 1.0
+    settings = TuneSettings(repeats=3, finalists=3, final_repeats=5)
+    b1 = Cell(settings, 1.0, pinned=2)
+    b4 = Cell(replace(settings, batch_size=4), 11.0, pinned=3, searched=False)
+    # The race: one baseline trial (3 x 2 passes + the untimed one + a start-up) and 3 configs
+    # against one plain side, 5 repeats each, besides their start-ups and exactness passes.
+    race = _plan(b4.settings, 1000.0, 11.0, closed_loop, pinned=3, searched=False)
+    assert race[0].trials == 1 and race[2] == pytest.approx(
+        (3 * 2 + 1) * 11 + 1.5 + (1 + 3) * 5 * 11 + 3 * 1.5 + 3 * 11
+    )
+    # The first cell gets what the race leaves at the least (1000 - 336 s), never less than an even
+    # share (the plan then runs over, and says so); two searched cells share evenly.
+    assert first_cell_share([b1, b4], 1000.0, closed_loop) == pytest.approx(664.0)
+    assert first_cell_share([b1, b4], 600.0, closed_loop) == 300.0
+    assert first_cell_share([b1, replace(b4, searched=True)], 1000.0, closed_loop) == 500.0
+    # Cut together: at 400 s the prompts are cut to 5 (B = 4 still sends 8 requests a pass); at
+    # 300 s to 2, and then the replies to 64 tokens, which is what shortens B = 4's passes.
+    assert cells_trial_size([b1, b4], 1000.0, closed_loop, 8, 128) == (8, 128)
+    assert cells_trial_size([b1, b4], 400.0, closed_loop, 8, 128) == (5, 128)
+    assert cells_trial_size([b1, b4], 300.0, closed_loop, 8, 128) == (2, 64)
 
 
 def test_the_llamacpp_budget_plans_on_the_measured_plain_pass_and_says_when_it_runs_over():

@@ -297,7 +297,7 @@ def test_batch_table_round_trips_and_is_validated(tmp_path):
     prof = make_sample_profile()
     prof.batch_table = [
         BatchRow(1, prof.best, [prof.best, *prof.alternatives[:1]], 1.9, "s-b1"),
-        BatchRow(16, prof.alternatives[0], [], None, "s-b16"),
+        BatchRow(16, prof.alternatives[0], [], None, "s-b16", confirmed_from="B=1"),
     ]
     prof.b_star, prof.predicted_b_star = 32, 16
     save_profile(prof, tmp_path / "p.yaml")
@@ -308,6 +308,12 @@ def test_batch_table_round_trips_and_is_validated(tmp_path):
     twice = tmp_path / "twice.yaml"
     twice.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     assert "batch_table[1].batch_size' must not repeat" in _load_error(str(twice))
+    # a row that was not searched names the cell it confirmed, and nothing else
+    data = profile_to_dict(prof)
+    data["batch_table"][1]["confirmed_from"] = "B=1; rm -rf"
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert "batch_table[1].confirmed_from' must name a cell as B=N or L=N" in _load_error(str(odd))
 
 
 def test_missing_schema_version(tmp_path):
