@@ -115,11 +115,12 @@ def search_session(
         # every batch size does fits, not only the first (a 240 s code-edit run at B = 1,4 in
         # llama.cpp took 511 s when B = 4's passes were first seen after B = 1's search).
         pass_by_b = _pass_times(s, noise.plain_pass_s, batch_sizes) if budgeted else {}
+        n, tokens = len(s.case.prompts), max(s.case.max_new_tokens)  # the whole workload's pass
 
         def cells(k: int, t: int) -> list[Cell]:  # each batch size, a pass cut to k prompts of t tokens
             out = []
             for i, b in enumerate(batch_sizes):
-                share = pass_share(s.trial_shape, b, k, len(s.case.prompts), t, max(s.case.max_new_tokens))
+                share = pass_share(s.trial_shape, b, k, n, t, tokens)
                 planned = replace(settings, batch_size=b)
                 searched = not confirming or (i == 0 and first_from is None)
                 pinned = len(first_pinned) if i == 0 else 0 if searched else CONFIRM_TOP
@@ -128,12 +129,11 @@ def search_session(
                 )
             return out
 
-        if budgeted and len(s.case.prompts) > 1:
+        if budgeted and n > 1:
             # A trial is cut to the prompts, then the reply lengths, the least search affords at
             # every batch size before anything else is: a long context or a slow engine must not
             # take the budget 3x over.
             left = budget_s - (time.monotonic() - started) - reserve_s
-            n, tokens = len(s.case.prompts), max(s.case.max_new_tokens)
             k, t = cells_trial_size(cells(n, tokens), left, s.trial_shape, n, tokens)
             if k < n or t < tokens:  # what `check` measures again: the first k prompts, stratified
                 picked = stratified(s.workload.prompts, k)
@@ -166,9 +166,7 @@ def search_session(
                     if i == 0
                     else left / (len(batch_sizes) - i)
                 )
-                pass_s = pass_by_b[b] * pass_share(
-                    s.trial_shape, b, k_cut, len(s.case.prompts), t_cut, max(s.case.max_new_tokens)
-                )
+                pass_s = pass_by_b[b] * pass_share(s.trial_shape, b, k_cut, n, t_cut, tokens)
                 expected = s.expected_speedup(costs, settings_b)
                 pinned = len(candidates) if confirming_b else len(defaults) if i == 0 else 0
                 screen = screen_prompts(settings_b.screen_prompts, len(case.prompts)) if s.screens else 0

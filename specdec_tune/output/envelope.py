@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..store.schema import ContextRow, Profile
+from ..store.schema import BatchRow, ContextRow, Profile
 from .fmt import add_columns, interval, times
 
 # The plots' files (output.plots.PLOT_FILES takes them in).
@@ -48,7 +48,7 @@ def envelope_table(p: Profile) -> Table | None:
             str(row.batch_size),
             str(row.context_length),
             str(row.prompt_tokens),
-            row.best.config.label + (" †" if row.confirmed_from else ""),
+            cell_label(row),
             times(m.speedup),
             interval(m.speedup_interval),
             f"{m.acceptance_rate:.2f}" if row.best.config.gamma else "—",
@@ -143,7 +143,12 @@ def _by_batch(p: Profile) -> dict[int, list[ContextRow]]:
     return out
 
 
-def confirmed_words(rows: list[Any]) -> str:
+def cell_label(row: BatchRow | ContextRow) -> str:
+    """A cell's best config, marked † when the cell was not searched (`confirmed_words`)."""
+    return row.best.config.label + (" †" if row.confirmed_from else "")
+
+
+def confirmed_words(rows: list[BatchRow] | list[ContextRow]) -> str:
     """What † marks in a table of cells: not searched, another cell's top configs raced there."""
     cells = sorted({r.confirmed_from for r in rows if r.confirmed_from})
     if not cells:

@@ -16,7 +16,7 @@ from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from ..urls import redact_url
 from .engine import engine_rows
-from .envelope import confirmed_words, envelope_table
+from .envelope import cell_label, confirmed_words, envelope_table
 from .fmt import (
     add_columns,
     compile_words,
@@ -101,7 +101,7 @@ def batch_table(p: Profile) -> Table:
         )
         t.add_row(
             str(row.batch_size),
-            row.best.config.label + (" †" if row.confirmed_from else ""),
+            cell_label(row),
             times(m.speedup),
             f"{m.tokens_per_s:.0f}",
             f"{m.baseline_tokens_per_s:.0f}",

@@ -17,7 +17,7 @@ def confirm_candidates(result: Any, k: int) -> list[Config]:
     search's), then the next best. One per draft because the best draft kind changes with the
     context length (issue 36: llama.cpp's ngram-mod default drafted nothing at 220 tokens and
     paid at 2 100)."""
-    ranked = [r.config for r in result.results if r.config.gamma > 0]
+    ranked = _speculative(result)
     out: list[Config] = []
     for c in ranked:
         if all(o.draft.name != c.draft.name for o in out):
@@ -32,7 +32,7 @@ def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
     and a draft it holds no finished trial of (all pruned there) at that search's best gamma:
     untested is not refuted, and the best draft kind changes along L."""
     out = confirm_candidates(result, CONFIRM_TOP)
-    ranked = [r.config for r in result.results if r.config.gamma > 0]
+    ranked = _speculative(result)
     best = ranked[0] if ranked else None
     for d in specs:
         if any(c.draft.name == d.name for c in out):
@@ -43,6 +43,11 @@ def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
             own = Config(d, gamma, 0.0)
         out.append(own)
     return out
+
+
+def _speculative(result: Any) -> list[Config]:
+    """A finished search's speculative configs, best first."""
+    return [r.config for r in result.results if r.config.gamma > 0]
 
 
 def union(first: list[Config], then: list[Config]) -> list[Config]:

@@ -34,6 +34,7 @@ ENGINE_MAX_GAMMA = 16
 # --spec-ngram-simple-size-m tokens and ngram-mod up to --spec-ngram-mod-n-max; the server caps a
 # slot's draft only by the context left (server-context.cpp get_n_draft_max), so for them the flag
 # does nothing.
+DRAFT_MODEL_FLAG = "--spec-draft-model"  # a server that runs a draft model beside the target
 DRAFT_N_MAX_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 
 # llama-server's own settings for each n-gram spec type named alone (`--spec-type X`, nothing else):
@@ -157,7 +158,7 @@ def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
         if not path:
             raise SpecDecError(f"draft '{d.name}' has no GGUF file for llama.cpp")
         types.append("draft-simple")
-        args += ["--spec-draft-model", str(path), "--spec-draft-p-min", f"{config.threshold:g}"]
+        args += [DRAFT_MODEL_FLAG, str(path), "--spec-draft-p-min", f"{config.threshold:g}"]
         if d.min_draft:
             args += ["--spec-draft-n-min", str(min(d.min_draft, gamma))]
     if not types:

@@ -26,10 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .args import DRAFT_MODEL_FLAG
 from .server import LlamaServer
 
 PREFIX = "specdec-slots-"
-DRAFT_MODEL_FLAG = "--spec-draft-model"  # a server that runs a draft model beside the target
 
 
 class PromptStates:
