@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import tempfile
@@ -29,6 +30,42 @@ from helpers import VOCAB, noisy_copy, save_pair, tiny_llama, tiny_tokenizer  # 
 
 # Tiny models gain nothing from intra-op threads, and threads make tests slow on a busy 2-core box.
 torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- two tests at once, or one alone
+# The README's command runs the suite in two pytest-xdist workers, two tests at a time. A test marked
+# `alone` judges real speed (a check's verdict, a server's tokens/s, a machine anchor) or runs an
+# engine on every core, so another test beside it would change what it measures: it waits until the
+# other worker's test ends, and no test starts beside it. A readers-writer lock on two files both
+# workers share: every test holds RUN shared, an `alone` test holds it exclusive; an `alone` test
+# takes GATE exclusive first, so a worker starting test after test queues behind it instead of
+# starving it. Without xdist (one test at a time) there is nothing to wait for.
+
+
+@pytest.fixture(scope="session")
+def _lock_dir(tmp_path_factory):
+    """The folder both xdist workers share (their base temp folders' parent), or None alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return tmp_path_factory.getbasetemp().parent
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside(request, _lock_dir):
+    if _lock_dir is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(_lock_dir / "gate.lock", "a+") as gate, open(_lock_dir / "run.lock", "a+") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

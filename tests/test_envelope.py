@@ -71,7 +71,9 @@ def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_en
     assert c.exit_code == 0, c.output
     metrics = {i["metric"] for i in json.loads(c.stdout)["items"]}
     assert {"speedup @ B=1, L=2048", "speedup @ B=1, L=6144", "speedup @ B=4, L=6144"} <= metrics
-    fake.SCRIPT["slowdown"] = 2.0
+    # a third of the speed: past CheckPolicy.load_explains_down_to, a regression however busy the
+    # machine (the suite runs two tests at once)
+    fake.SCRIPT["slowdown"] = 3.0
     assert invoke("check", str(out), "--repeats", "3").exit_code == 1
 
 

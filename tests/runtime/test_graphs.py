@@ -78,6 +78,7 @@ def _dynamo_only(monkeypatch) -> None:
     )
 
 
+@pytest.mark.alone  # torch.compile builds on every core (tests/conftest.py)
 @pytest.mark.slow
 def test_no_compile_inside_a_timed_pass_compiled_gpt2(monkeypatch):
     _dynamo_only(monkeypatch)
@@ -129,6 +130,7 @@ def test_the_loop_clock_of_a_compiled_target_times_its_slot_calls_not_its_forwar
     assert (slots.SlotCache.forward, slots.SlotCache.prefill) == saved
 
 
+@pytest.mark.alone  # torch.compile builds on every core (tests/conftest.py)
 @pytest.mark.slow
 def test_the_loop_overheads_never_recompile_a_compiled_target(monkeypatch):
     """A clock patched onto the target's forward made dynamo recompile every graph inside the

@@ -117,6 +117,7 @@ def test_static_mode_is_exact_for_every_architecture_and_drafter(pair, mode):
     assert ties == 0
 
 
+@pytest.mark.alone  # torch.compile builds on every core (tests/conftest.py)
 @pytest.mark.slow
 def test_compiled_mode_is_exact_and_builds_each_graph_once():
     target = tiny_llama(layers=1, hidden=32, seed=4)
