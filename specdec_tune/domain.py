@@ -207,6 +207,9 @@ class BatchCosts:
     loop_verify_ms: dict[str, float] = field(default_factory=dict)
     loop_verify_tokens: dict[str, float] = field(default_factory=dict)
     loop_t_draft_ms: dict[str, float] = field(default_factory=dict)
+    # The context length the loop terms were clocked at when an envelope carried them from its
+    # first length (measure.surface.carried_loop_terms); None: clocked at this surface's own.
+    loop_terms_from: int | None = None
 
 
 @dataclass

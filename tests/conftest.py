@@ -134,5 +134,6 @@ def fake_engine(monkeypatch):
     monkeypatch.setitem(fake.SCRIPT, "measured", [])
     monkeypatch.setitem(fake.SCRIPT, "budgets", [])
     monkeypatch.setitem(fake.SCRIPT, "screened", [])
+    monkeypatch.setitem(fake.SCRIPT, "carried", [])
     monkeypatch.setattr(fake.FakeModule, "sessions", [])
     return fake

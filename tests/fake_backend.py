@@ -30,7 +30,13 @@ DEFAULT_GAMMA = 12  # the engine's own default, raced in the final round
 BUILD = {"package": "fake-engine 1.0", "binary_sha256": "sha256:fake"}
 # What a test may change: the build the next session reports, a slowdown of every config.
 # "screened": (config label, went on) of every trial screened on its first prompts.
-SCRIPT: dict[str, Any] = {"build": dict(BUILD), "slowdown": 1.0, "measured": [], "screened": []}
+SCRIPT: dict[str, Any] = {
+    "build": dict(BUILD),
+    "slowdown": 1.0,
+    "measured": [],
+    "screened": [],
+    "carried": [],
+}
 
 
 POSITIONS = 8192  # the scripted target's trained positions: a longer context is left out
@@ -171,11 +177,15 @@ class FakeSession:
         return Noise(0.01, 0.002, 3, 2), Anchors(PLAIN_TOKENS_PER_S, None, None)
 
     def costs(
-        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None
-    ) -> Costs:
+        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
+        carry: Costs | None = None,
+    ) -> Costs:  # fmt: skip
+        # which length's costs each session was handed (the envelope carries its first length's)
+        SCRIPT["carried"].append((self.case.context_length, carry.context_len if carry else None))
         costs = Costs(
-            10.0, 0.01, [10.0 + 0.5 * g for g in range(1, max_gamma + 1)], 0.01, 64, engine_mode="eager"
-        )
+            10.0, 0.01, [10.0 + 0.5 * g for g in range(1, max_gamma + 1)], 0.01,
+            self.case.context_length or 64, engine_mode="eager",
+        )  # fmt: skip
         for name in DRAFTS:
             costs.drafts.append(
                 DraftCosts(name, 0.0, 0.0, 0.7, [0.7] * max_gamma, acceptance_source="measured")

@@ -50,6 +50,9 @@ def test_context_lengths_give_a_cell_per_batch_size_and_length(tmp_path, fake_en
     assert p.workload.context_length == 256 and p.best.config.label == by[1, 256].best.config.label
     assert [(line.batch_size, line.l_star) for line in p.envelope] == [(1, None), (4, None)]
     assert any("at L 6144" in c for c in p.envelope[0].kind_changes)
+    # every longer length's cost profile was handed the first length's costs (what the context
+    # does not change is not measured again: tests/measure/test_surface.py)
+    assert fake.SCRIPT["carried"] == [(256, None), (2048, 256), (6144, 256)]
     # one study per (B, L): trials of one length never answer for another
     assert len({row.study_name for row in p.context_table}) == 6
     assert all(s.closed for s in fake.FakeModule.sessions)

@@ -40,6 +40,7 @@ class SessionRun:
     noise: Any
     fresh_reference: bool
     prompt_tokens: int = 0
+    costs: Any = None  # domain.Costs measured in this session (None: --no-profile)
 
 
 def search_session(
@@ -55,12 +56,14 @@ def search_session(
     budget_s: float | None,
     started: float,
     confirm: tuple[str, Any] | None = None,
+    carry: Any = None,
 ) -> SessionRun:
     """Open `models`' measuring session, profile its costs, search at each batch size within what
     is left of `budget_s` (counted from `started`), and build the profile; nothing is written.
     `confirm` (a cell's name and its search.results.TuneResult, app.envelope): in a budgeted run
     the first batch size is not searched either; `every_draft` of that cell and the engine's
-    defaults race there instead."""
+    defaults race there instead. `carry` (the costs of an envelope's first length): passed to
+    the session's cost profile, which measures again only what changes with the context."""
     from ..search.tuner import tune as run_search
 
     purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
@@ -82,7 +85,7 @@ def search_session(
                 )
             s.use_costs(costs)
         elif not no_profile:
-            costs = s.costs(settings.max_gamma, 5, progress, batch_sizes)
+            costs = s.costs(settings.max_gamma, 5, progress, batch_sizes, carry=carry)
         # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
         noise, anchors = s.noise_and_anchors()
         settings, line = adapt_to_noise(settings, noise)
@@ -244,7 +247,7 @@ def search_session(
         profile = with_batch_table(profile, rows, predicted)
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens)
+    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, costs)
 
 
 def _record_flags(s: Any, result: Any, batch_size: int, progress: Progress) -> None:

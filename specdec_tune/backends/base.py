@@ -151,9 +151,12 @@ class MeasuringSession(MeasuringBackend, Protocol):
         """Plain passes at batch size 1 timed while watching the OS: the machine's noise and anchors."""
 
     def costs(
-        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None
-    ) -> Costs:
-        """The engine's costs profile (T_target, C_ver(γ), T_draft, acceptance where known)."""
+        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
+        carry: Costs | None = None,
+    ) -> Costs:  # fmt: skip
+        """The engine's costs profile (T_target, C_ver(γ), T_draft, acceptance where known).
+        `carry`: the costs of an envelope's first length; what does not change with the context
+        may be taken from it instead of measured again."""
 
     def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
         """`costs` with each draft's acceptance from the trials of `result` (search.results.TuneResult)."""

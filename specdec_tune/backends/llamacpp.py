@@ -195,8 +195,9 @@ class LlamaCppSession:
         return noise, Anchors(round(median(rates), 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
 
     def costs(
-        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None
-    ) -> Costs:
+        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
+        carry: Costs | None = None,
+    ) -> Costs:  # fmt: skip
         """T_target, C_ver(γ) and T_draft measured in llama-server (the cost surface over B is not
         measured in the engine); acceptance comes from trials (`with_trial_acceptance`)."""
         progress.stage("llama.cpp costs: T_target, C_ver(γ), T_draft", 0.0)

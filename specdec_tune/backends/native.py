@@ -195,9 +195,11 @@ class NativeSession:
 
     def costs(
         self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
-        context_len: int | None = None,
+        context_len: int | None = None, carry: Costs | None = None,
     ) -> Costs:  # fmt: skip
-        costs = measure_costs(self.s, self.pool, max_gamma, repeats, progress, batch_sizes, context_len)
+        costs = measure_costs(
+            self.s, self.pool, max_gamma, repeats, progress, batch_sizes, context_len, carry
+        )
         self.pool.costs = costs  # the costmodel gamma policy looks its gamma up in them
         return costs
 

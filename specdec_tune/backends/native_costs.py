@@ -17,11 +17,14 @@ def measure_costs(
     progress: Progress,
     batch_sizes: list[int] | None = None,
     context_len: int | None = None,
+    carry: Costs | None = None,
 ) -> Costs:
     """The costs profile of a session's target and drafts; with `batch_sizes` (other than just
     [1]) also the cost surface over them. `context_len` defaults to the workload's typical
     mid-generation length. Acceptance is measured only where both models have trained weights;
-    the costs say which weights were random."""
+    the costs say which weights were random. `carry`: the costs of an envelope's first length,
+    whose context-independent terms are taken instead of measured again (measure.costs,
+    measure.surface.carried_loop_terms)."""
     from ..measure.costs import measure_costs as measure
     from ..runtime.session import has_random_weights
 
@@ -47,6 +50,7 @@ def measure_costs(
         progress=progress.stage,
         measure_acceptance=[n for n in drafters if acceptance_measured(s, pool.specs[n])],
         ctx=s.ctx,
+        carry=carry,
     )
     costs.engine_mode = s.engine_mode
     costs.weights, costs.shape = s.target.weights, s.target.shape
@@ -67,6 +71,8 @@ def measure_costs(
             progress=lambda label: progress.stage(label, 0.99),
             case=case,
             ctx=s.ctx,
+            carry=carry.batch if carry is not None else None,
+            carry_context_len=carry.context_len if carry is not None else None,
         )
     costs.compile_fallbacks = list(s.ctx.fallbacks)
     costs.compile = s.ctx.compile_time()  # graph builds so far, never inside a timing

@@ -38,6 +38,10 @@ from .forward import (
 from .overheads import LoopClock, measure_loop_overheads_ms
 from .timing import median, spread, time_repeated
 
+# The acceptance pass at an envelope's longer lengths (`carry`): enough verifications for the
+# cost model's prediction there; the races at that length measure the acceptance of what they race.
+CARRIED_ACCEPTANCE_STEPS = 96
+
 
 @torch.inference_mode()
 def measure_t_draft_ms(drafter: Drafter, seq: list[int], repeats: int, gamma: int = 4) -> float:
@@ -139,6 +143,7 @@ def measure_costs(
     acceptance_steps: int | None = 256,
     measure_acceptance: Collection[str] | None = None,
     ctx: ExecutionContext | None = None,
+    carry: Costs | None = None,
 ) -> Costs:
     """Measure every field of `Costs` for `target` and each drafter on `device`.
 
@@ -151,6 +156,10 @@ def measure_costs(
     `with_bandwidth=False` skips the synthetic micro-benchmarks (copy bandwidth, matmul
     throughput). `progress(label, fraction_done)` is called before each stage and once with 1.0
     at the end.
+    `carry` (the costs of an envelope's first length, app.envelope): what does not change with
+    the context is taken from it, not measured again: the loop overheads, copy bandwidth and
+    matmul throughput; the acceptance pass stops after CARRIED_ACCEPTANCE_STEPS verifications.
+    T_target, C_ver, T_draft and acceptance are measured at `context_len`.
     """
     check_gamma(max_gamma, allow_zero=False, what="max_gamma")
     check_count(repeats, "repeats")
@@ -167,11 +176,16 @@ def measure_costs(
     check_count(context_len, "context_len")
     check_context_fits(target, context_len, max_gamma + 1)
 
+    if carry is not None:
+        with_bandwidth = False
+        if acceptance_steps is not None:
+            acceptance_steps = min(acceptance_steps, CARRIED_ACCEPTANCE_STEPS)
     stages: list[tuple[str, float]] = []  # (label, rough share of the time)
     if with_bandwidth:
         stages += [("memory bandwidth", 1.0), ("matmul throughput", 1.0)]
     stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
-    stages.append(("decoding-loop overheads", 2.0))
+    if carry is None:
+        stages.append(("decoding-loop overheads", 2.0))
     for name in drafters:
         stages.append((f"draft cost: {name}", 1.0))
         if name in measured:
@@ -200,10 +214,14 @@ def measure_costs(
     t_target_ms, t_target_spread = median(samples[0]), spread(samples[0])
     verify_ms = [median(s) for s in samples[1:]]
     verify_spread = max(spread(s) for s in samples[1:])
-    next_stage()
-    loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
-        target, context_len, min(4, max_gamma), repeats, ctx=ctx
-    )
+    if carry is None:
+        next_stage()
+        loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
+            target, context_len, min(4, max_gamma), repeats, ctx=ctx
+        )
+    else:  # the loop's own work per token and per step does not grow with the context
+        loop_overhead_ms, step_overhead_ms = carry.loop_overhead_ms, carry.step_overhead_ms
+        copy_gbps, tflops = carry.copy_bandwidth_gbps, carry.matmul_tflops
 
     vocab = min(
         [vocab_size(target)] + [vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]

@@ -2,6 +2,12 @@
 decode step T_target(B)) and T_draft(B) per draft, with B rows at the workload's mid-generation
 context length, through the batched engine's own caches and forwards.
 
+At B > 1 each batch size also gets costs clocked inside real batched loops over the workload
+(`loop_costs`); at B = 1 the cost model reads the costs profile's own in-loop clocks (its
+acceptance pass), so none are clocked again. An envelope's longer lengths carry the loop terms of
+its first length (`carried_loop_terms`): the loop's own work does not change with the context,
+and the forward and draft times inside it scale as the micro-benchmarks at the new length do.
+
 Verification of gamma + 1 tokens costs about one decode step while the forward is bound by
 memory bandwidth (the weights are read once for all tokens); once B x (gamma + 1) tokens make it
 compute-bound, C_ver(B, gamma) / T_target(B) rises. `memory_bound_until` is the largest measured
@@ -231,9 +237,14 @@ def measure_surface(
     progress: Callable[[str], None] | None = None,
     case: Case | None = None,
     ctx: ExecutionContext | None = None,
+    carry: list[BatchCosts] | None = None,
+    carry_context_len: int | None = None,
 ) -> tuple[list[BatchCosts], int | None]:
     """The surface at each batch size, and the largest B that is still memory-bound. With `case`
-    (the workload), each batch size also gets costs clocked inside real batched loops over it."""
+    (the workload), each batch size above 1 also gets costs clocked inside real batched loops over
+    it; with `carry` (the surface measured at `carry_context_len`), a batch size that has a row
+    there takes its loop terms from it instead (`carried_loop_terms`)."""
+    carried = {c.batch_size: c for c in carry or [] if c.loop_verify_ms}
     vocab = vocab_size(target)
     surface = []
     for b in sorted(set(batch_sizes)):
@@ -244,7 +255,9 @@ def measure_surface(
         for name, make in make_drafters.items():
             drafts[name] = draft_cost_ms(make(b), vocab, context_len, repeats, gamma=min(4, max_gamma))
         costs = BatchCosts(b, curve[0], curve[1:], drafts)
-        if case is not None:
+        if b in carried:
+            carried_loop_terms(costs, carried[b], carry_context_len)
+        elif case is not None and b > 1:
             # Enough requests that every slot is refilled at least once.
             prompts = (case.prompts * (2 * b // len(case.prompts) + 2))[: max(2 * b, len(case.prompts))]
             loop_case = Case(prompts, [min(32, max(case.max_new_tokens))] * len(prompts), case.eos, 0.0)
@@ -255,3 +268,21 @@ def measure_surface(
         surface.append(costs)
     bound = [s.batch_size for s in surface if s.verify_ms[0] <= MEMORY_BOUND_RATIO * s.t_target_ms]
     return surface, max(bound) if bound else None
+
+
+def carried_loop_terms(costs: BatchCosts, measured: BatchCosts, context_len: int | None) -> None:
+    """`measured`'s loop terms (clocked inside batched loops at another context length) on `costs`:
+    the loop's own work per step as it was, the in-loop verification forward scaled as the
+    micro-benchmark's C_ver at the same width, and the in-loop draft time as the micro T_draft."""
+    costs.loop_overhead_ms = measured.loop_overhead_ms
+    costs.step_overhead_ms = dict(measured.step_overhead_ms)
+    costs.loop_verify_tokens = dict(measured.loop_verify_tokens)
+    for name, ms in measured.loop_verify_ms.items():
+        width = max(1, round(measured.loop_verify_tokens.get(name, 2.0) - 1))
+        at = min(width, len(costs.verify_ms), len(measured.verify_ms)) - 1
+        then, now = measured.verify_ms[at], costs.verify_ms[at]
+        costs.loop_verify_ms[name] = ms * now / then if then > 0 else ms
+    for name, ms in measured.loop_t_draft_ms.items():
+        then, now = measured.t_draft_ms.get(name, 0.0), costs.t_draft_ms.get(name, 0.0)
+        costs.loop_t_draft_ms[name] = ms * now / then if then > 0 and now > 0 else ms
+    costs.loop_terms_from = context_len

@@ -60,22 +60,31 @@ def envelope_table(p: Profile) -> Table | None:
     return t
 
 
-def prediction_errors(p: Profile) -> list[float]:
-    """|predicted / measured - 1| of each cell whose best was predicted before it was measured."""
-    return sorted(
-        abs(r.predicted_speedup / r.best.metrics.speedup - 1)
-        for r in p.context_table
-        if r.predicted_speedup and r.best.metrics.speedup > 0
-    )
+def prediction_errors(p: Profile) -> tuple[list[float], int]:
+    """|predicted / measured - 1| of each speculative config measured in a cell (each draft's best
+    there) that the cost model predicted before it was measured, and how many cells they came
+    from. A cell where plain decoding won counts through the configs that lost to it, never as
+    plain's own prediction of 1.00x."""
+    errs, cells = [], 0
+    for row in p.context_table:
+        found = [
+            abs(r.metrics.predicted_speedup / r.metrics.speedup - 1)
+            for r in row.per_draft
+            if r.config.gamma > 0 and r.metrics.predicted_speedup and r.metrics.speedup > 0
+        ]
+        errs += found
+        cells += bool(found)
+    return sorted(errs), cells
 
 
 def prediction_words(p: Profile) -> list[str]:
-    """The cost model's error over the cells it predicted: median and worst."""
-    errs = prediction_errors(p)
+    """The cost model's error over the configs it predicted in the cells: median and worst."""
+    errs, cells = prediction_errors(p)
     if not errs:
         return []
     return [
-        f"cost model error over {len(errs)} cells: median {statistics.median(errs):.0%}, worst {errs[-1]:.0%}"
+        f"cost model error over {len(errs)} configs in {cells} cells: median "
+        f"{statistics.median(errs):.0%}, worst {errs[-1]:.0%}"
     ]
 
 

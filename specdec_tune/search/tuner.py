@@ -220,7 +220,24 @@ def tune(
             )
         finally:
             claim.close()
+        _predict_unpredicted(result, model, predictor, settings.batch_size)
     return result
+
+
+def _predict_unpredicted(
+    result: TuneResult, model: CostModel | None, predictor: Any, batch_size: int
+) -> None:
+    """A finalist no trial measured (a pinned default, a config raced from another cell) gets the
+    prediction a trial of it would have had: the engine's fitted model or the closed-form one. The
+    final round is never fed to either, so it stays out of sample."""
+    for r in result.results:
+        if r.config.gamma == 0 or r.metrics.predicted_speedup is not None:
+            continue
+        if predictor is not None:
+            r.metrics.predicted_speedup = predictor.predict(r.config)
+        elif model is not None:
+            c = r.config
+            r.metrics.predicted_speedup = model.predict(c.draft.name, c.gamma, batch_size, c.gamma_policy)
 
 
 def study_name(specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any] | None) -> str:
@@ -324,7 +341,9 @@ class _Objective:
                 m.metrics.predicted_speedup = predicted
             else:
                 m.metrics.predicted_speedup = (
-                    self.model.predict(config.draft.name, config.gamma, policy=config.gamma_policy)
+                    self.model.predict(
+                        config.draft.name, config.gamma, self.settings.batch_size, config.gamma_policy
+                    )
                     if self.model
                     else None
                 )
