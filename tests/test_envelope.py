@@ -105,6 +105,9 @@ def test_a_long_length_cut_by_the_budget_is_checked_as_it_was_measured(tmp_path,
     # with the engine's default, and finds the draft that gains with the context there.
     by = {row.context_length: row for row in p.context_table}
     assert (by[256].confirmed_from, by[6144].confirmed_from) == (None, "L=256")
+    # the cell that raced configs found at 256 still has the cost model's prediction of each, made
+    # from its own length's costs before the race (search.tuner._predict_unpredicted)
+    assert by[6144].per_draft and all(r.metrics.predicted_speedup for r in by[6144].per_draft)
     assert by[6144].best.config.draft.name == "guess" and by[256].best.config.draft.name == "copy"
     shown = invoke("show", str(out))
     assert "not searched: the top configs of L=256 raced" in " ".join(shown.output.split())
