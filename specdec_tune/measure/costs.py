@@ -40,7 +40,7 @@ from .timing import median, spread, time_repeated
 
 # The acceptance pass at an envelope's longer lengths (`carry`): enough verifications for the
 # cost model's prediction there; the races at that length measure the acceptance of what they race.
-CARRIED_ACCEPTANCE_STEPS = 96
+CARRIED_ACCEPTANCE_STEPS = 64
 
 
 @torch.inference_mode()

@@ -94,7 +94,8 @@ def trial_size(
 ) -> tuple[int, int]:
     """(k prompts, t new tokens each) a pass measures so that the least search fits `budget_s`: the
     prompts are cut first (`prompts_that_fit`), down to MIN_TRIAL_PROMPTS; then the replies, halved
-    from `tokens` down to MIN_TRIAL_TOKENS (a pass taking `pass_s` x k / prompts x t / tokens: a
+    from `tokens` down to MIN_TRIAL_TOKENS and never below it (48 tokens are cut to 32: a native
+    envelope's longer lengths raced 2 prompts of 48 tokens at 0 s of the budget left) (a pass taking `pass_s` x k / prompts x t / tokens: a
     pass's prompts are restored, not processed, so it is decode time). `tokens` 0: never cut. At
     6 107 tokens of context two SmolLM2 prompts of 128 tokens took 8 s a pass in llama.cpp, and
     a trial about 7 passes, against an 80 s share for the whole length."""
@@ -150,8 +151,8 @@ def cells_trial_size(
     least = min(prompts, MIN_TRIAL_PROMPTS)
     k = next((k for k in range(prompts, least - 1, -1) if fits(k, tokens)), least)
     t = tokens
-    while t and not fits(k, t) and t // 2 >= MIN_TRIAL_TOKENS:
-        t //= 2
+    while t > MIN_TRIAL_TOKENS and not fits(k, t):
+        t = max(t // 2, MIN_TRIAL_TOKENS)
     return k, t
 
 

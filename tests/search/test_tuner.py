@@ -659,9 +659,10 @@ def test_past_the_least_prompts_a_trial_is_cut_to_shorter_replies():
     # At 60 s the replies are halved down to 32 tokens and no further: 58 s fits.
     assert trial_size(settings, 60.0, 20.0, shape, 8, 128) == (2, 32)
     # ... and at 20 s nothing fits: 32 tokens is the least a trial measures (the note says it runs
-    # over); 48 tokens are never cut below 32, so they stay whole.
+    # over); 48 tokens are halved to 32, not below, and 32 or fewer are never cut.
     assert trial_size(settings, 20.0, 20.0, shape, 8, 128) == (2, 32)
-    assert trial_size(settings, 20.0, 20.0, shape, 8, 48) == (2, 48)
+    assert trial_size(settings, 20.0, 20.0, shape, 8, 48) == (2, 32)
+    assert trial_size(settings, 20.0, 20.0, shape, 8, 24) == (2, 24)
     # Fast enough: nothing is cut; 0 tokens means replies are never cut.
     assert trial_size(settings, 200.0, 2.0, shape, 8, 128) == (8, 128)
     assert trial_size(settings, 60.0, 20.0, shape, 8, 0) == (2, 0)
