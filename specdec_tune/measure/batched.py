@@ -141,9 +141,11 @@ def measure_batched_many(
     ctx: ExecutionContext | None = None,
 ) -> list[BatchMeasurement]:
     """Several configs and plain batched decoding at concurrency `batch_size`, in one interleaved
-    run: one BatchMeasurement each (the batched counterpart of `bench.measure_many`)."""
+    run: one BatchMeasurement each (the batched counterpart of `bench.measure_many`). A case of
+    fewer prompts than `batch_size` is cycled to `batch_size` requests (`fill_slots`)."""
     check_count(batch_size, "batch size")
     check_count(repeats, "repeats")
+    case = fill_slots(case, batch_size)
     if not entries:
         raise ValueError("measure_batched_many needs at least one entry")
     for e in entries:
@@ -253,4 +255,17 @@ def _side(
         latency_ms_p50=percentile(latencies, 0.5),
         latency_ms_p90=percentile(latencies, 0.9),
         peak_memory_mb=max(peaks) if peaks else None,
+    )
+
+
+def fill_slots(case: Case, batch_size: int) -> Case:
+    """`case` with its prompts cycled up to `batch_size` requests when it has fewer, so that every
+    slot decodes: a budget that cut a trial to 2 prompts had made a "B = 4" pass two requests in a
+    four-row batch, all four rows computed, two emitting, measured and predicted as B = 4."""
+    n = len(case.prompts)
+    if n >= batch_size:
+        return case
+    order = [i % n for i in range(batch_size)]
+    return Case(
+        [case.prompts[i] for i in order], [case.max_new_tokens[i] for i in order], case.eos, case.temperature
     )

@@ -39,8 +39,8 @@ class TrialShape:
       expected speedup (our engine); else as long as a plain one (llama.cpp on a CPU gains tens of
       per cent, not times, and its model is fitted only once trials ran).
     - `batch_requests`: a pass at B > 1 sends at least this many requests per slot, the workload
-      cycling when it is shorter (llama.cpp's closed loop: 2, so every slot stays busy; ours: 1, a
-      round of B rows costs about as much with fewer). A trial cut to fewer prompts than that
+      cycling when it is shorter (llama.cpp's closed loop: 2, so every slot stays busy; ours: 1,
+      `measure.batched.fill_slots`). A trial cut to fewer prompts than that
       takes no less: a B = 4 pass of 2 prompts still sent 8 requests, and a 240 s run at B = 1,4
       planned on 2/8 of a pass took 4 times that at B = 4.
     """

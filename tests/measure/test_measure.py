@@ -170,3 +170,22 @@ def test_a_batched_hybrid_counts_only_its_timed_passes(tiny_target, tiny_draft, 
     m = measure_batched(tiny_target, make, 3, 0.0, case(prompts), 2, repeats=2)
     assert m.mismatches == 0 and m.stats.proposed > 0
     assert _counted(m, 3, requests=2 * 3)
+
+
+def test_a_batched_pass_of_fewer_prompts_than_slots_fills_every_slot(tiny_target, prompts, monkeypatch):
+    from specdec_tune.measure import batched
+
+    sent = []
+    generate = batched.batch_generate
+
+    def counted(target, drafter, c, batch_size, *args, **kwargs):
+        sent.append((len(c.prompts), batch_size))
+        return generate(target, drafter, c, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "batch_generate", counted)
+    make = lambda: build_drafter(DraftSpec("lookup", "prompt_lookup"), tiny_target, {}, rows=4)  # noqa: E731
+    m = measure_batched(tiny_target, make, 2, 0.0, case(prompts, n=2, max_new=6), 4, repeats=1, warmup=0)
+    # two prompts at B = 4: four requests, the two prompts twice, so that B requests are in flight
+    assert sent and all(n == 4 and b == 4 for n, b in sent)
+    assert m.mismatches == 0
+    assert batched.fill_slots(case(prompts, n=5), 4).prompts == prompts[:5]  # enough already: as it was
