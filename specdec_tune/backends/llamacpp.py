@@ -199,7 +199,8 @@ class LlamaCppSession:
         carry: Costs | None = None,
     ) -> Costs:  # fmt: skip
         """T_target, C_ver(γ) and T_draft measured in llama-server (the cost surface over B is not
-        measured in the engine); acceptance comes from trials (`with_trial_acceptance`)."""
+        measured in the engine); acceptance comes from trials (`with_trial_acceptance`). `carry`
+        is not used: every term measured here changes with the context."""
         progress.stage("llama.cpp costs: T_target, C_ver(γ), T_draft", 0.0)
         return measure_engine_costs(
             self.backend, self.case.head(2), draft_paths(self.backend, self.specs), max_gamma, repeats
