@@ -36,10 +36,10 @@ torch.set_num_threads(1)
 # The README's command runs the suite in two pytest-xdist workers, two tests at a time. A test marked
 # `alone` runs an engine on every core and judges what it measured (llama-server's threads, whose
 # verdicts and anchors moved beside another test; torch.compile's builds, 4-5x slower beside one):
-# it waits until the other worker's test ends, and no test starts beside it. A readers-writer lock on two files both
-# workers share: every test holds RUN shared, an `alone` test holds it exclusive; an `alone` test
-# takes GATE exclusive first, so a worker starting test after test queues behind it instead of
-# starving it. Without xdist (one test at a time) there is nothing to wait for.
+# it waits until the other worker's test ends, and no test starts beside it. A readers-writer lock
+# on two files both workers share: every test holds RUN shared, an `alone` test holds it exclusive;
+# an `alone` test takes GATE exclusive first, so a worker starting test after test queues behind it
+# instead of starving it. Without xdist (one test at a time) there is nothing to wait for.
 
 
 @pytest.fixture(scope="session")

@@ -71,8 +71,7 @@ def measure_costs(
             progress=lambda label: progress.stage(label, 0.99),
             case=case,
             ctx=s.ctx,
-            carry=carry.batch if carry is not None else None,
-            carry_context_len=carry.context_len if carry is not None else None,
+            carry=carry,
         )
     costs.compile_fallbacks = list(s.ctx.fallbacks)
     costs.compile = s.ctx.compile_time()  # graph builds so far, never inside a timing

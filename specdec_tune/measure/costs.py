@@ -201,7 +201,7 @@ def measure_costs(
             progress(label, done / total)
         done += weight
 
-    copy_gbps = tflops = None
+    copy_gbps, tflops = (carry.copy_bandwidth_gbps, carry.matmul_tflops) if carry else (None, None)
     if with_bandwidth:
         next_stage()
         copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
@@ -221,7 +221,6 @@ def measure_costs(
         )
     else:  # the loop's own work per token and per step does not grow with the context
         loop_overhead_ms, step_overhead_ms = carry.loop_overhead_ms, carry.step_overhead_ms
-        copy_gbps, tflops = carry.copy_bandwidth_gbps, carry.matmul_tflops
 
     vocab = min(
         [vocab_size(target)] + [vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]

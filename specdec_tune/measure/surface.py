@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
-from ..domain import BatchCosts
+from ..domain import BatchCosts, Costs
 from ..limits import check_count, check_gamma
 from ..runtime.batch import BatchDrafter, batch_generate
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.caches.slots import SlotCache
 from ..runtime.workloads import Case
+from .batched import fill_slots
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated
 
@@ -237,14 +238,13 @@ def measure_surface(
     progress: Callable[[str], None] | None = None,
     case: Case | None = None,
     ctx: ExecutionContext | None = None,
-    carry: list[BatchCosts] | None = None,
-    carry_context_len: int | None = None,
+    carry: Costs | None = None,
 ) -> tuple[list[BatchCosts], int | None]:
     """The surface at each batch size, and the largest B that is still memory-bound. With `case`
     (the workload), each batch size above 1 also gets costs clocked inside real batched loops over
-    it; with `carry` (the surface measured at `carry_context_len`), a batch size that has a row
-    there takes its loop terms from it instead (`carried_loop_terms`)."""
-    carried = {c.batch_size: c for c in carry or [] if c.loop_verify_ms}
+    it; with `carry` (the costs of an envelope's first length), a batch size whose loop terms were
+    clocked there takes them from it instead (`carried_loop_terms`)."""
+    carried = {c.batch_size: c for c in (carry.batch if carry else []) if c.loop_verify_ms}
     vocab = vocab_size(target)
     surface = []
     for b in sorted(set(batch_sizes)):
@@ -256,10 +256,10 @@ def measure_surface(
             drafts[name] = draft_cost_ms(make(b), vocab, context_len, repeats, gamma=min(4, max_gamma))
         costs = BatchCosts(b, curve[0], curve[1:], drafts)
         if b in carried:
-            carried_loop_terms(costs, carried[b], carry_context_len)
+            carried_loop_terms(costs, carried[b], carry.context_len)
         elif case is not None and b > 1:
             # Enough requests that every slot is refilled at least once.
-            prompts = (case.prompts * (2 * b // len(case.prompts) + 2))[: max(2 * b, len(case.prompts))]
+            prompts = fill_slots(case, 2 * b).prompts
             loop_case = Case(prompts, [min(32, max(case.max_new_tokens))] * len(prompts), case.eos, 0.0)
             for key, value in loop_costs(
                 target, make_drafters, loop_case, b, min(4, max_gamma), ctx=ctx

@@ -95,8 +95,9 @@ def trial_size(
     """(k prompts, t new tokens each) a pass measures so that the least search fits `budget_s`: the
     prompts are cut first (`prompts_that_fit`), down to MIN_TRIAL_PROMPTS; then the replies, halved
     from `tokens` down to MIN_TRIAL_TOKENS and never below it (48 tokens are cut to 32: a native
-    envelope's longer lengths raced 2 prompts of 48 tokens at 0 s of the budget left) (a pass taking `pass_s` x k / prompts x t / tokens: a
-    pass's prompts are restored, not processed, so it is decode time). `tokens` 0: never cut. At
+    envelope's longer lengths raced 2 prompts of 48 tokens at 0 s of the budget left). A pass takes
+    `pass_s` x k / prompts x t / tokens: its prompts are restored, not processed, so it is decode
+    time. `tokens` 0: never cut. At
     6 107 tokens of context two SmolLM2 prompts of 128 tokens took 8 s a pass in llama.cpp, and
     a trial about 7 passes, against an 80 s share for the whole length."""
 

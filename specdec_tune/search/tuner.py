@@ -231,13 +231,18 @@ def _predict_unpredicted(
     prediction a trial of it would have had: the engine's fitted model or the closed-form one. The
     final round is never fed to either, so it stays out of sample."""
     for r in result.results:
-        if r.config.gamma == 0 or r.metrics.predicted_speedup is not None:
-            continue
-        if predictor is not None:
-            r.metrics.predicted_speedup = predictor.predict(r.config)
-        elif model is not None:
-            c = r.config
-            r.metrics.predicted_speedup = model.predict(c.draft.name, c.gamma, batch_size, c.gamma_policy)
+        if r.config.gamma > 0 and r.metrics.predicted_speedup is None:
+            r.metrics.predicted_speedup = predict_config(r.config, model, predictor, batch_size)
+
+
+def predict_config(config: Any, model: CostModel | None, predictor: Any, batch_size: int) -> float | None:
+    """`config`'s predicted speedup at `batch_size`: the engine's model fitted from the trials
+    (`predictor`) where there is one, else the closed-form model over the costs, else None."""
+    if predictor is not None:
+        return predictor.predict(config)
+    if model is not None:
+        return model.predict(config.draft.name, config.gamma, batch_size, config.gamma_policy)
+    return None
 
 
 def study_name(specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any] | None) -> str:
@@ -320,7 +325,7 @@ class _Objective:
                     raise optuna.TrialPruned()
 
             # predicted before it is measured: the profile's prediction error is out of sample
-            predicted = self.predictor.predict(config) if self.predictor is not None else None
+            predicted = predict_config(config, self.model, self.predictor, self.settings.batch_size)
             extra = {}
             first = screen_prompts(self.settings.screen_prompts, len(self.case.prompts))
             if first and getattr(self.backend, "screens", False):
@@ -338,15 +343,7 @@ class _Objective:
                 raise RuntimeError("measured speedup is not finite")
             if self.predictor is not None:
                 self.predictor.observe(config, m)
-                m.metrics.predicted_speedup = predicted
-            else:
-                m.metrics.predicted_speedup = (
-                    self.model.predict(
-                        config.draft.name, config.gamma, self.settings.batch_size, config.gamma_policy
-                    )
-                    if self.model
-                    else None
-                )
+            m.metrics.predicted_speedup = predicted
             samples = list(m.speedups)
             m.metrics.speedup_samples = [round(x, 5) for x in samples]
             m.metrics.speedup_interval = speedup_interval(samples, self.settings.seed)

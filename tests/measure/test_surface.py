@@ -48,6 +48,8 @@ def test_a_longer_length_carries_the_loop_terms_scaled(tiny_target, tiny_draft, 
         loop_t_draft_ms={"draft": 1.0},
     )  # fmt: skip
 
+    first = Costs(1.0, 0.0, [1.0], 0.0, 16, batch=[measured])  # the first length's, at 16 tokens
+
     def no_loops(*args, **kwargs):
         raise AssertionError("the batched loops ran again at a carried length")
 
@@ -55,7 +57,7 @@ def test_a_longer_length_carries_the_loop_terms_scaled(tiny_target, tiny_draft, 
     case = Case(prompts[:3], [6, 6, 6], [], 0.0)
     rows, _ = surface.measure_surface(
         tiny_target, _makers(tiny_target, tiny_draft), [2], 24, 3, repeats=1, case=case,
-        carry=[measured], carry_context_len=16,
+        carry=first,
     )  # fmt: skip
     row = rows[0]
     assert row.loop_terms_from == 16
@@ -71,7 +73,7 @@ def test_a_longer_length_carries_the_loop_terms_scaled(tiny_target, tiny_draft, 
     monkeypatch.setattr(forward, "MIN_BLOCK_MS", 1.0)
     rows, _ = surface.measure_surface(
         tiny_target, _makers(tiny_target, tiny_draft), [3], 24, 3, repeats=1, case=case,
-        carry=[measured], carry_context_len=16,
+        carry=first,
     )  # fmt: skip
     assert rows[0].loop_terms_from is None and set(rows[0].loop_verify_ms) == {"draft", "lookup"}
 
