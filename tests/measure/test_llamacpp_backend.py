@@ -27,6 +27,7 @@ from specdec_tune.domain import Config  # noqa: E402
 from specdec_tune.measure.llamacpp import server as srv  # noqa: E402
 from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft  # noqa: E402
 from specdec_tune.measure.llamacpp.backend import LlamaCppBackend, TextCase  # noqa: E402
+from specdec_tune.measure.llamacpp.states import state_name  # noqa: E402
 
 # alone: llama-server decodes on every core, and these tests judge what it measured (tests/conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
@@ -391,7 +392,7 @@ def test_each_prompt_is_processed_once_and_restored_into_every_other_server(demo
 
         b.states.restore = watched
         b.measure([config], case, 1, 2)
-        assert sorted(p.name for p in folder.iterdir()) == sorted(_state_name(p) for p in prompts)
+        assert sorted(p.name for p in folder.iterdir()) == sorted(state_name(p) for p in prompts)
         assert [p for p, cached in processed if not cached] == prompts  # once each, the first time
         fresh = b._server(config, 1)
         try:
@@ -417,11 +418,33 @@ def test_each_prompt_is_processed_once_and_restored_into_every_other_server(demo
     assert not folder.exists()
 
 
+def test_a_batched_pass_times_decoding_with_every_prompt_already_in_its_slot(demo):
+    """measure.llamacpp.closedloop: at B = 2 each prompt is processed once for the two-slot layout
+    (its state saved beside the one-slot states), before any clock starts; every request of a pass,
+    warm-up and timed, plain and speculative, finds its prompt in its slot and processes one token."""
+    prompts = [f"def h{i}(x):\n    return x + {i}\n\n" * 6 for i in range(3)]
+    case = TextCase(prompts, [12, 12, 12])
+    config = Config(parse_llamacpp_draft("ngram-simple:3"), 4)
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        seen = []
+        real = b.complete
+
+        def spy(server, prompt, n, *args, **kw):
+            reply = real(server, prompt, n, *args, **kw)
+            seen.append((n, reply.prompt_n, kw.get("slot"), "--spec-type" in server.args))
+            return reply
+
+        b.complete = spy
+        (m,) = b.measure([config], case, 2, 2)
+        assert m.metrics.tokens_per_s > 0 and m.tokens > 0
+        names = sorted(p.name for p in b.states.folder.iterdir())
+        assert names == sorted(state_name(p, 2) for p in prompts)
+        prefills = [s for s in seen if s[1] > 1]
+        assert len(prefills) == len(prompts) and all(n == 1 for n, *_ in prefills)  # once each, untimed
+        sent = [s for s in seen if s[0] == 12]
+        assert {side for *_, side in sent} == {True, False}  # both sides sent their requests
+        assert {prompt_n for _, prompt_n, _, _ in sent} == {1} and {slot for _, _, slot, _ in sent} == {0, 1}
+
+
 def prompt_cached(b: LlamaCppBackend, prompt: str) -> bool:
-    return (b.states.folder / _state_name(prompt)).exists()
-
-
-def _state_name(prompt: str) -> str:
-    from specdec_tune.measure.llamacpp.states import _file_name
-
-    return _file_name(prompt)
+    return (b.states.folder / state_name(prompt)).exists()

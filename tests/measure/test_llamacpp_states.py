@@ -13,6 +13,7 @@ class Server:
     def __init__(self, *args: str) -> None:
         self.args = list(args)  # the server's flags, as LlamaServer.args
         self.posts: list[tuple[str, dict]] = []
+        self.held: dict[int, str] = {}
 
     def post(self, path: str, body: dict) -> dict:
         self.posts.append((path, body))
@@ -25,9 +26,9 @@ def test_a_prompt_is_processed_and_saved_once_then_restored():
     a, b = Server(), Server()
     try:
         assert states.flags() == ["--slot-save-path", str(states.folder)]
-        states.restore(a, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
-        states.restore(b, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
-        states.restore(b, "other prompt", lambda srv, p, n: processed.append((srv, p, n)))
+        states.restore(a, "long prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
+        states.restore(b, "long prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
+        states.restore(b, "other prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
         assert processed == [(a, "long prompt", 1), (b, "other prompt", 1)]
         (save,) = a.posts
         assert save[0] == "/slots/0?action=save"
@@ -46,9 +47,9 @@ def test_a_server_with_a_draft_model_processes_each_prompt_itself():
     processed = []
     plain, drafted = Server(), Server("-m", "t.gguf", "--spec-draft-model", "d.gguf")
     try:
-        states.restore(plain, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
-        states.restore(drafted, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
-        states.restore(drafted, "long prompt", lambda srv, p, n: processed.append((srv, p, n)))
+        states.restore(plain, "long prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
+        states.restore(drafted, "long prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
+        states.restore(drafted, "long prompt", lambda srv, p, n, slot: processed.append((srv, p, n)))
         assert processed == [
             (plain, "long prompt", 1),
             (drafted, "long prompt", 1),
@@ -71,3 +72,74 @@ def test_a_folder_left_by_a_killed_process_is_swept_and_a_live_ones_is_kept(tmp_
         (d / "x.bin").write_bytes(b"state")
     assert sweep_orphans(tmp_path) == [orphan]
     assert not orphan.exists() and mine.exists() and other.exists()
+
+
+def test_states_are_kept_per_slot_layout_and_a_held_prompt_is_not_restored_again():
+    """A one-slot state does not restore into a slot of a -np 4 server (llama-server answers 400):
+    each layout saves its own. `hold` restores only when the slot took another prompt last."""
+    states = PromptStates()
+    processed = []
+    a, b = Server(), Server()
+    try:
+        states.restore(a, "p", lambda srv, p, n, slot: processed.append((srv, p, slot)))
+        assert states.saved("p", 1) and not states.saved("p", 4)
+        states.hold(b, "p", lambda srv, p, n, slot: processed.append((srv, p, slot)), 2, 4)
+        assert processed == [(a, "p", 0), (b, "p", 2)]  # processed again for the new layout, in slot 2
+        assert [path for path, _ in b.posts] == ["/slots/2?action=save"]
+        assert b.posts[0][1]["filename"] != a.posts[0][1]["filename"]
+        states.hold(b, "p", lambda *x: processed.append(x), 2, 4)  # slot 2 holds it: nothing
+        states.hold(b, "p", lambda *x: processed.append(x), 3, 4)  # slot 3 does not: restored
+        assert len(processed) == 2
+        assert b.posts[-1] == ("/slots/3?action=restore", b.posts[0][1])
+        assert b.held == {2: b.posts[0][1]["filename"], 3: b.posts[0][1]["filename"]}
+    finally:
+        states.close()
+
+
+def test_a_pass_keeps_each_slot_on_its_prompts_and_restores_only_on_a_change():
+    """closedloop: 2 prompts at B = 4 give every slot one prompt (no restore once primed); 3
+    prompts at B = 2 switch a slot's prompt, each switch a restore, never a prefill; a server with a
+    draft model is never restored into."""
+    from specdec_tune.measure.llamacpp.closedloop import closed_loop, prime, slot_lanes
+
+    assert slot_lanes([("a", 8), ("b", 8)], 4) == [
+        [("a", 8)] * 2,
+        [("b", 8)] * 2,
+        [("a", 8)] * 2,
+        [("b", 8)] * 2,
+    ]
+    lanes = slot_lanes([("a", 8), ("b", 8), ("c", 8)], 2)
+    assert lanes == [[("a", 8), ("c", 8)], [("b", 8), ("a", 8)]]
+    assert sum(map(len, slot_lanes([("a", 8)] * 9, 4))) == 9  # a long workload is sent once
+
+    states = PromptStates()
+    sent: list[tuple[str, int]] = []
+
+    def send(srv, p, n, slot):
+        sent.append((p, slot))
+        return n
+
+    try:
+        server = Server()
+        prime(server, slot_lanes([("a", 8), ("b", 8)], 4), 4, states, send)
+        assert sent == [("a", 0), ("b", 1)]  # each prompt processed once, in the first slot it starts
+        restores = [p for p, _ in server.posts if "restore" in p]
+        assert restores == ["/slots/2?action=restore", "/slots/3?action=restore"]
+        before = len(server.posts)
+        replies = closed_loop(server, slot_lanes([("a", 8), ("b", 8)], 4), 4, states, send)
+        assert replies == [8] * 8 and len(server.posts) == before  # every slot held its prompt
+
+        server = Server()
+        prime(server, lanes, 2, states, send)
+        before = len(server.posts)
+        closed_loop(server, lanes, 2, states, send)
+        switches = sorted(p for p, _ in server.posts[before:])
+        assert switches == ["/slots/0?action=restore", "/slots/1?action=restore"]  # c into 0, a into 1
+
+        drafted = Server("--spec-draft-model", "d.gguf")  # no state restored into it: it processes
+        sent.clear()
+        prime(drafted, lanes, 2, states, send)
+        closed_loop(drafted, lanes, 2, states, send)
+        assert drafted.posts == [] and len(sent) == 2 + 4
+    finally:
+        states.close()

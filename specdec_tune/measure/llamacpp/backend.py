@@ -10,7 +10,8 @@ of the same build, side by side, their passes alternating.
   and reported before the rest, so the tuner's pruner can stop a config that is clearly losing.
 - B = 1: per repeat, the prompts in turn, plain then speculative (ABBA across repeats); tokens/s
   from the server's own `timings` (decode only). B > 1: `-np B` slots and a closed loop of B
-  requests in flight; wall-clock tokens/s of each side.
+  requests in flight, client k on slot k, each slot holding its prompt before the clock starts;
+  wall-clock tokens/s of each side.
 - Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n /
   (predicted_n - draft_n_accepted).
 - Every timed request's counters are kept (`counters.RequestStats`, both sides): no extra request.
@@ -22,8 +23,6 @@ of the same build, side by side, their passes alternating.
 from __future__ import annotations
 
 import math
-import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from ..seam import Screen
 from ..timing import median, spread
 from .args import server_args
 from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, TextCase, _Reply
+from .closedloop import closed_loop, prime, slot_lanes
 from .counters import request_stats
 from .exactness import ExactnessChecks
 from .server import LlamaServer, ServerError, build_info, find_server
@@ -67,7 +67,7 @@ class LlamaCppBackend(ExactnessChecks):
         self._plain: dict[int, LlamaServer] = {}
         self._reference: dict[tuple[int, str], _Reply] = {}
         self._exact: dict[tuple, dict[str, Any]] = {}  # (config, prompt, budget) -> exact at T = 0?
-        self.states = PromptStates()  # each prompt processed once, restored into every B = 1 server
+        self.states = PromptStates()  # each prompt processed once per slot layout, then restored
 
     # -- lifecycle
     def __enter__(self) -> LlamaCppBackend:
@@ -121,9 +121,11 @@ class LlamaCppBackend(ExactnessChecks):
         temperature: float,
         probs: bool = False,
         cache: bool = False,
+        slot: int | None = None,
     ) -> _Reply:
         """One completion. `cache`: the server may reuse a prompt it has seen (its prompt cache
-        in host memory, on by default in llama-server) instead of processing it again."""
+        in host memory, on by default in llama-server) instead of processing it again. `slot`:
+        the slot that runs it (`id_slot`), else the server picks one."""
         body: dict[str, Any] = {
             "prompt": prompt,
             "n_predict": n_predict,
@@ -135,6 +137,8 @@ class LlamaCppBackend(ExactnessChecks):
         }
         if probs:
             body["n_probs"] = 2
+        if slot is not None:
+            body["id_slot"] = slot
         data = server.post("/completion", body, self.request_timeout_s)
         t = data.get("timings") or {}
         top2 = []
@@ -152,11 +156,25 @@ class LlamaCppBackend(ExactnessChecks):
             draft_accepted=int(t.get("draft_n_accepted", 0)),
             probs=top2,
             n_predict=n_predict,
+            prompt_n=int(t.get("prompt_n", 0)),
         )
 
     def restore(self, server: LlamaServer, prompt: str | list[Any]) -> None:
         """`prompt`'s state into `server`'s one slot (B = 1), processed once per backend (`states`)."""
-        self.states.restore(server, prompt, lambda srv, p, n: self.complete(srv, p, n, 0.0, cache=True))
+        self.states.restore(server, prompt, self._process)
+
+    def _process(self, server: LlamaServer, prompt: str | list[Any], n: int, slot: int) -> _Reply:
+        """`prompt` processed into `slot` (the prompt cache on), `n` tokens generated: how a state
+        is made (`states`)."""
+        return self.complete(server, prompt, n, 0.0, cache=True, slot=slot)
+
+    def _request(self, temperature: float) -> Any:
+        """A closed loop's request: (server, prompt, n, slot) -> reply, the prompt cache on."""
+
+        def send(server: LlamaServer, prompt: str | list[Any], n: int, slot: int) -> _Reply:
+            return self.complete(server, prompt, n, temperature, cache=True, slot=slot)
+
+        return send
 
     def ask(
         self,
@@ -327,16 +345,21 @@ class LlamaCppBackend(ExactnessChecks):
 
         At B = 1 each prompt's state is restored (processed once per backend, `states`): the
         decode tokens/s the server reports do not depend on how the prompt got into its cache,
-        and at a long context a prefill costs more than the pass. At B > 1 every prompt is processed again, as new requests
-        would be: wall-clock tokens/s include prompt processing, on both sides alike."""
+        and at a long context a prefill costs more than the pass. At B > 1 client k sends its
+        requests to slot k, and before the clock starts every slot holds its first prompt
+        (`_prime`): a timed request processes its prompt's last token only, or, when its slot held
+        another prompt, has that prompt's state restored first (milliseconds; the clock runs).
+        Both sides send the same requests to the same slots, so they meet the prompts alike."""
         jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
         if batch_size == 1:
             replies = [self.ask(server, p, n, case.temperature) for p, n in jobs]
             ms = sum(r.predicted_ms for r in replies)
             n = sum(r.predicted_n for r in replies)
         else:
+            lanes = slot_lanes(jobs, batch_size)
+            prime(server, lanes, batch_size, self.states, self._process)
             started = time.perf_counter()
-            replies = self._closed_loop(server, jobs, case.temperature, batch_size)
+            replies = closed_loop(server, lanes, batch_size, self.states, self._request(case.temperature))
             ms = 1000.0 * (time.perf_counter() - started)
             n = sum(r.predicted_n for r in replies)
         tok_s = 1000.0 * n / ms if ms > 0 else 0.0
@@ -352,39 +375,3 @@ class LlamaCppBackend(ExactnessChecks):
                 replies, "spec" if "--spec-type" in server.args else "plain", batch_size
             ),
         }
-
-    def _closed_loop(
-        self, server: LlamaServer, jobs: list[tuple[str, int]], temperature: float, batch_size: int
-    ) -> list[_Reply]:
-        """B client threads; each takes the next prompt as soon as its request finishes (a
-        finished row is refilled), until the queue is empty."""
-        todo: queue.Queue[tuple[str, int]] = queue.Queue()
-        # At least B requests per pass so every slot is busy; the workload cycles when short.
-        for i in range(max(len(jobs), 2 * batch_size)):
-            todo.put(jobs[i % len(jobs)])
-        done: list[_Reply] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
-
-        def client() -> None:
-            while not errors:
-                try:
-                    prompt, n = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    reply = self.complete(server, prompt, n, temperature)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
-                with lock:
-                    done.append(reply)
-
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(batch_size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return done

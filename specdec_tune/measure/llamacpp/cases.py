@@ -47,3 +47,4 @@ class _Reply:
     draft_accepted: int
     probs: list[list[float]] = field(default_factory=list)  # top-2 probabilities per token
     n_predict: int = 0
+    prompt_n: int = 0  # prompt tokens the server processed for it (1 when its slot held the prompt)

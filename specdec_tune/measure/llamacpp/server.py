@@ -111,11 +111,14 @@ class LlamaServer:
     port: int = 0
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # slot -> the saved-state name of the prompt the slot last took (measure.llamacpp.states.hold)
+    held: dict[int, str] = field(default_factory=dict, repr=False)
 
     def start(self, timeout_s: float | None = None, port: int | None = None, tries: int = 3) -> None:
         """Start and wait for /health; a port taken in between is retried on another one."""
         timeout_s = START_TIMEOUT_S if timeout_s is None else timeout_s
         last = ""
+        self.held.clear()
         for _ in range(tries):
             self.port = port or free_port()
             port = None
