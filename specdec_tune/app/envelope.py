@@ -58,7 +58,7 @@ def tune_envelope(
                 replace(models, context_length=length), settings_l, layer_skip, costs_file, no_profile,
                 out, progress, batch_sizes=batch_sizes, budget_s=budget_i, started=started,
                 confirm=_confirm(runs, batch_sizes[0]),
-                carry=runs[min(runs)].costs if runs else None,
+                carry=runs[min(runs)] if runs else None,
             )  # fmt: skip
         except ContextTooLong as exc:
             progress.note(str(exc))

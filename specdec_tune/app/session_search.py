@@ -41,6 +41,7 @@ class SessionRun:
     fresh_reference: bool
     prompt_tokens: int = 0
     costs: Any = None  # domain.Costs measured in this session (None: --no-profile)
+    predictor: Any = None  # the engine's model fitted from its trials (None: the closed-form model)
 
 
 def search_session(
@@ -62,8 +63,10 @@ def search_session(
     is left of `budget_s` (counted from `started`), and build the profile; nothing is written.
     `confirm` (a cell's name and its search.results.TuneResult, app.envelope): in a budgeted run
     the first batch size is not searched either; `every_draft` of that cell and the engine's
-    defaults race there instead. `carry` (the costs of an envelope's first length): passed to
-    the session's cost profile, which measures again only what changes with the context."""
+    defaults race there instead. `carry` (an envelope's first length's run): its costs go to the
+    session's cost profile, which measures again only what changes with the context, and its
+    engine model, carried to this length's costs, predicts until a trial here is measured
+    (search.enginepredictor)."""
     from ..search.tuner import tune as run_search
 
     purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
@@ -85,7 +88,9 @@ def search_session(
                 )
             s.use_costs(costs)
         elif not no_profile:
-            costs = s.costs(settings.max_gamma, 5, progress, batch_sizes, carry=carry)
+            costs = s.costs(
+                settings.max_gamma, 5, progress, batch_sizes, carry=carry.costs if carry else None
+            )
         # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
         noise, anchors = s.noise_and_anchors()
         settings, line = adapt_to_noise(settings, noise)
@@ -103,6 +108,8 @@ def search_session(
         # is never below them and the profile shows them beside it (`engine_defaults`).
         defaults = s.default_configs() if settings.finalists else []
         predictor = s.predictor() if costs is not None else None  # an engine's model, fitted from trials
+        if predictor is not None and carry is not None and carry.predictor is not None and carry.costs:
+            predictor.carry_from(carry.predictor, carry.costs, costs)
         budgeted = budget_s is not None and settings.trials is None and settings.sampler == "tpe"
         case, cut = s.case, ""
         # A budgeted run searches its first batch size; each later one races the first's top
@@ -186,6 +193,7 @@ def search_session(
                 results[b] = run_search(
                     None, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
                     on_trial=progress.trial, on_final=progress.final, backend=s, pinned=candidates,
+                    predictor=predictor if i == 0 else None,
                 )  # fmt: skip
                 results[b].confirmed_from = first_from[0] if i == 0 and first_from else f"B={batch_sizes[0]}"
                 _record_flags(s, results[b], b, progress)
@@ -247,7 +255,9 @@ def search_session(
         profile = with_batch_table(profile, rows, predicted)
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
-    return SessionRun(profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, costs)
+    return SessionRun(
+        profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, costs, predictor
+    )
 
 
 def _record_flags(s: Any, result: Any, batch_size: int, progress: Progress) -> None:

@@ -29,7 +29,7 @@ from ..measure.timing import median
 from ..measurement import Measurement
 from ..runtime.contexts import workload_as_sent
 from ..search.budget import TrialShape
-from ..search.enginemodel import EngineCostModel, Observation
+from ..search.enginepredictor import EnginePredictor
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
 from ..store.refs import portable_ref, profile_file_slug
@@ -337,29 +337,6 @@ def start_params(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
     if draft.has_threshold:
         params["threshold"] = 0.0
     return params
-
-
-class EnginePredictor:
-    """`search.tuner`'s predictor over the engine cost model: it predicts a config from every trial
-    measured so far and observes each measurement (their per-request counters) after."""
-
-    def __init__(self) -> None:
-        self.model = EngineCostModel()
-
-    def observe(self, config: Config, m: Measurement) -> None:
-        if m.requests:
-            self.model.add(Observation.from_measurement(config, m))
-
-    def predict(self, config: Config) -> float | None:
-        if not self.model.observations:
-            return None
-        return self.model.fit().predict(config)
-
-    def rank(self, configs: list[Config]) -> list[tuple[Config, float]]:
-        return self.model.fit().rank(configs) if self.model.observations else []
-
-    def explain(self, config: Config) -> str:
-        return self.model.fit().explain(config) if self.model.observations else ""
 
 
 def engine_build(models: Models) -> dict[str, Any]:

@@ -184,6 +184,7 @@ class EngineCostModel:
         self.drafts: dict[tuple[str, float], DraftFit] = {}  # (draft, threshold) -> its fit
         self.verify: dict[str, VerifyFit] = {}  # family -> its verification cost
         self.t_draft_ms: dict[str, float] = {}  # draft model -> ms per draft forward
+        self.carried_from: int | None = None  # the context length fitted at, when carried to another
         self._fitted = False
 
     def add(self, observation: Observation) -> None:

@@ -252,3 +252,32 @@ def test_the_estimators():
     assert identified([xs, [2 * x for x in xs], [x * x for x in xs]]) == [True, False, True]
     assert nnls([xs, [x * x for x in xs]], [3 * x - 0.1 * x * x for x in xs])[1] == 0.0
     assert nnls([xs, [x * x for x in xs]], [3 * x + 0.5 * x * x for x in xs]) == pytest.approx([3.0, 0.5])
+
+
+def test_a_model_carried_to_another_context_length_scales_its_times_and_keeps_acceptance():
+    """search.enginepredictor: an envelope's longer length, raced without a trial, is predicted by
+    the first length's model with T_target scaled as the cost pass measured it, k as the slope of
+    C_ver and c as T_target; acceptance stays. Its own first trial replaces the carried model."""
+    from specdec_tune.domain import Costs
+    from specdec_tune.search.enginepredictor import EnginePredictor
+
+    short = EnginePredictor()
+    for g in (4, 8, 12):
+        config = Config(LOOKUP, g)
+        short.model.add(fabricate(config, 0.3, 0.75, 0.9, 0.4, vary=False))
+    at_256 = Costs(10.0, 0.01, [10.0 + 0.5 * g for g in range(8)], 0.01, 256)
+    at_2048 = Costs(20.0, 0.01, [20.0 + 1.5 * g for g in range(8)], 0.01, 2048)  # slope 3x
+    long = EnginePredictor()
+    assert long.predict(Config(LOOKUP, 8)) is None  # nothing measured, nothing carried
+    long.carry_from(short, at_256, at_2048)
+    for g in (4, 8, 16):
+        ms, *_ = truth(g, 0.3, 0.75, 0.9 * 3, 0.4 * 2, t_plain=2 * T_PLAIN)
+        assert long.predict(Config(LOOKUP, g)) == pytest.approx(2 * T_PLAIN / ms, rel=1e-6)
+        assert long.predict(Config(LOOKUP, g)) != pytest.approx(short.predict(Config(LOOKUP, g)), rel=1e-3)
+    assert "fitted at L=256" in long.explain(Config(LOOKUP, 8))
+    assert [c.gamma for c, _ in long.rank([Config(LOOKUP, g) for g in (4, 8)])]
+    long.model.add(fabricate(Config(LOOKUP, 8), 0.6, 0.9, 1.0, vary=False))
+    assert "fitted at" not in long.explain(Config(LOOKUP, 8))  # its own trial now
+    assert short.predict(Config(LOOKUP, 8)) == pytest.approx(
+        speedup(8, 0.3, 0.75, 0.9, 0.4, vary=False), rel=2e-3
+    )

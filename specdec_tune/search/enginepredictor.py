@@ -1,0 +1,105 @@
+"""The tuner's predictor over the engine cost model (search.enginemodel), and its carry along an
+envelope's context lengths.
+
+A length that is raced, not searched (app.envelope: a confirming length), runs no trial, so a model
+fitted from its own trials has nothing to say there. It is given the first length's fitted model,
+carried to this length by what the cost pass measured at both (`carried_model`):
+
+- T_target scales as the plain decode time the cost pass measured at each length;
+- the cost per drafted token verified (k) scales as the slope of C_ver(γ) measured at each length
+  (prompt processing of γ + 1 tokens after the length's own prompt, cached);
+- the cost per verification step (c) and a draft model's cost per forward scale as T_target and
+  T_draft did;
+- acceptance (q, α per draft) stays the first length's: how it moves with the context is what the
+  race there measures, and what the prediction's error then shows.
+
+The final round is never fed to the model, so a carried prediction is out of sample.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..domain import Config, Costs
+from ..measurement import Measurement
+from .enginemodel import EngineCostModel, Observation
+
+
+class EnginePredictor:
+    """`search.tuner`'s predictor over the engine cost model: it predicts a config from every trial
+    measured so far and observes each measurement (their per-request counters) after; before its
+    first trial, from a model carried from another context length (`carry_from`), if given."""
+
+    def __init__(self) -> None:
+        self.model = EngineCostModel()
+        self.carried: EngineCostModel | None = None
+
+    def carry_from(self, other: EnginePredictor, costs_from: Costs, costs_to: Costs) -> None:
+        """Predict with `other`'s model (fitted at `costs_from`'s length), carried to `costs_to`'s,
+        until this predictor observes a trial of its own."""
+        if other.model.observations:
+            self.carried = carried_model(other.model.fit(), costs_from, costs_to)
+
+    def _current(self) -> EngineCostModel | None:
+        if self.model.observations:
+            return self.model.fit()
+        return self.carried
+
+    def observe(self, config: Config, m: Measurement) -> None:
+        if m.requests:
+            self.model.add(Observation.from_measurement(config, m))
+
+    def predict(self, config: Config) -> float | None:
+        model = self._current()
+        return model.predict(config) if model is not None else None
+
+    def rank(self, configs: list[Config]) -> list[tuple[Config, float]]:
+        model = self._current()
+        return model.rank(configs) if model is not None else []
+
+    def explain(self, config: Config) -> str:
+        model = self._current()
+        if model is None:
+            return ""
+        text = model.explain(config)
+        if model is self.carried:
+            text += f" (fitted at L={model.carried_from}, carried to this length's costs)"
+        return text
+
+
+def carried_model(model: EngineCostModel, costs_from: Costs, costs_to: Costs) -> EngineCostModel:
+    """A copy of fitted `model` with its times scaled from `costs_from`'s context to `costs_to`'s
+    (module docstring); it never refits (it holds no observations)."""
+    t_scale = _ratio(costs_to.t_target_ms, costs_from.t_target_ms) or 1.0
+    k_scale = _ratio(_slope(costs_to.verify_ms), _slope(costs_from.verify_ms)) or t_scale
+    out = EngineCostModel()
+    out.t_plain_ms = model.t_plain_ms * t_scale if model.t_plain_ms is not None else None
+    out.drafts = dict(model.drafts)
+    out.verify = {}
+    for fam, v in model.verify.items():
+        v = copy.copy(v)
+        v.ms_per_token *= k_scale
+        v.ms_per_step *= t_scale
+        out.verify[fam] = v
+    t_draft_from = {d.name: d.t_draft_ms for d in costs_from.drafts}
+    t_draft_to = {d.name: d.t_draft_ms for d in costs_to.drafts}
+    out.t_draft_ms = {
+        name: ms * (_ratio(t_draft_to.get(name), t_draft_from.get(name)) or t_scale)
+        for name, ms in model.t_draft_ms.items()
+    }
+    out._fitted = True
+    out.carried_from = costs_from.context_len
+    return out
+
+
+def _slope(curve: list[float]) -> float | None:
+    """ms per extra token verified over a C_ver(γ) curve (γ = 1 .. len)."""
+    if len(curve) < 2:
+        return None
+    return (curve[-1] - curve[0]) / (len(curve) - 1)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a <= 0 or b <= 0:
+        return None
+    return a / b
