@@ -21,6 +21,7 @@ from ..limits import check_context, check_count, check_temperature
 from ..measure.anchors import measure_twice
 from ..measure.llamacpp.args import engine_default_configs
 from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
+from ..measure.llamacpp.closedloop import sent_tokens
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.llamacpp.load import engine_busy, load_hint, oversubscribed_line, server_failures
 from ..measure.llamacpp.server import ServerError, build_info, find_server, servers_die_with_us
@@ -164,22 +165,28 @@ class LlamaCppSession:
         return getattr(self.backend, "screens", False)
 
     def pass_seconds(self, batch_size: int) -> float:
-        """One plain pass, after one that fills the server's prompt cache (as a config's untimed
-        first pass does)."""
+        """One plain pass over the whole workload at `batch_size`: timed over its first two prompts
+        (the least a trial measures; the workload's order is stratified) after an untimed pass that
+        puts them in the slots, as a config's first pass does, and scaled by the tokens a whole pass
+        sends. A B > 1 pass processes each prompt it meets once for its slot layout: timing the
+        whole workload processed every prompt (7 of 6 144 tokens, about 5 minutes, at B = 4)."""
         plain = self.backend.plain(batch_size)
-        self.backend._pass(plain, self.case, batch_size)
+        share = self.case.head(2)
+        self.backend._pass(plain, share, batch_size)
         t0 = time.monotonic()
-        self.backend._pass(plain, self.case, batch_size)
-        return time.monotonic() - t0
+        self.backend._pass(plain, share, batch_size)
+        elapsed = time.monotonic() - t0
+        return elapsed * sent_tokens(self.case, batch_size) / max(1, sent_tokens(share, batch_size))
 
     def noise_and_anchors(self) -> tuple[Noise, Anchors]:
         """The plain server's passes (batch size 1) timed while watching the OS: the machine's
         noise, and its anchors (the server's plain decode tokens/s; copy bandwidth and a small
         matmul rate, measure.anchors, as `check` measures them). Each pass covers 1/NOISE_PASSES of
-        the prompts after an untimed one that fills the server's prompt cache; `plain_pass_s` is
-        scaled up to the whole workload. The server is a child of this process, so the OS's "other
-        processes" never count it."""
-        share = self.case.head(max(1, -(-len(self.case.prompts) // NOISE_PASSES)))
+        the prompts, two at most (the least a trial measures: at a long context each prompt more is
+        a prefill more), after an untimed one that fills the server's prompt cache; `plain_pass_s`
+        is scaled up to the whole workload. The server is a child of this process, so the OS's
+        "other processes" never count it."""
+        share = self.case.head(min(2, max(1, -(-len(self.case.prompts) // NOISE_PASSES))))
         plain = self.backend.plain(1)
         self.backend._pass(plain, share, 1)
         rates: list[float] = []

@@ -100,7 +100,13 @@ def test_a_pass_keeps_each_slot_on_its_prompts_and_restores_only_on_a_change():
     """closedloop: 2 prompts at B = 4 give every slot one prompt (no restore once primed); 3
     prompts at B = 2 switch a slot's prompt, each switch a restore, never a prefill; a server with a
     draft model is never restored into."""
-    from specdec_tune.measure.llamacpp.closedloop import closed_loop, prime, slot_lanes
+    from specdec_tune.measure.llamacpp.cases import TextCase
+    from specdec_tune.measure.llamacpp.closedloop import closed_loop, prime, sent_tokens, slot_lanes
+
+    # what a pass asks for, which the budget scales a two-prompt timing by (LlamaCppSession.pass_seconds)
+    assert sent_tokens(TextCase(["a", "b"], [8, 16]), 1) == 24
+    assert sent_tokens(TextCase(["a", "b"], [8, 16]), 4) == 4 * 8 + 4 * 16
+    assert sent_tokens(TextCase(list("abcdefghi"), [8] * 9), 4) == 9 * 8
 
     assert slot_lanes([("a", 8), ("b", 8)], 4) == [
         [("a", 8)] * 2,

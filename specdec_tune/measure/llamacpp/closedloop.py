@@ -29,6 +29,15 @@ def slot_lanes(jobs: list[Job], batch_size: int) -> list[list[Job]]:
     return [requests[k::batch_size] for k in range(batch_size)]
 
 
+def sent_tokens(case: Any, batch_size: int) -> int:
+    """The new tokens a pass over `case` (a TextCase) asks for: B = 1 each prompt once, B > 1 every
+    request of its slots' lanes."""
+    jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
+    if batch_size == 1:
+        return sum(n for _, n in jobs)
+    return sum(n for lane in slot_lanes(jobs, batch_size) for _, n in lane)
+
+
 def prime(
     server: LlamaServer, lanes: list[list[Job]], batch_size: int, states: PromptStates, process: Send
 ) -> None:
