@@ -39,6 +39,7 @@ from .base import Models, Progress, Purpose
 from .llamacpp_open import engine_context, engine_drafts, engine_workload, resolve_gguf
 
 NOISE_PASSES = 3
+FITTED_TEMPLATE_ROOM = 128  # tokens beside a prompt fitted to L: its chat template, a draft's tail
 # A trial's server start-up and its warm-up request; its first pass over the workload (the
 # exactness check) is untimed.
 # The finalists share one plain side (measure.llamacpp.backend): no own baseline.
@@ -66,9 +67,14 @@ class LlamaCppSession:
         self.specs, paths = engine_drafts(models, self.target, cache_dir, purpose.layer_skip)
         self.workload = engine_workload(models)
         budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
-        context = engine_context(workload_as_sent(self.workload, None, len), budgets)
-        if models.context_length is not None:  # room for the fitted prompts, whatever their text
-            context = max(context, -(-(models.context_length + max(budgets) + 64) // 256) * 256)
+        if models.context_length is not None:
+            # Room for the prompts fitted to L (the chat template's tokens on top) and the longest
+            # reply, not for the workload as written: a slot's KV cache is allocated, and cleared,
+            # at every server start. Sized for long-code-edit's whole modules, a -np 4 server at
+            # L = 2 048 held 76 800 cells and took 2.5-4.4 s to start, against 0.4 s at 9 216.
+            context = -(-(models.context_length + max(budgets) + FITTED_TEMPLATE_ROOM) // 256) * 256
+        else:
+            context = engine_context(workload_as_sent(self.workload, None, len), budgets)
         self.backend = LlamaCppBackend(
             self.target.path,
             binary=models.llama_server,
@@ -89,7 +95,15 @@ class LlamaCppSession:
                     texts.append(p.text)
                 else:
                     texts.append(server.post("/apply-template", {"messages": p.messages})["prompt"])
-            self.prompt_tokens = round(sum(len(server.tokenize(t)) for t in texts) / len(texts))
+            lengths = [len(server.tokenize(t)) for t in texts]
+            self.prompt_tokens = round(sum(lengths) / len(lengths))
+            positions = server.trained_positions()
+            if positions and max(lengths) + max(budgets) > positions:
+                raise SpecDecError(
+                    f"{models.workload}'s longest prompt is {max(lengths)} tokens, and with its "
+                    f"{max(budgets)}-token reply it passes {self.target.name}'s {positions} positions: "
+                    "fit its prompts with --context-lengths, or pass --prompts/--max-new-tokens"
+                )
         except BaseException:
             self.backend.close()
             raise

@@ -448,3 +448,27 @@ def test_a_batched_pass_times_decoding_with_every_prompt_already_in_its_slot(dem
 
 def prompt_cached(b: LlamaCppBackend, prompt: str) -> bool:
     return (b.states.folder / state_name(prompt)).exists()
+
+
+def test_a_fitted_length_sizes_the_engine_and_prompts_past_the_positions_are_one_clear_error(demo):
+    """A session at `--context-lengths L` sizes llama-server's context for prompts of about L
+    tokens, not for the workload as written (long-code-edit holds whole modules: a -np 4 server
+    sized for them took seconds to start); the workload as written, longer than the target's
+    positions, is a SpecDecError naming the way out, not the server's 400."""
+    from specdec_tune.backends.base import Models
+    from specdec_tune.backends.llamacpp import open_engine
+    from specdec_tune.errors import SpecDecError
+
+    models = Models(
+        target=str(demo["target"]), workload="long-code-edit", prompts=2, max_new_tokens=8,
+        backend="llamacpp", drafts=["ngram-simple:3"], threads=1, context_length=256,
+    )  # fmt: skip
+    s = open_engine(models)
+    try:
+        assert s.backend.context == 512  # 256 + the reply + the template's room, in 256s
+        assert 200 <= s.prompt_tokens <= 256 + 64
+        assert s.backend._pass(s.backend.plain(1), s.case, 1)["tokens"] > 0
+    finally:
+        s.close()
+    with pytest.raises(SpecDecError, match="positions: fit its prompts with --context-lengths"):
+        open_engine(replace(models, context_length=None)).close()
