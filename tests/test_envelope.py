@@ -154,3 +154,43 @@ def test_a_longer_length_races_each_draft_at_its_own_best_and_an_untried_one_at_
     tune = TuneResult(results, results[-1].metrics, "s", "sqlite://", 6, 0, 0, {})
     got = [(c.draft.name, c.gamma) for c in every_draft(tune, list(specs.values()), 16)]
     assert got == [("a", 5), ("b", 3), ("c", 7), ("d", 11), ("e", 5)]
+
+
+@pytest.mark.slow  # the CLI end to end
+def test_a_raced_length_is_predicted_by_the_first_lengths_engine_model_carried_to_it(
+    tmp_path, fake_engine, monkeypatch
+):
+    """An engine whose cost model is fitted from trials (llama.cpp's) gets, at a length that runs no
+    trial, the first length's fitted model carried to this length's costs (app.session_search ->
+    search.enginepredictor), so the configs it races there have an out-of-sample prediction."""
+    made = []
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.seen, self.carried = 0, None
+            made.append(self)
+
+        def observe(self, config, m) -> None:
+            self.seen += 1
+
+        def carry_from(self, other, costs_from, costs_to) -> None:
+            self.carried = (other.seen, costs_from.context_len, costs_to.context_len)
+
+        def predict(self, config):
+            return 1.23 if self.carried else None
+
+        def rank(self, configs):
+            return []
+
+        def explain(self, config) -> str:
+            return ""
+
+    monkeypatch.setattr(fake.FakeSession, "predictor", lambda self: Recorder())
+    r, out = _run(tmp_path, "--budget", "120", "--context-lengths", "256,6144")
+    assert r.exit_code == 0, r.output
+    first, raced = made
+    assert first.seen > 0 and first.carried is None
+    assert raced.carried[0] == first.seen and raced.carried[1:] == (256, 6144)
+    by = {row.context_length: row for row in load_profile(out).context_table}
+    assert by[6144].confirmed_from == "L=256"
+    assert [r.metrics.predicted_speedup for r in by[6144].per_draft] == [1.23] * len(by[6144].per_draft)

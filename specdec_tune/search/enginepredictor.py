@@ -28,7 +28,8 @@ from .enginemodel import EngineCostModel, Observation
 class EnginePredictor:
     """`search.tuner`'s predictor over the engine cost model: it predicts a config from every trial
     measured so far and observes each measurement (their per-request counters) after; before its
-    first trial, from a model carried from another context length (`carry_from`), if given."""
+    first speculative trial, from a model carried from another context length (`carry_from`), if
+    given."""
 
     def __init__(self) -> None:
         self.model = EngineCostModel()
@@ -41,8 +42,10 @@ class EnginePredictor:
             self.carried = carried_model(other.model.fit(), costs_from, costs_to)
 
     def _current(self) -> EngineCostModel | None:
-        if self.model.observations:
-            return self.model.fit()
+        """Its own model once a speculative trial was observed here; before that the carried one (a
+        raced length still measures its baseline as a trial: plain timings alone predict nothing)."""
+        if self.carried is None or any(o.config.gamma > 0 for o in self.model.observations):
+            return self.model.fit() if self.model.observations else None
         return self.carried
 
     def observe(self, config: Config, m: Measurement) -> None:

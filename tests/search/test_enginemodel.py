@@ -276,6 +276,13 @@ def test_a_model_carried_to_another_context_length_scales_its_times_and_keeps_ac
         assert long.predict(Config(LOOKUP, g)) != pytest.approx(short.predict(Config(LOOKUP, g)), rel=1e-3)
     assert "fitted at L=256" in long.explain(Config(LOOKUP, 8))
     assert [c.gamma for c, _ in long.rank([Config(LOOKUP, g) for g in (4, 8)])]
+    # a raced length measures its baseline as a trial: plain timings alone keep the carried model
+    long.model.add(
+        Observation(
+            Config(DraftSpec("none", "none"), 0), [], fabricate(Config(LOOKUP, 8), 0.3, 0.75, 0.9).plain
+        )
+    )
+    assert "fitted at L=256" in long.explain(Config(LOOKUP, 8))
     long.model.add(fabricate(Config(LOOKUP, 8), 0.6, 0.9, 1.0, vary=False))
     assert "fitted at" not in long.explain(Config(LOOKUP, 8))  # its own trial now
     assert short.predict(Config(LOOKUP, 8)) == pytest.approx(
