@@ -347,9 +347,10 @@ class LlamaCppBackend(ExactnessChecks):
         decode tokens/s the server reports do not depend on how the prompt got into its cache,
         and at a long context a prefill costs more than the pass. At B > 1 client k sends its
         requests to slot k, and before the clock starts every slot holds its first prompt
-        (`_prime`): a timed request processes its prompt's last token only, or, when its slot held
-        another prompt, has that prompt's state restored first (milliseconds; the clock runs).
-        Both sides send the same requests to the same slots, so they meet the prompts alike."""
+        (`closedloop.prime`): a timed request processes its prompt's last token only, or, when
+        its slot held another prompt, has that prompt's state restored first (milliseconds; the
+        clock runs). Both sides send the same requests to the same slots, so they meet the
+        prompts alike."""
         jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
         if batch_size == 1:
             replies = [self.ask(server, p, n, case.temperature) for p, n in jobs]
