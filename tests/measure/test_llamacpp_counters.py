@@ -20,9 +20,11 @@ class FakeServer:
         self.alive = False
         self.bodies: list[dict[str, Any]] = []  # completions
         self.slots: list[str] = []  # slot saves and restores (measure.llamacpp.states)
+        self.held: dict[int, str] = {}  # the prompt state each slot holds, as LlamaServer keeps it
 
     def start(self) -> None:
         self.alive = True
+        self.held.clear()
 
     def stop(self) -> None:
         self.alive = False
