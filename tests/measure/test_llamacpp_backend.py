@@ -472,3 +472,50 @@ def test_a_fitted_length_sizes_the_engine_and_prompts_past_the_positions_are_one
         s.close()
     with pytest.raises(SpecDecError, match="positions: fit its prompts with --context-lengths"):
         open_engine(replace(models, context_length=None)).close()
+
+
+def test_a_near_tie_probe_processes_the_prefix_only_though_the_slot_holds_another_prompt(demo):
+    """measure.llamacpp.exactness: where a config's output parts from plain, the plain top-2 gap is
+    read after the prompt and the common prefix. The plain server's one slot holds the last prompt
+    it answered by then; the probe restores this prompt's state and processes the prefix alone (it
+    processed the whole prompt again: about 45 s at 6 144 tokens, for every diverging prompt)."""
+    prompts = [f"def k{i}(x):\n    return x - {i}\n\n" * 5 for i in range(2)]
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        ref = b.reference(TextCase(prompts, [8, 8]))  # the plain slot now holds prompts[1]
+        seen = []
+        real = b.complete
+
+        def spy(server, prompt, n, *args, **kw):
+            reply = real(server, prompt, n, *args, **kw)
+            seen.append(reply.prompt_n)
+            return reply
+
+        b.complete = spy
+        prefix = ref[0].tokens[:3]
+        gap = b._top2_gap(prompts[0], prefix)
+        assert gap is not None and 0.0 <= gap <= 1.0
+        assert seen and seen[-1] <= len(prefix) + 1, seen  # not the prompt's ~60 tokens again
+
+
+def test_a_one_slot_state_widened_into_a_two_slot_server_answers_as_the_one_slot_server(demo):
+    """measure.llamacpp.states.widen: prompts processed once in a one-slot server are restored into
+    the slots of a -np 2 server from their widened states, none processed again; each slot answers
+    the one-slot server's greedy tokens after processing one token (the prompt's last)."""
+    prompts = [f"def w{i}(x):\n    return x // {i + 2}\n\n" * 5 for i in range(2)]
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        one = [b.ask(b.plain(1), p, 12, 0.0) for p in prompts]
+        processed = []
+        real = b._process
+
+        def spy(server, prompt, n, slot):
+            processed.append(prompt)
+            return real(server, prompt, n, slot)
+
+        two = b.plain(2)  # the one-slot server stops: one plain server at a time
+        for slot, p in ((1, prompts[0]), (0, prompts[1])):
+            b.states.hold(two, p, spy, slot, 2)
+        got = [b.complete(two, p, 12, 0.0, cache=True, slot=s) for s, p in ((1, prompts[0]), (0, prompts[1]))]
+        assert processed == []
+        assert [g.tokens for g in got] == [o.tokens for o in one]
+        assert [g.prompt_n for g in got] == [1, 1]
+        assert all((b.states.folder / state_name(p, 2)).exists() for p in prompts)

@@ -3,20 +3,38 @@ every later one restores it; one file per prompt text; the folder goes at close.
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
-from specdec_tune.measure.llamacpp.states import PREFIX, PromptStates, sweep_orphans
+from specdec_tune.measure.llamacpp.server import ServerError
+from specdec_tune.measure.llamacpp.states import (
+    PREFIX,
+    STATE_SEQ_MAGIC,
+    STATE_SEQ_VERSION,
+    PromptStates,
+    state_name,
+    sweep_orphans,
+    widen,
+)
+
+ONE_SLOT = struct.pack("<III2II", STATE_SEQ_MAGIC, STATE_SEQ_VERSION, 2, 7, 8, 1) + b"CELLS"
 
 
 class Server:
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, folder: Path | None = None, saves: bytes = ONE_SLOT) -> None:
         self.args = list(args)  # the server's flags, as LlamaServer.args
         self.posts: list[tuple[str, dict]] = []
         self.held: dict[int, str] = {}
+        self.folder, self.saves, self.refuses = folder, saves, False
 
     def post(self, path: str, body: dict) -> dict:
         self.posts.append((path, body))
+        if self.folder is not None and path.endswith("action=save"):
+            (self.folder / body["filename"]).write_bytes(self.saves)  # as a one-slot server saves
+        if self.refuses and path.endswith("action=restore"):
+            raise ServerError("llama-server answered 400 to /slots/2?action=restore")
         return {}
 
 
@@ -74,26 +92,52 @@ def test_a_folder_left_by_a_killed_process_is_swept_and_a_live_ones_is_kept(tmp_
     assert not orphan.exists() and mine.exists() and other.exists()
 
 
-def test_states_are_kept_per_slot_layout_and_a_held_prompt_is_not_restored_again():
-    """A one-slot state does not restore into a slot of a -np 4 server (llama-server answers 400):
-    each layout saves its own. `hold` restores only when the slot took another prompt last."""
+def test_a_one_slot_state_is_widened_to_another_layout_and_a_held_prompt_is_not_restored_again():
+    """A one-slot state restored as it is into a -np 4 server answers 400: it is widened (its
+    stream count set to 4, three empty streams after its one) and restored, not processed again.
+    `hold` restores only when the slot took another prompt last."""
     states = PromptStates()
     processed = []
-    a, b = Server(), Server()
+    a, b = Server(folder=states.folder), Server(folder=states.folder)
     try:
         states.restore(a, "p", lambda srv, p, n, slot: processed.append((srv, p, slot)))
         assert states.saved("p", 1) and not states.saved("p", 4)
         states.hold(b, "p", lambda srv, p, n, slot: processed.append((srv, p, slot)), 2, 4)
-        assert processed == [(a, "p", 0), (b, "p", 2)]  # processed again for the new layout, in slot 2
-        assert [path for path, _ in b.posts] == ["/slots/2?action=save"]
-        assert b.posts[0][1]["filename"] != a.posts[0][1]["filename"]
+        assert processed == [(a, "p", 0)] and states.saved("p", 4)  # not processed for the new layout
+        name = state_name("p", 4)
+        assert b.posts == [("/slots/2?action=restore", {"filename": name})]
+        head = ONE_SLOT[: -len(b"CELLS") - 4]
+        assert (states.folder / name).read_bytes() == head + struct.pack("<I", 4) + b"CELLS" + bytes(12)
         states.hold(b, "p", lambda *x: processed.append(x), 2, 4)  # slot 2 holds it: nothing
         states.hold(b, "p", lambda *x: processed.append(x), 3, 4)  # slot 3 does not: restored
-        assert len(processed) == 2
-        assert b.posts[-1] == ("/slots/3?action=restore", b.posts[0][1])
-        assert b.held == {2: b.posts[0][1]["filename"], 3: b.posts[0][1]["filename"]}
+        assert len(processed) == 1 and b.posts[-1] == ("/slots/3?action=restore", {"filename": name})
+        assert b.held == {2: name, 3: name}
     finally:
         states.close()
+
+
+def test_a_state_that_cannot_be_widened_is_processed_for_its_layout():
+    """A header `widen` does not know (another version, or a state of several streams), or a server
+    that refuses the widened file: the prompt is processed in the slot and saved for that layout."""
+    other_version = struct.pack("<III2II", STATE_SEQ_MAGIC, STATE_SEQ_VERSION + 1, 2, 7, 8, 1) + b"CELLS"
+    two_streams = ONE_SLOT.replace(struct.pack("<I", 1) + b"CELLS", struct.pack("<I", 2) + b"CELLS")
+    for saves, refuses in ((other_version, False), (two_streams, False), (ONE_SLOT, True)):
+        states = PromptStates()
+        processed: list[tuple] = []
+        a, b = Server(folder=states.folder, saves=saves), Server(folder=states.folder)
+        b.refuses = refuses
+
+        def process(srv, p, n, slot, seen=processed):
+            seen.append((srv, p, slot))
+
+        try:
+            states.restore(a, "p", process)
+            states.hold(b, "p", process, 2, 4)
+            assert processed == [(a, "p", 0), (b, "p", 2)], (saves, refuses)
+            assert b.posts[-1] == ("/slots/2?action=save", {"filename": state_name("p", 4)})
+            assert not widen(states.folder / "absent.bin", states.folder / "x.bin", 4)
+        finally:
+            states.close()
 
 
 def test_a_pass_keeps_each_slot_on_its_prompts_and_restores_only_on_a_change():
