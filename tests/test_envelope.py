@@ -13,7 +13,7 @@ import pytest
 from helpers import invoke
 
 from specdec_tune.domain import Config, DraftSpec, Metrics, Result
-from specdec_tune.search.cells import every_draft
+from specdec_tune.search.cells import every_draft, later_candidates
 from specdec_tune.search.results import TuneResult
 from specdec_tune.store.build import envelope_lines
 from specdec_tune.store.schema import ContextRow
@@ -154,6 +154,14 @@ def test_a_longer_length_races_each_draft_at_its_own_best_and_an_untried_one_at_
     tune = TuneResult(results, results[-1].metrics, "s", "sqlite://", 6, 0, 0, {})
     got = [(c.draft.name, c.gamma) for c in every_draft(tune, list(specs.values()), 16)]
     assert got == [("a", 5), ("b", 3), ("c", 7), ("d", 11), ("e", 5)]
+    # A later batch size races the best of each draft first after a search, and the two fastest
+    # after a race (each draft was raced head to head there)
+    ranked = [("a", 5, 2.0), ("a", 3, 1.9), ("b", 3, 1.5), ("c", 7, 1.4), ("none", 0, 1.0)]
+    results = [result(*r) for r in ranked]
+    tune = TuneResult(results, results[-1].metrics, "s", "sqlite://", 5, 0, 0, {})
+    searched = [(c.draft.name, c.gamma) for c in later_candidates(tune, first_raced=False)]
+    assert searched == [("a", 5), ("b", 3), ("c", 7)]
+    assert [(c.draft.name, c.gamma) for c in later_candidates(tune, first_raced=True)] == [("a", 5), ("a", 3)]
 
 
 @pytest.mark.slow  # the CLI end to end

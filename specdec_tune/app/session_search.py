@@ -17,7 +17,7 @@ from ..measure.hardware import hardware_info, same_hardware
 from ..measure.noise import busy, os_snapshot
 from ..runtime.workloads import stratified
 from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget, pass_share
-from ..search.cells import CONFIRM_TOP, confirm_candidates, every_draft, union
+from ..search.cells import CONFIRM_RACED, CONFIRM_TOP, every_draft, later_candidates, union
 from ..search.costmodel import CostModel
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
@@ -133,7 +133,15 @@ def search_session(
                 share = pass_share(s.trial_shape, b, k, n, t, tokens)
                 planned = replace(settings, batch_size=b)
                 searched = not confirming or (i == 0 and first_from is None)
-                pinned = len(first_pinned) if i == 0 else 0 if searched else CONFIRM_TOP
+                pinned = (
+                    len(first_pinned)
+                    if i == 0
+                    else 0
+                    if searched
+                    else CONFIRM_RACED
+                    if first_from
+                    else CONFIRM_TOP
+                )
                 out.append(
                     Cell(planned, pass_by_b[b] * share, s.expected_speedup(costs, planned), pinned, searched)
                 )
@@ -167,7 +175,7 @@ def search_session(
             candidates = []
             if confirming_b:
                 candidates = (
-                    first_pinned if i == 0 else confirm_candidates(results[batch_sizes[0]], CONFIRM_TOP)
+                    first_pinned if i == 0 else later_candidates(results[batch_sizes[0]], bool(first_from))
                 )
             if budgeted:
                 left = budget_s - (time.monotonic() - started) - reserve_s

@@ -20,7 +20,7 @@ from ..errors import SpecDecError
 from ..limits import check_context, check_count, check_temperature
 from ..measure.anchors import measure_twice
 from ..measure.llamacpp.args import engine_default_configs
-from ..measure.llamacpp.backend import LlamaCppBackend, TextCase
+from ..measure.llamacpp.backend import LlamaCppBackend, TextCase, warm_up
 from ..measure.llamacpp.closedloop import sent_tokens
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
 from ..measure.llamacpp.load import engine_busy, load_hint, oversubscribed_line, server_failures
@@ -181,12 +181,13 @@ class LlamaCppSession:
     def pass_seconds(self, batch_size: int) -> float:
         """One plain pass over the whole workload at `batch_size`: timed over its first two prompts
         (the least a trial measures; the workload's order is stratified) after an untimed pass that
-        puts them in the slots, as a config's first pass does, and scaled by the tokens a whole pass
+        puts them in the slots, as a config's first pass does (at B > 1 `warm_up`'s few tokens a
+        request), and scaled by the tokens a whole pass
         sends. A B > 1 pass processes each prompt it meets once for its slot layout: timing the
         whole workload processed every prompt (7 of 6 144 tokens, about 5 minutes, at B = 4)."""
         plain = self.backend.plain(batch_size)
         share = self.case.head(2)
-        self.backend._pass(plain, share, batch_size)
+        self.backend._pass(plain, warm_up(share) if batch_size > 1 else share, batch_size)
         t0 = time.monotonic()
         self.backend._pass(plain, share, batch_size)
         elapsed = time.monotonic() - t0

@@ -211,7 +211,8 @@ def _plan(
     planned = expected_speedup if shape.plans_speedup else None
     speedup = min(max(planned or 1.0, 1.0), MAX_EXPECTED_SPEEDUP)
     share = screen_share + PLANNED_SURVIVAL * (1 - screen_share) if 0 < screen_share < 1 else 1.0
-    passes = settings.repeats * (1 + speedup**-0.5) + shape.warmup_passes
+    # a confirming cell's one trial is its baseline, a plain pass: the race measures plain again
+    passes = (settings.repeats * (1 + speedup**-0.5) if searched else 1.0) + shape.warmup_passes
     trial_s = passes * share * pass_s + shape.overhead_s
     finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
     if not searched:
@@ -237,7 +238,9 @@ def _plan(
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits)) if searched else 1
     timeout = max(budget_s - final_s, search_min_s)
     if not searched:
-        out = replace(settings, trials=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats)
+        out = replace(
+            settings, trials=1, repeats=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats
+        )
         note = (
             f"B={b}: {max(budget_s, 0.0):.3g} s of the budget left, one plain pass {pass_s:.3g} s, so "
             f"no search: {pinned} configs found at another cell raced head to head against plain"

@@ -9,6 +9,18 @@ from typing import Any
 from ..domain import FIXED_GAMMA, Config
 
 CONFIRM_TOP = 3  # how many configs of the searched cell a confirming cell races (one per draft first)
+# At a raced length (its B = 1 cell itself a race of every draft, `every_draft`, not a search) a
+# later batch size races the two fastest of that race: every draft was measured head to head there
+# already, and at L = 6 144 a B = 4 pass costs 3-4 B = 1 ones.
+CONFIRM_RACED = 2
+
+
+def later_candidates(result: Any, first_raced: bool) -> list[Config]:
+    """What a later batch size races: `confirm_candidates` of a searched first batch size, or the
+    CONFIRM_RACED fastest of a raced one (its ranking alone: each draft was raced there)."""
+    if first_raced:
+        return _speculative(result)[:CONFIRM_RACED]
+    return confirm_candidates(result, CONFIRM_TOP)
 
 
 def confirm_candidates(result: Any, k: int) -> list[Config]:

@@ -686,21 +686,21 @@ def test_a_confirming_cell_is_planned_as_one_race_and_the_first_cell_gets_the_re
     settings = TuneSettings(repeats=3, finalists=3, final_repeats=5)
     b1 = Cell(settings, 1.0, pinned=2)
     b4 = Cell(replace(settings, batch_size=4), 11.0, pinned=3, searched=False)
-    # The race: one baseline trial (3 x 2 passes + the untimed one + a start-up) and 3 configs
-    # against one plain side, 5 repeats each, besides their start-ups and exactness passes.
+    # The race: one baseline trial (one plain pass, the race measures plain again, + the untimed
+    # one + a start-up) and 3 configs against one plain side, 5 repeats each, besides their
+    # start-ups and exactness passes.
     race = _plan(b4.settings, 1000.0, 11.0, closed_loop, pinned=3, searched=False)
-    assert race[0].trials == 1 and race[2] == pytest.approx(
-        (3 * 2 + 1) * 11 + 1.5 + (1 + 3) * 5 * 11 + 3 * 1.5 + 3 * 11
-    )
-    # The first cell gets what the race leaves at the least (1000 - 336 s), never less than an even
+    assert race[0].trials == 1 and race[0].repeats == 1
+    assert race[2] == pytest.approx((1 + 1) * 11 + 1.5 + (1 + 3) * 5 * 11 + 3 * 1.5 + 3 * 11)
+    # The first cell gets what the race leaves at the least (1000 - 281 s), never less than an even
     # share (the plan then runs over, and says so); two searched cells share evenly.
-    assert first_cell_share([b1, b4], 1000.0, closed_loop) == pytest.approx(664.0)
-    assert first_cell_share([b1, b4], 600.0, closed_loop) == 300.0
+    assert first_cell_share([b1, b4], 1000.0, closed_loop) == pytest.approx(719.0)
+    assert first_cell_share([b1, b4], 500.0, closed_loop) == 250.0
     assert first_cell_share([b1, replace(b4, searched=True)], 1000.0, closed_loop) == 500.0
-    # Cut together: at 400 s the prompts are cut to 5 (B = 4 still sends 8 requests a pass); at
+    # Cut together: at 350 s the prompts are cut to 5 (B = 4 still sends 8 requests a pass); at
     # 300 s to 2, and then the replies to 64 tokens, which is what shortens B = 4's passes.
-    assert cells_trial_size([b1, b4], 1000.0, closed_loop, 8, 128) == (8, 128)
-    assert cells_trial_size([b1, b4], 400.0, closed_loop, 8, 128) == (5, 128)
+    assert cells_trial_size([b1, b4], 400.0, closed_loop, 8, 128) == (8, 128)
+    assert cells_trial_size([b1, b4], 350.0, closed_loop, 8, 128) == (5, 128)
     assert cells_trial_size([b1, b4], 300.0, closed_loop, 8, 128) == (2, 64)
 
 
