@@ -19,6 +19,7 @@ from ..runtime.workloads import stratified
 from ..search.budget import Cell, after_probe, cells_trial_size, first_cell_share, fit_budget, pass_share
 from ..search.cells import CONFIRM_RACED, CONFIRM_TOP, every_draft, later_candidates, union
 from ..search.costmodel import CostModel
+from ..search.enginepredictor import BatchedPredictor
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
 from ..search.space import TuneSettings, seed_configs
@@ -201,7 +202,7 @@ def search_session(
                 results[b] = run_search(
                     None, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
                     on_trial=progress.trial, on_final=progress.final, backend=s, pinned=candidates,
-                    predictor=predictor if i == 0 else None,
+                    predictor=predictor if i == 0 else batched(predictor, b),
                 )  # fmt: skip
                 results[b].confirmed_from = first_from[0] if i == 0 and first_from else f"B={batch_sizes[0]}"
                 _record_flags(s, results[b], b, progress)
@@ -232,7 +233,7 @@ def search_session(
             results[b] = run_search(
                 None, s.specs, case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
                 on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
-                predictor=predictor if i == 0 else None,
+                predictor=predictor if i == 0 else batched(predictor, b),
             )  # fmt: skip
             _record_flags(s, results[b], b, progress)
             neighbour = [trial_params(results[b].results[0].config), *s.first_trials(settings.max_gamma)]
@@ -376,3 +377,9 @@ def cost_model_fit(result: Any, predictor: Any) -> dict[str, Any]:
     out["reason"] = predictor.explain(result.results[0].config) if result.results[0].config.gamma else ""
     out["per_draft"] = {name: predictor.explain(c) for name, c in best.items()}
     return out
+
+
+def batched(predictor: Any, batch_size: int) -> Any:
+    """The B = 1 engine predictor's view at a later batch size (search.enginepredictor.
+    BatchedPredictor), or None where there is none."""
+    return BatchedPredictor(predictor, batch_size) if predictor is not None else None

@@ -288,3 +288,41 @@ def test_a_model_carried_to_another_context_length_scales_its_times_and_keeps_ac
     assert short.predict(Config(LOOKUP, 8)) == pytest.approx(
         speedup(8, 0.3, 0.75, 0.9, 0.4, vary=False), rel=2e-3
     )
+
+
+def test_a_later_batch_size_is_predicted_from_the_b1_model_and_its_own_plain_pass():
+    """search.enginepredictor.BatchedPredictor: at B > 1 a row-forward costs the plain wall ms per
+    token measured there (its baseline trial), each drafted token k as at B = 1; coverage and
+    acceptance are the B = 1 fit's. It learns from plain measurements only, and says nothing before
+    one."""
+    from types import SimpleNamespace
+
+    from specdec_tune.search.enginepredictor import BatchedPredictor, EnginePredictor
+
+    single = EnginePredictor()
+    for g in (4, 8, 12):
+        single.model.add(fabricate(Config(LOOKUP, g), 0.3, 0.75, 0.9, 0.4, vary=False))
+    b4 = BatchedPredictor(single, 4)
+    assert b4.predict(Config(LOOKUP, 8)) is None and "no prediction at B=4" in b4.explain(Config(LOOKUP, 8))
+
+    def measured(tokens_per_s):
+        return SimpleNamespace(metrics=SimpleNamespace(tokens_per_s=tokens_per_s))
+
+    b4.observe(Config(LOOKUP, 8), measured(500.0))  # speculative at B: not fed
+    assert b4.predict(Config(LOOKUP, 8)) is None
+    b4.observe(Config(DraftSpec("none", "none"), 0), measured(125.0))  # plain at B = 4: 8 ms a token
+    for g in (4, 8, 16):
+        ms, *_ = truth(g, 0.3, 0.75, 0.9, 0.4, t_plain=8.0)
+        assert b4.predict(Config(LOOKUP, g)) == pytest.approx(8.0 / ms, rel=1e-6)
+        # cheaper row-forwards, the same verification: less to gain than at B = 1
+        assert b4.predict(Config(LOOKUP, g)) < single.predict(Config(LOOKUP, g))
+    assert [c.gamma for c, _ in b4.rank([Config(LOOKUP, g) for g in (4, 16)])] == [
+        c.gamma
+        for c, _ in sorted(
+            ((c, b4.predict(c)) for c in (Config(LOOKUP, 4), Config(LOOKUP, 16))), key=lambda x: -x[1]
+        )
+    ]
+    assert (
+        "at B=4" in b4.explain(Config(LOOKUP, 8)) and b4.predict(Config(DraftSpec("none", "none"), 0)) == 1.0
+    )
+    assert single.model.observations and all(o.config.draft.kind != "none" for o in single.model.observations)
