@@ -221,12 +221,15 @@ class LlamaCppSession:
         carry: Costs | None = None,
     ) -> Costs:  # fmt: skip
         """T_target, C_ver(γ) and T_draft measured in llama-server (the cost surface over B is not
-        measured in the engine); acceptance comes from trials (`with_trial_acceptance`). `carry`
-        is not used: every term measured here changes with the context."""
+        measured in the engine); acceptance comes from trials (`with_trial_acceptance`). Every
+        term measured here changes with the context, so `carry` (an envelope's first length's
+        costs) is not taken over: it only says this length's costs carry that length's model, so
+        C_ver is measured at a few γ (`measure_engine_costs`' `carried`)."""
         progress.stage("llama.cpp costs: T_target, C_ver(γ), T_draft", 0.0)
         return measure_engine_costs(
-            self.backend, self.case.head(2), draft_paths(self.backend, self.specs), max_gamma, repeats
-        )
+            self.backend, self.case.head(2), draft_paths(self.backend, self.specs), max_gamma, repeats,
+            carried=carry is not None,
+        )  # fmt: skip
 
     def use_costs(self, costs: Costs) -> None:
         raise SpecDecError("--costs-from holds costs of our own engine; llama.cpp measures its own")

@@ -238,6 +238,10 @@ def _plan(
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits)) if searched else 1
     timeout = max(budget_s - final_s, search_min_s)
     if not searched:
+        # a race gets what the budget holds beyond its baseline trial, up to RACE_FACTOR x its first
+        # pass; over the budget, its first pass alone (a 2 B x 3 L llama.cpp envelope, 130 s over at
+        # L = 2 048, spent 40 s more racing two configs at B = 4 that its planned first pass left)
+        final_s = max(0.0, min(RACE_FACTOR * first_s, budget_s - search_min_s))
         out = replace(
             settings, trials=1, repeats=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats
         )

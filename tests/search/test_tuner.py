@@ -692,6 +692,12 @@ def test_a_confirming_cell_is_planned_as_one_race_and_the_first_cell_gets_the_re
     race = _plan(b4.settings, 1000.0, 11.0, closed_loop, pinned=3, searched=False)
     assert race[0].trials == 1 and race[0].repeats == 1
     assert race[2] == pytest.approx((1 + 1) * 11 + 1.5 + (1 + 3) * 5 * 11 + 3 * 1.5 + 3 * 11)
+    # its racing rounds get up to as much again as the first pass where the budget holds them, what
+    # the budget has left beyond the baseline trial when it does not, and nothing once it is spent
+    assert race[0].final_budget_s == pytest.approx(2 * ((1 + 3) * 5 * 11 + 3 * 1.5 + 3 * 11))
+    short = _plan(b4.settings, 100.0, 11.0, closed_loop, pinned=3, searched=False)[0]
+    assert short.final_budget_s == pytest.approx(100.0 - (1 + 1) * 11 - 1.5)
+    assert _plan(b4.settings, 10.0, 11.0, closed_loop, pinned=3, searched=False)[0].final_budget_s == 0.0
     # The first cell gets what the race leaves at the least (1000 - 281 s), never less than an even
     # share (the plan then runs over, and says so); two searched cells share evenly.
     assert first_cell_share([b1, b4], 1000.0, closed_loop) == pytest.approx(719.0)

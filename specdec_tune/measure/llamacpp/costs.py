@@ -16,16 +16,23 @@ from .backend import LlamaCppBackend, TextCase
 from .server import LlamaServer
 
 NGRAM_DRAFT_MS = 0.0  # an n-gram lookup runs on the host between forwards: no forward of its own
+CARRIED_GAMMAS = (1, 2, 4, 8)  # C_ver measured at a carried length, besides max_gamma
 
 
 def verify_curve_ms(
-    server: LlamaServer, context_ids: list[int], max_gamma: int, repeats: int = 3
+    server: LlamaServer,
+    context_ids: list[int],
+    max_gamma: int,
+    repeats: int = 3,
+    gammas: list[int] | None = None,
 ) -> tuple[list[float], float]:
     """C_ver(gamma) for gamma = 1..max_gamma: ms to process gamma + 1 tokens after `context_ids`
-    (cached), median of `repeats`; and the worst relative spread over the curve."""
-    curve, worst = [], 0.0
+    (cached), median of `repeats`; and the worst relative spread over the curve. With `gammas`
+    (1 and max_gamma among them) only those are measured and the rest interpolated linearly."""
+    points: dict[int, float] = {}
+    worst = 0.0
     extra = context_ids[-(max_gamma + 1) :]
-    for gamma in range(1, max_gamma + 1):
+    for gamma in sorted(set(gammas or range(1, max_gamma + 1)) | {1, max_gamma}):
         samples = []
         for _ in range(repeats + 1):  # the first only warms the cache at the prefix
             server.post("/completion", {"prompt": context_ids, "n_predict": 1, "cache_prompt": True})
@@ -37,9 +44,21 @@ def verify_curve_ms(
             if int(t.get("prompt_n", 0)) >= 1:
                 samples.append(float(t["prompt_ms"]) * (gamma + 1) / int(t["prompt_n"]))
         samples = samples[1:] or samples
-        curve.append(median(samples))
+        points[gamma] = median(samples)
         worst = max(worst, spread(samples))
-    return curve, worst
+    return _interpolated(points, max_gamma), worst
+
+
+def _interpolated(points: dict[int, float], max_gamma: int) -> list[float]:
+    """A curve over gamma = 1..max_gamma through `points` (linear between measured gammas)."""
+    known = sorted(points)
+    out = []
+    for g in range(1, max_gamma + 1):
+        lo = max(k for k in known if k <= g)
+        hi = min(k for k in known if k >= g)
+        w = 0.0 if hi == lo else (g - lo) / (hi - lo)
+        out.append(points[lo] + w * (points[hi] - points[lo]))
+    return out
 
 
 def decode_ms(
@@ -76,17 +95,22 @@ def measure_engine_costs(
     drafts: dict[str, str | None],
     max_gamma: int,
     repeats: int = 3,
+    carried: bool = False,
 ) -> Costs:
     """The engine's costs: `drafts` maps each draft name to its GGUF (None for n-gram drafts).
     C_ver is measured after the case's first prompt (its own length, so at a long context it is
     the verification at that length; its state restored, not processed again). Acceptance is
-    filled in later from measured trials (`with_acceptance`)."""
+    filled in later from measured trials (`with_acceptance`). `carried`: a longer context length
+    of an envelope, whose costs only carry the first length's model there (search.enginepredictor
+    reads T_target and C_ver's slope): C_ver at CARRIED_GAMMAS, the rest interpolated, and T_target
+    over two passes, not three."""
     plain = backend.plain(1)
-    t_target, t_spread = decode_ms(plain, case, passes=3, restore=backend.restore)
+    t_target, t_spread = decode_ms(plain, case, passes=2 if carried else 3, restore=backend.restore)
     prompt = case.prompts[0]
     ids = plain.post("/tokenize", {"content": prompt, "add_special": True})["tokens"]
     backend.restore(plain, prompt)
-    pp, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats)
+    gammas = [g for g in CARRIED_GAMMAS if g < max_gamma] if carried else None
+    pp, v_spread = verify_curve_ms(plain, ids, max_gamma, repeats, gammas)
     # Prompt processing runs another path than a decode step (its own graph and per-request
     # work), so its absolute times are not a step's: its shape over gamma is kept, anchored at
     # C_ver(1) = T_target (verifying two tokens costs one memory-bound decode step).
