@@ -247,6 +247,10 @@ class Costs:
     # The compiled engine's graph builds while these were measured, apart from every timing; None
     # under eager and in older files.
     compile: CompileTime | None = None
+    # llama.cpp: C_ver(γ) as prompt processing measured it, before `verify_ms` anchored it at
+    # T_target; its slope is what a drafted token's verification costs more at a longer context
+    # (search.enginepredictor). None in our engine and in older files.
+    verify_raw_ms: list[float] | None = None
 
     def at_batch(self, batch_size: int) -> BatchCosts | None:
         return next((b for b in self.batch if b.batch_size == batch_size), None)

@@ -202,3 +202,17 @@ def test_a_raced_length_is_predicted_by_the_first_lengths_engine_model_carried_t
     by = {row.context_length: row for row in load_profile(out).context_table}
     assert by[6144].confirmed_from == "L=256"
     assert [r.metrics.predicted_speedup for r in by[6144].per_draft] == [1.23] * len(by[6144].per_draft)
+
+
+def test_a_batch_row_without_a_closed_form_model_shows_its_best_configs_engine_prediction():
+    """store.build.batch_row: an engine backend has no closed-form model at B; its row's prediction
+    is what the engine's model said of the best config before it was measured (none for plain)."""
+    from specdec_tune.store.build import batch_row
+
+    spec = DraftSpec(name="a", kind="prompt_lookup")
+    best = Result(Config(spec, 5), Metrics(1.0, 1.0, 1.2, 0.0, 0.5, 2.0, predicted_speedup=1.15))
+    plain = Result(Config(DraftSpec(name="none", kind="none"), 0), Metrics(1.0, 1.0, 1.0, 0.0, 0.0, 1.0))
+    tune = TuneResult([best, plain], plain.metrics, "s", "sqlite://", 2, 0, 0, {})
+    assert batch_row(4, tune).predicted_speedup == 1.15
+    tune = TuneResult([plain, best], plain.metrics, "s", "sqlite://", 2, 0, 0, {})
+    assert batch_row(4, tune).predicted_speedup is None

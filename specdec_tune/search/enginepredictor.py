@@ -5,9 +5,17 @@ A length that is raced, not searched (app.envelope: a confirming length), runs n
 fitted from its own trials has nothing to say there. It is given the first length's fitted model,
 carried to this length by what the cost pass measured at both (`carried_model`):
 
-- T_target scales as the plain decode time the cost pass measured at each length;
-- the cost per drafted token verified (k) scales as the slope of C_ver(γ) measured at each length
-  (prompt processing of γ + 1 tokens after the length's own prompt, cached);
+- T_target is the plain decode time the cost pass measured at this length (not the first length's
+  scaled by a ratio of two cost passes: the first cost pass of a run measured 11.5 ms where its
+  trials' plain side measured 9.1, and every carried prediction inherited that 26 %);
+- the cost per drafted token verified (k) grows by what the slope of prompt processing grew: the
+  raw slope of C_ver(γ) (γ + 1 tokens after the length's own prompt, cached, `Costs.verify_raw_ms`)
+  at this length minus the first's. That slope tracks the server's own k closely (fitted from
+  trials at 272 / 2 069 / 6 096 tokens: 4.8 / 9.1 / 21.6 ms; raw slopes 3.9 / 8.6 / 19.0 ms), and a
+  difference does not multiply the first length's noise: scaled by the ratio of the anchored
+  slopes, a short length's slope measured 25 % low made k 3.4x at 2 048 tokens where the trials
+  there fitted 2.4x, and every carried prediction 24 % low. Without raw curves (older costs), k
+  scales as the anchored slope did;
 - the cost per verification step (c) and a draft model's cost per forward scale as T_target and
   T_draft did;
 - acceptance (q, α per draft) stays the first length's: how it moves with the context is what the
@@ -87,15 +95,22 @@ class EnginePredictor:
 def carried_model(model: EngineCostModel, costs_from: Costs, costs_to: Costs) -> EngineCostModel:
     """A copy of fitted `model` with its times scaled from `costs_from`'s context to `costs_to`'s
     (module docstring); it never refits (it holds no observations)."""
-    t_scale = _ratio(costs_to.t_target_ms, costs_from.t_target_ms) or 1.0
+    t_to = costs_to.t_target_ms if costs_to.t_target_ms and costs_to.t_target_ms > 0 else None
+    t_scale = _ratio(t_to, model.t_plain_ms) or _ratio(costs_to.t_target_ms, costs_from.t_target_ms) or 1.0
     k_scale = _ratio(_slope(costs_to.verify_ms), _slope(costs_from.verify_ms)) or t_scale
+    raw_to, raw_from = _slope(costs_to.verify_raw_ms or []), _slope(costs_from.verify_raw_ms or [])
     out = EngineCostModel()
-    out.t_plain_ms = model.t_plain_ms * t_scale if model.t_plain_ms is not None else None
+    out.t_plain_ms = t_to if t_to is not None and model.t_plain_ms is not None else None
+    if out.t_plain_ms is None and model.t_plain_ms is not None:
+        out.t_plain_ms = model.t_plain_ms * t_scale
     out.drafts = dict(model.drafts)
     out.verify = {}
     for fam, v in model.verify.items():
         v = copy.copy(v)
-        v.ms_per_token *= k_scale
+        if raw_to is not None and raw_from is not None:
+            v.ms_per_token = max(0.0, v.ms_per_token + raw_to - raw_from)
+        else:
+            v.ms_per_token *= k_scale
         v.ms_per_step *= t_scale
         out.verify[fam] = v
     t_draft_from = {d.name: d.t_draft_ms for d in costs_from.drafts}

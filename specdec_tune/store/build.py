@@ -69,13 +69,17 @@ def search_info(result: Any, settings: Any) -> SearchInfo:
 
 def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 0) -> BatchRow:
     """The batch table row of one batch size's search: its best, each draft's best, and the cost
-    model's best prediction there (`model`: search.costmodel.CostModel; None: no prediction)."""
+    model's best prediction there (`model`: search.costmodel.CostModel); without one, what an
+    engine's model fitted from trials predicted for the best before it was measured (None: no
+    prediction)."""
     per_draft: dict[str, Any] = {}
     for r in result.results:  # best first: the first of each draft is its best
         if r.config.gamma > 0:
             per_draft.setdefault(r.config.draft.name, r)
     ranked = model.rank(max_gamma, batch_size=batch_size) if model is not None else []
     predicted = max(1.0, ranked[0][2]) if ranked else None
+    if model is None and result.results[0].config.gamma > 0:
+        predicted = result.results[0].metrics.predicted_speedup
     return BatchRow(
         batch_size, result.results[0], list(per_draft.values()), predicted, result.study_name,
         result.confirmed_from,

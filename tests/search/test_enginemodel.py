@@ -256,8 +256,9 @@ def test_the_estimators():
 
 def test_a_model_carried_to_another_context_length_scales_its_times_and_keeps_acceptance():
     """search.enginepredictor: an envelope's longer length, raced without a trial, is predicted by
-    the first length's model with T_target scaled as the cost pass measured it, k as the slope of
-    C_ver and c as T_target; acceptance stays. Its own first trial replaces the carried model."""
+    the first length's model with T_target as the cost pass measured it there, k grown by what the
+    raw prompt-processing slope grew (scaled as the anchored slope without raw curves), c as
+    T_target; acceptance stays. Its own first trial replaces the carried model."""
     from specdec_tune.domain import Costs
     from specdec_tune.search.enginepredictor import EnginePredictor
 
@@ -270,10 +271,17 @@ def test_a_model_carried_to_another_context_length_scales_its_times_and_keeps_ac
     long = EnginePredictor()
     assert long.predict(Config(LOOKUP, 8)) is None  # nothing measured, nothing carried
     long.carry_from(short, at_256, at_2048)
-    for g in (4, 8, 16):
-        ms, *_ = truth(g, 0.3, 0.75, 0.9 * 3, 0.4 * 2, t_plain=2 * T_PLAIN)
-        assert long.predict(Config(LOOKUP, g)) == pytest.approx(2 * T_PLAIN / ms, rel=1e-6)
+    for g in (4, 8, 16):  # T_target 20 ms as measured there (not 11 x 20 / 10), k 3x, c x 20 / 11
+        ms, *_ = truth(g, 0.3, 0.75, 0.9 * 3, 0.4 * 20 / T_PLAIN, t_plain=20.0)
+        assert long.predict(Config(LOOKUP, g)) == pytest.approx(20.0 / ms, rel=1e-6)
         assert long.predict(Config(LOOKUP, g)) != pytest.approx(short.predict(Config(LOOKUP, g)), rel=1e-3)
+    # with the raw prompt-processing curves, k grows by their slopes' difference: 0.9 + (4 - 1) ms
+    at_256.verify_raw_ms = [15.0 + 1.0 * g for g in range(8)]
+    at_2048.verify_raw_ms = [30.0 + 4.0 * g for g in range(8)]
+    raw = EnginePredictor()
+    raw.carry_from(short, at_256, at_2048)
+    ms, *_ = truth(8, 0.3, 0.75, 0.9 + 3.0, 0.4 * 20 / T_PLAIN, t_plain=20.0)
+    assert raw.predict(Config(LOOKUP, 8)) == pytest.approx(20.0 / ms, rel=1e-6)
     assert "fitted at L=256" in long.explain(Config(LOOKUP, 8))
     assert [c.gamma for c, _ in long.rank([Config(LOOKUP, g) for g in (4, 8)])]
     # a raced length measures its baseline as a trial: plain timings alone keep the carried model

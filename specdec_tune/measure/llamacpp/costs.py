@@ -115,7 +115,7 @@ def measure_engine_costs(
     # work), so its absolute times are not a step's: its shape over gamma is kept, anchored at
     # C_ver(1) = T_target (verifying two tokens costs one memory-bound decode step).
     verify = [t_target * v / pp[0] for v in pp] if pp and pp[0] > 0 else pp
-    costs = Costs(t_target, t_spread, verify, v_spread, len(ids), engine_mode="llamacpp")
+    costs = Costs(t_target, t_spread, verify, v_spread, len(ids), engine_mode="llamacpp", verify_raw_ms=pp)
     for name, path in drafts.items():
         if path is None:
             t_draft = NGRAM_DRAFT_MS
