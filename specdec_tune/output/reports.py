@@ -183,16 +183,18 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     for col in ("", "config", "speedup", "95% CI", "trial", "tok/s", "α", "τ", "pred."):
         t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
-    for label, r in rows:
+    for i, (label, r) in enumerate(rows):
         m = r.metrics
         # Only final-round numbers share a column: a search trial's goes to its own column alone.
-        searched_only = m.search_speedup is None and p.search.finalists > 0
+        # The final round's configs lead the ranking (search.final); an engine default raced there
+        # has no trial (no search_speedup) and is a final-round number all the same.
+        searched_only = p.search.finalists > 0 and i >= p.search.finalists
         t.add_row(
             label,
             r.config.label,
             "—" if searched_only else f"{m.speedup:.3f}×",
             "" if searched_only or not m.speedup_interval else "{:.2f}–{:.2f}".format(*m.speedup_interval),
-            times(m.speedup if searched_only else m.search_speedup),
+            times(m.speedup if searched_only else m.search_speedup) if searched_only or m.search_speedup else "",
             f"{m.tokens_per_s:.1f}",
             f"{m.acceptance_rate:.2f}",
             f"{m.mean_accepted_len:.2f}",

@@ -262,3 +262,26 @@ def test_show_prints_intervals_the_verdict_and_brackets_search_trial_numbers():
     assert final_row[2] == "1.29×" and final_row[3] == "[1.25, 1.31]×" and final_row[-1].startswith("final")
     search_row = _row(text, "2")  # measured only in the search: bracketed, no interval
     assert search_row[2] == "(1.25×)" and search_row[3] == "—" and search_row[-1] == "search trial only"
+
+
+def test_run_summary_shows_a_raced_engine_default_as_a_final_round_number():
+    """An engine default raced in the final round has no search trial (no search_speedup); it won
+    there, so its speedup and interval are the final round's and its trial column is empty (it was
+    shown as a trial's number, its speedup a dash). A config beyond the finalists keeps a dash."""
+    from dataclasses import replace
+
+    from specdec_tune.output.reports import run_summary
+
+    p = make_sample_profile("prompt_lookup", 12, 0.0)
+    p.best.metrics.search_speedup = None  # raced, never a trial
+    p.best.metrics.speedup_interval = [1.2, 1.4]
+    p.search.finalists = 1
+    runner = replace(p.best, metrics=replace(p.best.metrics, speedup=1.1, speedup_interval=[1.0, 1.2]))
+    p.alternatives = [runner]
+    console = Console(record=True, width=160)
+    run_summary(console, p, None)
+    text = console.export_text()
+    best = next(line for line in text.splitlines() if line.strip().startswith("best"))
+    runner_up = next(line for line in text.splitlines() if line.strip().startswith("runner-up"))
+    assert "1.310×" in best and "1.20–1.40" in best and "1.31×" not in best  # not as a trial's
+    assert "1.100×" not in runner_up and "—" in runner_up and "1.10×" in runner_up  # its trial column
