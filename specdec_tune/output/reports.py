@@ -194,7 +194,9 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
             r.config.label,
             "—" if searched_only else f"{m.speedup:.3f}×",
             "" if searched_only or not m.speedup_interval else "{:.2f}–{:.2f}".format(*m.speedup_interval),
-            times(m.speedup if searched_only else m.search_speedup) if searched_only or m.search_speedup else "",
+            times(m.speedup if searched_only else m.search_speedup)
+            if searched_only or m.search_speedup
+            else "",
             f"{m.tokens_per_s:.1f}",
             f"{m.acceptance_rate:.2f}",
             f"{m.mean_accepted_len:.2f}",
