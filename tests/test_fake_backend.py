@@ -108,8 +108,9 @@ def test_a_budget_too_short_cuts_the_prompts_then_the_replies_and_check_measures
 @pytest.mark.slow  # the CLI end to end
 def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path, fake_engine, monkeypatch):
     """A plain pass takes 0.01 s at B = 1 and 20 s at B = 4: the least search fits 120 s at B = 1
-    with every prompt, not at B = 4, so every pass at both sizes measures 2 prompts of 32 tokens (at B = 4 a
-    pass of 2 prompts costs as much as one of 4: search.budget.pass_share),
+    with every prompt, not at B = 4, so every pass at both sizes measures 2 prompts of 64 tokens (at
+    B = 4 a pass of 2 prompts costs as much as one of 4: search.budget.pass_share; B = 4's baseline
+    trial is one plain pass, its race measures plain again),
     planned before B = 1's search (each plain pass at each size measured once). B = 4 is not
     searched: B = 1's top three race head to head against plain there, and its row says so."""
     timed: list[int] = []
@@ -128,11 +129,11 @@ def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path,
     assert r.exit_code == 0, r.output
     assert timed == [4]
     said = " ".join(r.output.split())
-    assert "the first 2 of the 8 prompts, 32 new tokens each (not 128)" in said
+    assert "the first 2 of the 8 prompts, 64 new tokens each (not 128)" in said
     assert "at every batch size" in said
-    assert fake.SCRIPT["budgets"] and all(b == [32, 32] for b in fake.SCRIPT["budgets"])
+    assert fake.SCRIPT["budgets"] and all(b == [64, 64] for b in fake.SCRIPT["budgets"])
     p = load_profile(out)
-    assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 32)
+    assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 64)
     one, four = p.batch_table
     assert (one.confirmed_from, four.confirmed_from) == (None, "B=1")
     # B = 4's study is the baseline alone; its final round raced B = 1's best of each draft and
