@@ -14,7 +14,7 @@ carried to this length by what the cost pass measured at both (`carried_model`):
   trials at 272 / 2 069 / 6 096 tokens: 4.8 / 9.1 / 21.6 ms; raw slopes 3.9 / 8.6 / 19.0 ms), and a
   difference does not multiply the first length's noise: scaled by the ratio of the anchored
   slopes, a short length's slope measured 25 % low made k 3.4x at 2 048 tokens where the trials
-  there fitted 2.4x, and every carried prediction 24 % low. Without raw curves (older costs), k
+  there fitted 2.4x, and the carried predictions 10-24 % low. Without raw curves (older costs), k
   scales as the anchored slope did;
 - the cost per verification step (c) and a draft model's cost per forward scale as T_target and
   T_draft did;

@@ -25,7 +25,7 @@ from ...errors import SpecDecError
 NGRAM_SIMPLE_N = 4  # lookup n-gram when `ngram-simple` has none: 12 in llama.cpp is long for chat
 NGRAM_MOD_MATCH = 24  # llama.cpp's default n_match
 # ngram-simple:3 was the best draft of a grid over 5 n-gram kinds x 4 gammas on long-code-edit at
-# 256, 2 048 and 6 144 tokens (benchmarks/llamacpp_grid.py, 4 of 5 grids, 2026-12-04), and a run
+# 256, 2 048 and 6 144 tokens (benchmarks/llamacpp_grid.py, 5 of 6 grids, 2026-12-03/04), and a run
 # that never tried it chose 0.91-0.96 of that grid's best
 DEFAULT_DRAFTS = ("ngram-simple:3", "ngram-simple:4", "ngram-simple:6", "ngram-mod:12")
 # The largest gamma `run --backend llamacpp` searches unless told: an n-gram draft costs next to
