@@ -5,8 +5,9 @@ accepted tokens per draft at each measured draft length. Pure Python, a handful 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from ..domain import Config
 from .formulas import expected_tokens_iid
 
 ALPHA_MAX = 1.0 - 1e-9
@@ -127,3 +128,14 @@ def nnls(columns: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
             z = solve_on(passive)
         x = z
     return [max(0.0, v) for v in x]
+
+
+def ranked(
+    configs: Iterable[Config], predict: Callable[[Config], float | None]
+) -> list[tuple[Config, float]]:
+    """(config, predict(config)), best first; configs it cannot predict are left out. Ties: the
+    smaller gamma first (less drafting for the same rate)."""
+    scored = [(c, predict(c)) for c in configs]
+    out = [(c, s) for c, s in scored if s is not None]
+    out.sort(key=lambda cs: (-cs[1], cs[0].gamma, cs[0].draft.name))
+    return out

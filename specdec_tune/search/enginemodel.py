@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..domain import Config
-from .enginefit import expected_accepted, fit_alpha, identified, nnls
+from .enginefit import expected_accepted, fit_alpha, identified, nnls, ranked
 
 MODEL_KINDS = ("model", "layer_skip", "hybrid")  # a draft model runs: t_draft per draft forward
 FIXED_LENGTH_KINDS = ("prompt_lookup",)  # ngram-simple: size-m (= gamma) tokens after each match
@@ -278,9 +278,7 @@ class EngineCostModel:
         acc = expected_accepted(fit.alpha, gamma)
         steps = fit.token_share / (1.0 + acc)
         forwards = 1.0 - fit.token_share + steps
-        drafted = gamma * steps
-        ms = forwards * t_plain + steps * verify.ms_per_step + drafted * verify.ms_per_token
-        ms += t_draft * (forwards + drafted)
+        ms = ms_per_token(fit.token_share, acc, gamma, t_plain, verify, t_draft)
         return EnginePrediction(
             config, t_plain / ms, 1000.0 / ms, steps / forwards, acc, gamma, verify, t_plain, t_draft, fit
         )
@@ -304,12 +302,8 @@ class EngineCostModel:
         return min(same, key=lambda f: abs(f.threshold - threshold), default=None)
 
     def rank(self, configs: Iterable[Config]) -> list[tuple[Config, float]]:
-        """(config, predicted speedup), best first; configs it cannot predict are left out. Ties:
-        the smaller gamma first (less drafting for the same rate)."""
-        scored = [(c, self.predict(c)) for c in configs]
-        ranked = [(c, s) for c, s in scored if s is not None]
-        ranked.sort(key=lambda cs: (-cs[1], cs[0].gamma, cs[0].draft.name))
-        return ranked
+        """(config, predicted speedup), best first (`ranked`)."""
+        return ranked(configs, self.predict)
 
     def explain(self, config: Config) -> str:
         """One line: the prediction and why (coverage, accepted per draft, verification cost)."""
@@ -372,6 +366,19 @@ class EngineCostModel:
             return PredictionErrors(0, None, None, None)
         worst = max(errs)
         return PredictionErrors(len(errs), statistics.median(e for e, _ in errs), worst[0], worst[1])
+
+
+def ms_per_token(
+    q: float, accepted: float, gamma: int, t_forward: float, verify: VerifyFit, t_draft: float = 0.0
+) -> float:
+    """ms per decode token (module docstring): a share q of tokens comes from forwards that carry a
+    gamma-token draft with `accepted` of it accepted; a forward costs `t_forward`, each drafting step
+    c and each drafted token k (`verify`), a draft model `t_draft` per forward and drafted token."""
+    steps = q / (1.0 + accepted)
+    forwards = 1.0 - q + steps
+    drafted = gamma * steps
+    ms = forwards * t_forward + steps * verify.ms_per_step + drafted * verify.ms_per_token
+    return ms + t_draft * (forwards + drafted)
 
 
 def _speculates(config: Config) -> bool:

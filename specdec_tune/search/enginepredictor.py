@@ -44,7 +44,8 @@ import copy
 
 from ..domain import Config, Costs
 from ..measurement import Measurement
-from .enginemodel import EngineCostModel, Observation
+from .enginefit import ranked
+from .enginemodel import EngineCostModel, Observation, ms_per_token
 
 
 class EnginePredictor:
@@ -157,12 +158,10 @@ class BatchedPredictor:
         p = model.breakdown(config) if model is not None and self.t_batch_ms is not None else None
         if p is None or p.fit is None or p.verify is None:
             return None
-        t, q = self.t_batch_ms, p.fit.token_share
-        steps = q / (1.0 + p.accepted_per_draft)  # per emitted token, as EngineCostModel.breakdown
-        forwards = 1.0 - q + steps
-        drafted = p.drafted_per_draft * steps
-        ms = forwards * t + steps * p.verify.ms_per_step + drafted * p.verify.ms_per_token
-        ms += p.t_draft_ms * (forwards + drafted)
+        t = self.t_batch_ms
+        ms = ms_per_token(
+            p.fit.token_share, p.accepted_per_draft, p.drafted_per_draft, t, p.verify, p.t_draft_ms
+        )
         return t / ms, ms
 
     def predict(self, config: Config) -> float | None:
@@ -172,10 +171,7 @@ class BatchedPredictor:
         return out[0] if out else None
 
     def rank(self, configs: list[Config]) -> list[tuple[Config, float]]:
-        scored = [(c, self.predict(c)) for c in configs]
-        ranked = [(c, s) for c, s in scored if s is not None]
-        ranked.sort(key=lambda cs: (-cs[1], cs[0].gamma, cs[0].draft.name))
-        return ranked
+        return ranked(configs, self.predict)
 
     def explain(self, config: Config) -> str:
         out = self._breakdown(config)
