@@ -280,7 +280,11 @@ def test_run_with_hybrid_policies_and_per_category_end_to_end(tiny_dirs, two_cat
     assert shown.exit_code == 0 and "Per category" in shown.stdout
     assert invoke("export", out, "--to", "hf").exit_code in (0, 5)
     # `check` re-measures a hybrid with its gamma policy and judges it, never crashes
-    hybrid = next(r for r in [p.best, *p.alternatives] if r.config.draft.kind == "hybrid")
+    # (the hybrid may rank below the listed alternatives on a loaded machine: it is then judged
+    # under the best's stored numbers, which `check` compares against all the same)
+    listed = [r for r in [p.best, *p.alternatives] if r.config.draft.kind == "hybrid"]
+    spec = parse_draft(f"hybrid:prompt-lookup+{tiny_dirs['draft']}")
+    hybrid = listed[0] if listed else dataclasses.replace(p.best, config=Config(spec, 2, 0.0))
     hybrid.config.gamma_policy = "costmodel"
     save_profile(dataclasses.replace(p, best=hybrid), out)
     checked = invoke("check", out, "--json", "--repeats", "1", "--allow-other-hardware")

@@ -56,7 +56,10 @@ def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, pro
     assert head[0].metrics.speedup == max(r.metrics.speedup for r in head) or (
         head[0].config.gamma == 0 and res.final_verdict == "tie within noise"
     )
-    assert (res.final_verdict == "tie within noise") == bool(res.final_tied)
+    # A resolved round names no one tied; a tie names who tied, save plain decoding left behind by
+    # a speculative leader whose paired interval lies wholly above it (racing._outcome).
+    assert res.final_verdict != "resolved" or not res.final_tied
+    assert res.final_verdict != "tie within noise" or bool(res.final_tied) or head[0].config.gamma > 0
     assert all((r.metrics.search_speedup is not None) == (r.config.gamma > 0) for r in head)
     rest = res.results[res.finalists + 1 :]
     assert rest == sorted(rest, key=lambda r: -r.metrics.speedup)
