@@ -38,6 +38,17 @@ def test_unsupported_models_keep_transformers_forward():
     assert ModelDrafter(tiny_llama(layers=1), lean=False).lean is None
 
 
+def test_a_compiled_draft_on_a_cpu_keeps_the_lean_forward():
+    # Only a GPU's compiled mode gives the draft the mode's graphs (its lean forward is eager and
+    # launch-bound there); on a CPU the lean forward stays in every mode (test_modes checks the
+    # mode's own draft path against the target's greedy output).
+    from specdec_tune.runtime.caches.modes import ExecutionContext
+
+    for mode in ("eager", "static", "compiled"):
+        drafter = ModelDrafter(tiny_llama(layers=1), ctx=ExecutionContext(mode=mode))
+        assert drafter.device.type == "cpu" and drafter.lean is not None
+
+
 def test_lean_and_transformers_drafters_propose_the_same(tiny_draft, prompts):
     for p in prompts:
         a, b = ModelDrafter(tiny_draft), ModelDrafter(tiny_draft, lean=False)
