@@ -5,8 +5,9 @@
 - `static`: every cache preallocated (`slots.SlotCache`, per-row positions): rollback moves a
   length, nothing is copied or re-allocated inside the loop; forwards stay eager.
 - `compiled`: static, and decode/verify forwards go through `torch.compile` at fixed shapes (CUDA:
-  CUDA graphs; CPU: inductor with frozen, prepacked weights). A compile that fails falls back to
-  static with a warning, which the context records (and the profile with it).
+  CUDA graphs; CPU: inductor with frozen, prepacked weights). On CUDA a draft model's forwards are
+  compiled too; on a CPU a Llama-family draft keeps the lean forward. A compile that fails falls
+  back to static with a warning, which the context records (and the profile with it).
 - `auto`: resolved before a context is made (`auto.resolve_auto`).
 
 A session makes one `ExecutionContext` (device, dtype, mode, capacity, compile fallbacks, its
