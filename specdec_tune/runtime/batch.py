@@ -23,8 +23,7 @@ from ..errors import SpecDecError
 from ..limits import check_count, check_decoding
 from .caches.modes import ExecutionContext
 from .decode import SpecStats, accept_greedy, append_tokens, verify_sampling
-from .drafting.leandraft import LeanLlamaRows
-from .drafting.leandraft import supports as lean_supports
+from .drafting.leandraft import LeanLlamaRows, runs_lean
 from .drafting.rows import BatchDrafter
 from .workloads import Case
 
@@ -42,8 +41,8 @@ class BatchModelDrafter(BatchDrafter):
         ctx: ExecutionContext | None = None,
     ) -> None:
         ctx = ctx or ExecutionContext()
-        # Llama-family drafts skip transformers' per-call machinery (see leandraft).
-        self.kv = LeanLlamaRows(model, rows) if lean and lean_supports(model) else ctx.row_kv(model, rows)
+        # Llama-family drafts skip transformers' per-call machinery (leandraft.runs_lean).
+        self.kv = LeanLlamaRows(model, rows) if runs_lean(model, ctx, lean) else ctx.row_kv(model, rows)
         self.name, self.rows, self.device = name, rows, self.kv.device
         # "hf": the unsure token is proposed, drafting stops after it; "topk10": llama.cpp's p-min,
         # the unsure token is not proposed (see drafters.ModelDrafter).

@@ -42,11 +42,16 @@ def test_a_compiled_draft_on_a_cpu_keeps_the_lean_forward():
     # Only a GPU's compiled mode gives the draft the mode's graphs (its lean forward is eager and
     # launch-bound there); on a CPU the lean forward stays in every mode (test_modes checks the
     # mode's own draft path against the target's greedy output).
+    from specdec_tune.runtime.batch import BatchModelDrafter
     from specdec_tune.runtime.caches.modes import ExecutionContext
+    from specdec_tune.runtime.drafting.leandraft import LeanLlamaRows, runs_lean
 
     for mode in ("eager", "static", "compiled"):
-        drafter = ModelDrafter(tiny_llama(layers=1), ctx=ExecutionContext(mode=mode))
+        ctx = ExecutionContext(mode=mode)
+        drafter = ModelDrafter(tiny_llama(layers=1), ctx=ctx)
         assert drafter.device.type == "cpu" and drafter.lean is not None
+        assert isinstance(BatchModelDrafter(tiny_llama(layers=1), 2, ctx=ctx).kv, LeanLlamaRows)
+        assert not runs_lean(tiny_llama(layers=1), ctx, lean=False)
 
 
 def test_lean_and_transformers_drafters_propose_the_same(tiny_draft, prompts):

@@ -18,8 +18,7 @@ import torch
 from ...domain import LOOKUP_MATCHES, THRESHOLD_MODES
 from ...errors import SpecDecError
 from ..caches.modes import ExecutionContext
-from .leandraft import LeanLlama
-from .leandraft import supports as lean_supports
+from .leandraft import LeanLlama, runs_lean
 
 
 class Drafter:
@@ -76,12 +75,8 @@ class ModelDrafter(Drafter):
         self.ctx = ctx or ExecutionContext()  # the engine mode its cache runs under
         self.cache: Any = None  # a modes.SeqCache under `ctx`
         self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
-        # Llama-family drafts skip transformers' per-call machinery (see leandraft), except in
-        # compiled mode on a GPU: there the draft's forward is captured in CUDA graphs like the
-        # target's (the lean forward is eager: an H200 ran a 1B-shaped draft at 5 ms a token in
-        # both modes, launch-bound, while the compiled 8B target took 7 ms).
-        graphs = self.ctx.compiled and self.device.type == "cuda"
-        self.lean = LeanLlama(model) if lean and not graphs and lean_supports(model) else None
+        # Llama-family drafts skip transformers' per-call machinery (leandraft.runs_lean).
+        self.lean = LeanLlama(model) if runs_lean(model, self.ctx, lean) else None
 
     def start(self, prompt_ids: list[int]) -> None:
         if self.lean is not None:
