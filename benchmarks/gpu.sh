@@ -2,8 +2,9 @@
 # Shape-only profiles on one GPU (issue 14): an 8B-shaped target (llama-3.1-8b) with a 1B-shaped draft
 # (llama-3.2-1b), random weights in bfloat16, once per engine mode (--engine eager, --engine compiled).
 # No weights and no network are needed beyond installing the package. It writes
-#   profiles/<gpu-slug>/shape-<target>.<engine>.costs.yaml   (weights: random, the acceptance given below)
-#   benchmarks/results/gpu-<gpu-slug>.<engine>.log           (the full `profile` report)
+#   benchmarks/results/gpu/<gpu-slug>.shape-<target>.<engine>.costs.yaml   (weights: random, the acceptance given below)
+#   benchmarks/results/gpu/<gpu-slug>.<engine>.log                         (the full `profile` report)
+# (not profiles/: a costs file is not a profile, and the tests check every YAML there as one)
 # and ends with one table: T_target, C_ver(γ), T_draft and the roofline share per engine mode.
 # Everything, the install included, stays under BUDGET_S seconds (default 450: under 8 minutes, kills included):
 # each step runs under `timeout` with what is left.
@@ -61,7 +62,7 @@ if os.environ.get('SPECDEC_THREADS'):  # a CPU slug counts torch threads, as the
     torch.set_num_threads(int(os.environ['SPECDEC_THREADS']))
 print(hardware_info('$DEVICE')['slug'])")
 NAME=$(basename "${TARGET%.json}")
-mkdir -p "profiles/$SLUG" benchmarks/results
+mkdir -p benchmarks/results/gpu
 HELP=$($PY -m specdec_tune.cli profile --help)
 if ! grep -q -- "--engine" <<<"$HELP"; then
     echo "note: this specdec-tune has no profile --engine; one profile with its default engine"
@@ -75,8 +76,8 @@ FAILED=0
 for i in "${!MODES[@]}"; do
     engine=${MODES[$i]}
     share=$((($(left) - 20) / (${#MODES[@]} - i)))
-    out="profiles/$SLUG/shape-$NAME.$engine.costs.yaml"
-    log="benchmarks/results/gpu-$SLUG.$engine.log"
+    out="benchmarks/results/gpu/$SLUG.shape-$NAME.$engine.costs.yaml"
+    log="benchmarks/results/gpu/$SLUG.$engine.log"
     args=(profile --shape "$TARGET" --draft "shape:$DRAFT" --acceptance-vector "shape:$DRAFT=$ACCEPTANCE"
         --device "$DEVICE" --dtype "$DTYPE" --max-gamma "$MAX_GAMMA" --repeats "$REPEATS"
         --context-len "$CONTEXT_LEN" --out "$out")
