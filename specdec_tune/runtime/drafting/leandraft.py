@@ -9,10 +9,13 @@ Models it does not recognise keep transformers' forward.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..caches.modes import ExecutionContext
 
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -34,12 +37,12 @@ def supports(model: Any) -> bool:
     )
 
 
-def runs_lean(model: Any, ctx: Any, lean: bool = True) -> bool:
+def runs_lean(model: Any, ctx: ExecutionContext, lean: bool = True) -> bool:
     """Whether a draft runs the lean forward: asked for, supported, and not in compiled mode on a
     GPU. There the draft's forward is captured in CUDA graphs like the target's; the lean forward is
     eager and launch-bound (an H200 ran a 1B-shaped draft at 5.15 ms a token lean, 2.10 ms in
     graphs, beside a compiled 8B target at 7 ms). On a CPU the lean forward stays in every mode."""
-    graphs = bool(getattr(ctx, "compiled", False)) and next(model.parameters()).device.type == "cuda"
+    graphs = ctx.compiled and next(model.parameters()).device.type == "cuda"
     return lean and not graphs and supports(model)
 
 
