@@ -203,6 +203,7 @@ class MeasuringSession(MeasuringBackend, Protocol):
 BACKENDS: dict[str, str] = {
     "native": "specdec_tune.backends.native",
     "llamacpp": "specdec_tune.backends.llamacpp",
+    "vllm": "specdec_tune.backends.vllm",
 }
 _REGISTERED: dict[str, Any] = {}
 

@@ -1,0 +1,98 @@
+"""The costs that decide gamma, measured inside vLLM's plain server: T_target (ms per decode token,
+from the engine's own decode time) and C_ver(gamma) (one forward over gamma + 1 new tokens after a
+cached prefix: vLLM's prefix cache holds whole blocks, so the prefix is cut to a block boundary and
+the request's prefill time is the forward over exactly gamma + 1 tokens). Acceptance, and a draft
+model's cost, come from the measured trials (the engine model, search.enginemodel).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ...domain import Costs, DraftCosts
+from ...measure.llamacpp.cases import TextCase
+from ...measure.timing import median, spread
+from .measuring import DECODE_S, VllmBackend
+from .server import VllmServer, counters_since
+
+PREFILL_S = "vllm:request_prefill_time_seconds_sum"
+GAMMAS = (1, 2, 4)  # C_ver measured at these and at max_gamma; the rest interpolated
+
+
+def block_size(server: VllmServer) -> int:
+    """The KV cache's block size (vLLM's `cache_config_info`), 16 when the server does not say."""
+    _, text = server.call("GET", "/metrics", None, timeout_s=30.0)
+    m = re.search(r'cache_config_info\{[^}]*block_size="(\d+)"', text if isinstance(text, str) else "")
+    return int(m.group(1)) if m else 16
+
+
+def decode_ms(server: VllmServer, case: TextCase, passes: int = 3) -> tuple[float, float]:
+    """ms per plain decode token over `case` (after one untimed pass), median of `passes`, and its
+    spread: the engine's decode time over the tokens after each reply's first."""
+    per = []
+    for i in range(passes + 1):
+        ms, n = 0.0, 0
+        for prompt, budget in zip(case.prompts, case.max_new_tokens, strict=True):
+            c0 = server.counters()
+            reply = server.complete(prompt, budget, 0.0)
+            d = counters_since(c0, server.counters())
+            ms += 1000.0 * d.get(DECODE_S, 0.0)
+            n += max(0, reply["n"] - 1)
+        if i > 0 and n > 0:
+            per.append(ms / n)
+    return median(per), spread(per)
+
+
+def verify_curve_ms(
+    server: VllmServer, prompt: list[int], max_gamma: int, repeats: int = 3
+) -> tuple[list[float], float]:
+    """C_ver(gamma) for gamma = 1..max_gamma: ms of the prefill of gamma + 1 tokens after a cached
+    prefix of whole blocks, median of `repeats`, measured at GAMMAS and max_gamma, the rest
+    interpolated linearly; and the worst relative spread."""
+    block = block_size(server)
+    whole = (len(prompt) - 1) // block * block
+    if whole < block:  # too short to hold a block: pad with its own tokens
+        prompt = (prompt * (block // max(1, len(prompt)) + 2))[: block + max_gamma + 1]
+        whole = block
+    prefix, extra = prompt[:whole], (prompt[whole:] + prompt)[: max_gamma + 1]
+    server.complete(prefix, 1, 0.0)  # caches the prefix
+    points: dict[int, float] = {}
+    worst = 0.0
+    for gamma in sorted({g for g in GAMMAS if g < max_gamma} | {max_gamma}):
+        samples = []
+        for r in range(repeats):
+            # a token that differs per repeat after the prefix: the new tokens are never cached
+            tail = [*extra[:gamma], (extra[gamma] + r + 1) % 1000 + 10]
+            c0 = server.counters()
+            server.complete(prefix + tail, 1, 0.0)
+            samples.append(1000.0 * counters_since(c0, server.counters()).get(PREFILL_S, 0.0))
+        points[gamma] = median(samples)
+        worst = max(worst, spread(samples))
+    known = sorted(points)
+    curve = []
+    for g in range(1, max_gamma + 1):
+        lo = max((k for k in known if k <= g), default=known[0])
+        hi = min((k for k in known if k >= g), default=known[-1])
+        w = 0.0 if hi == lo else (g - lo) / (hi - lo)
+        curve.append(points[lo] + w * (points[hi] - points[lo]))
+    return curve, worst
+
+
+def measure_costs(
+    backend: VllmBackend, case: TextCase, specs: list[Any], max_gamma: int, repeats: int = 3
+) -> Costs:
+    """The engine's costs over `case` (its first prompt's length for C_ver). A prefill runs another
+    path than a decode step (chunked prefill, its own scheduling), so C_ver's shape over gamma is
+    kept, anchored at C_ver(1) = T_target, as for llama.cpp; the raw curve is kept beside it."""
+    plain = backend.server(None)
+    t_target, t_spread = decode_ms(plain, case, passes=3)
+    raw, v_spread = verify_curve_ms(plain, list(case.prompts[0]), max_gamma, repeats)
+    verify = [t_target * v / raw[0] for v in raw] if raw and raw[0] > 0 else raw
+    costs = Costs(
+        t_target, t_spread, verify, v_spread, len(case.prompts[0]), engine_mode="vllm", verify_raw_ms=raw
+    )
+    for s in specs:
+        # an n-gram lookup runs on the host between forwards; a draft model's cost is fitted from trials
+        costs.drafts.append(DraftCosts(s.name, 0.0, 0.0, 0.0, [], acceptance_source="unknown"))
+    return costs

@@ -1,0 +1,118 @@
+"""vLLM's batch-size schedule (`num_speculative_tokens_per_batch_size`), written from the measured
+rows and then measured itself, since a schedule is a config of its own: it switches K as requests
+come and go, and a hand-written one collapsed throughput at its threshold (vllm#49548).
+
+1. `tiers`: each measured batch size's best gamma of the tuned draft (0 where plain decoding won
+   there) becomes a tier; a boundary lies at the geometric middle of two measured sizes, so every
+   measured size sits inside its own tier, and equal neighbours merge.
+2. `measure_schedule`: the schedule's server against each fixed gamma it mixes and plain decoding,
+   interleaved, at every measured batch size and at each boundary (where the running batch crosses
+   it as requests finish and refill). Paired per repeat (`measure.stats.compare`).
+3. The schedule is emitted only when no fixed gamma is resolved faster than it at any measured
+   concurrency; otherwise the rows say where it lost, and export keeps the best fixed config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from ...domain import Config
+from ...measure.stats import compare, speedup_interval
+from .measuring import VllmBackend
+
+SCHEDULE_POLICY = "schedule"  # a Config's gamma policy for a schedule's server (its own key)
+LAST_BATCH = 1024  # the last tier's end: vLLM caps it at max_num_seqs anyway
+
+
+def tiers(points: dict[int, int]) -> list[list[int]]:
+    """{batch size: K} -> vLLM's inclusive `[start, end, K]` tiers from 1 upward.
+
+    {1: 5, 4: 3, 16: 0} -> [[1, 2, 5], [3, 8, 3], [9, 1024, 0]] (boundaries at round(sqrt(1 x 4)) + 1
+    = 3 and round(sqrt(4 x 16)) + 1 = 9)."""
+    sizes = sorted(points)
+    if not sizes:
+        raise ValueError("a schedule needs at least one measured batch size")
+    out: list[list[int]] = []
+    start = 1
+    for i, b in enumerate(sizes):
+        end = LAST_BATCH if i == len(sizes) - 1 else max(b, round(math.sqrt(b * sizes[i + 1])))
+        if out and out[-1][2] == points[b]:
+            out[-1][1] = end
+        else:
+            out.append([start, end, points[b]])
+        start = end + 1
+    return out
+
+
+def boundaries(schedule: list[list[int]]) -> list[int]:
+    """The batch sizes where a schedule switches K (each tier's start but the first)."""
+    return [t[0] for t in schedule[1:]]
+
+
+def best_gammas(draft: str, results: dict[int, Any]) -> dict[int, int]:
+    """Per batch size, the fastest measured gamma of `draft` there (0 where plain decoding was
+    faster than every measured gamma of it, or where it was not measured)."""
+    out = {}
+    for b, result in results.items():
+        rows = [r for r in result.results if r.config.draft.name == draft and r.config.gamma > 0]
+        best = max(rows, key=lambda r: r.metrics.speedup, default=None)
+        out[b] = best.config.gamma if best is not None and best.metrics.speedup > 1.0 else 0
+    return out
+
+
+def measure_schedule(
+    backend: VllmBackend, results: dict[int, Any], case: Any, repeats: int = 3
+) -> dict[str, Any] | None:
+    """The schedule of the first batch size's best draft, measured against each fixed gamma it
+    mixes; None when there is nothing to schedule (plain decoding everywhere, or one gamma
+    everywhere: a fixed config is then the whole answer)."""
+    first = results[min(results)]
+    spec = next((r.config for r in first.results if r.config.gamma > 0), None)
+    if spec is None:
+        return None
+    points = best_gammas(spec.draft.name, results)
+    schedule = tiers(points)
+    ks = sorted({t[2] for t in schedule if t[2] > 0})
+    if not ks or len(schedule) == 1:
+        return None
+    config = Config(spec.draft, max(ks), gamma_policy=SCHEDULE_POLICY)
+    backend.schedules[config.key] = schedule
+    fixed = [replace(spec, gamma=k) for k in ks]
+    rows = []
+    for b in sorted(set(points) | set(boundaries(schedule))):
+        measured = backend.measure([config, *fixed], case, b, repeats)
+        sched = measured[0]
+        row: dict[str, Any] = {
+            "batch_size": b,
+            "speedup": round(sched.metrics.speedup, 4),
+            "interval": speedup_interval(sched.speedups),
+            "tokens_per_s": round(sched.metrics.tokens_per_s, 2),
+            "against": [],
+        }
+        for f, m in zip(fixed, measured[1:], strict=True):
+            c = compare(sched.speedups, m.speedups)
+            row["against"].append(
+                {
+                    "gamma": f.gamma,
+                    "ratio": round(c.ratio, 4),
+                    "interval": [round(c.interval[0], 4), round(c.interval[1], 4)],
+                    "slower": bool(c.interval[1] < 1.0),
+                }
+            )
+        rows.append(row)
+    lost = [
+        f"B={r['batch_size']}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}] of fixed γ {a['gamma']}"
+        for r in rows
+        for a in r["against"]
+        if a["slower"]
+    ]
+    return {
+        "draft": spec.draft.name,
+        "tiers": schedule,
+        "rows": rows,
+        "emitted": not lost,
+        "lost": lost,
+        "flags": backend.flags(config),
+    }

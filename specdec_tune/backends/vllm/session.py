@@ -1,0 +1,331 @@
+"""vLLM as a measuring session: the target as a model folder, each config in its own vLLM server
+against a plain one of the same build (backends.vllm.measuring), the workload through the target's
+own chat template (the server's /tokenize), sent as token ids so both sides see the same tokens.
+Every server dies with the command that started it; a server that fails outside a trial is one line.
+
+Engine starts dominate here (tens of seconds on a CPU: imports and a compile; on a GPU a compile
+and CUDA-graph capture), so the plain server's start is timed at open and becomes the trial's
+overhead in the budget (`trial_shape`), and every server is kept for all it can measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ... import __version__
+from ...checkpolicy import LLAMACPP_CHECK_POLICY
+from ...domain import Anchors, Config, Costs, DraftSpec, Noise
+from ...errors import SpecDecError
+from ...limits import check_context, check_count, check_temperature
+from ...measure.anchors import measure_twice
+from ...measure.llamacpp.cases import TextCase
+from ...measure.llamacpp.closedloop import sent_tokens
+from ...measure.llamacpp.costs import with_acceptance
+from ...measure.noise import measure_noise
+from ...measure.servers import ServerError
+from ...measure.timing import median
+from ...measurement import Measurement
+from ...runtime.contexts import workload_as_sent
+from ...runtime.workloads import prompt_text
+from ...search.budget import TrialShape
+from ...search.enginepredictor import EnginePredictor
+from ...search.space import TuneSettings
+from ...store.build import EngineFields
+from ...store.refs import portable_ref, profile_file_slug
+from ...store.schema import Profile, TargetInfo
+from ..base import Models, Progress, Purpose
+from ..llamacpp_open import engine_context, engine_workload
+from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
+from .costs import measure_costs
+from .measuring import VllmBackend
+from .models import engine_drafts, resolve_target
+from .server import build_info, extra_args, find_python, is_cpu_build
+
+NOISE_PASSES = 3
+SERVER_MEMORY_GIB = 2.0  # the CPU build's share of memory a server takes (its KV cache beside the weights)
+CONTEXT_ROOM = 64  # tokens beside the longest prompt and reply
+
+
+class VllmSession:
+    """The vLLM session (backends.base.MeasuringSession)."""
+
+    name = "vllm"
+    device = "cpu"
+    policy = LLAMACPP_CHECK_POLICY  # an engine server: other work on its cores slows it at every step
+    fits_costs_from_trials = True  # acceptance comes from the search's first trials
+    fresh_reference = False  # a server per config is a fresh process already
+    busy_rule = None
+    threads = None
+    screens = False
+    run_command = "specdec-tune run --backend vllm"
+
+    def __init__(self, models: Models, purpose: Purpose) -> None:
+        check_count(models.max_new_tokens, "max_new_tokens")
+        check_temperature(models.temperature)
+        self.models = models
+        self.target = resolve_target(models.target)
+        self.specs = engine_drafts(models.drafts, self.target)
+        self.workload = engine_workload(models)
+        python = find_python(models.llama_server)
+        build = build_info(python)
+        budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
+        if models.context_length is not None:
+            check_context(models.context_length, max(budgets), self.target.positions(), self.target.name)
+            length = models.context_length + max(budgets) + 2 * CONTEXT_ROOM
+        else:
+            length = engine_context(workload_as_sent(self.workload, None, len), budgets)
+        length = min(length, self.target.positions() or length)
+        share = None
+        if is_cpu_build(build):  # its --gpu-memory-utilization is a share of the host's memory
+            total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+            share = min(0.3, SERVER_MEMORY_GIB / total_gib)
+        self.backend = VllmBackend(
+            python, self.target.path, max_model_len=length, build=build,
+            dtype=models.dtype if models.dtype != "auto" else None, extra=extra_args(), memory_share=share,
+        )  # fmt: skip
+        try:
+            self.case = self._case(models, budgets)
+        except BaseException:
+            self.backend.close()
+            raise
+        self.prompt_tokens = round(sum(len(p) for p in self.case.prompts) / len(self.case.prompts))
+        start_s = self.backend.start_seconds[0]
+        # a trial's server start (measured: the plain one's) and its untimed first pass
+        self.trial_shape = TrialShape(
+            overhead_s=start_s, warmup_passes=1.0, own_baseline=False, plans_speedup=False, batch_requests=2.0
+        )
+        self._stack: contextlib.ExitStack | None = None
+
+    def _case(self, models: Models, budgets: list[int]) -> TextCase:
+        """The workload as token ids: each prompt through the target's chat template, fitted to the
+        context length when one is asked for, checked against the server's context."""
+        server = self.backend.server(None)
+        sent = workload_as_sent(self.workload, models.context_length, lambda t: len(server.tokenize(t)))
+        ids = []
+        for p in sent.prompts:
+            if p.messages is None:
+                ids.append(server.tokenize(p.text))
+                continue
+            try:
+                ids.append(server.chat_tokens(p.messages))
+            except ServerError as exc:  # a tokenizer without a chat template: the messages joined,
+                if "chat template" not in str(exc):  # as our engine sends them (runtime.workloads)
+                    raise
+                ids.append(server.tokenize(prompt_text(p, None)))
+        longest = max(len(x) for x in ids) + max(budgets)
+        if longest > self.backend.max_model_len:
+            raise SpecDecError(
+                f"{models.workload}'s longest prompt is {max(len(x) for x in ids)} tokens, and with its "
+                f"{max(budgets)}-token reply it passes the {self.backend.max_model_len} positions vLLM was "
+                "started with: fit its prompts with --context-lengths, or pass --prompts/--max-new-tokens"
+            )
+        return TextCase(ids, budgets, models.temperature)
+
+    # -- lifecycle
+    def __enter__(self) -> VllmSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.close()
+        stack, self._stack = self._stack, None
+        return stack.__exit__(*exc) if stack is not None else None
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def info(self) -> dict[str, Any]:
+        """Which engine measured: name, build (package, torch, fingerprint), extra engine arguments,
+        and how long its servers took to start."""
+        info = self.backend.info()
+        if self.backend.start_seconds:
+            info["start_s"] = round(median(self.backend.start_seconds), 1)
+        return info
+
+    def failure_hint(self, exc: BaseException, os_info: dict[str, Any]) -> str | None:
+        return "" if isinstance(exc, ServerError) else None
+
+    # -- what the search needs
+    def settings_for(self, settings: TuneSettings, progress: Progress) -> TuneSettings:
+        if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
+            raise SpecDecError("vLLM drafts a fixed number of tokens: --gamma-policies must be fixed")
+        return replace(settings, serving_engine="vllm")  # no confidence threshold in vLLM's drafts
+
+    def content_hash(self) -> str:
+        return self.target.content_hash
+
+    def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
+        slug = profile_file_slug(target_arg or self.target.name)
+        return Path("profiles") / hardware_slug / f"{slug}.vllm.yaml"
+
+    def study_key(self, hardware_slug: str, settings: TuneSettings, batch_size: int) -> dict[str, Any]:
+        return {
+            "backend": {k: v for k, v in self.backend.info().items() if k != "build"}
+            | {"build": self.backend.build},
+            "hardware": hardware_slug,
+            "target": self.target.content_hash,
+            "workload": self.workload.sha256,
+            "prompts": len(self.case.prompts),
+            "max_new_tokens": max(self.case.max_new_tokens),
+            "temperature": self.case.temperature,
+            "repeats": settings.repeats,
+            "batch_size": batch_size,
+        }
+
+    def begin(self, settings: TuneSettings, study_key: dict[str, Any]) -> None:
+        """Nothing to agree on with other workers: each server is started with its flags."""
+
+    # -- measuring
+    def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
+                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
+        return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
+
+    def pass_seconds(self, batch_size: int) -> float:
+        """One plain pass over the whole workload at `batch_size`, timed over its first two prompts
+        and scaled by the tokens a whole pass sends."""
+        share = self.case.head(2)
+        elapsed = self.backend.plain_pass_s(share, batch_size)
+        return elapsed * sent_tokens(self.case, batch_size) / max(1, sent_tokens(share, batch_size))
+
+    def noise_and_anchors(self) -> tuple[Noise, Anchors]:
+        """The plain server's passes (batch size 1) timed while watching the OS: the machine's noise
+        and anchors (the plain decode tokens/s; copy bandwidth and a small matmul rate)."""
+        share = self.case.head(min(2, max(1, -(-len(self.case.prompts) // NOISE_PASSES))))
+        plain = self.backend.server(None)
+        rates: list[float] = []
+
+        def plain_pass() -> float:
+            t0 = time.perf_counter()
+            rates.append(self.backend._pass(plain, share, 1, "plain")["tok_s"])
+            return time.perf_counter() - t0
+
+        plain_pass()  # untimed: the prompts' first prefill
+        rates.clear()
+        machine, noise = measure_twice("cpu", lambda: measure_noise(plain_pass, NOISE_PASSES))
+        full_s = noise.plain_pass_s * sum(self.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
+        noise = replace(noise, plain_pass_s=round(full_s, 5))
+        return noise, Anchors(round(median(rates), 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
+
+    def costs(
+        self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
+        carry: Costs | None = None,
+    ) -> Costs:  # fmt: skip
+        """T_target and C_ver(γ) measured in the plain vLLM server (acceptance and a draft model's
+        T_draft come from the trials: `with_trial_acceptance`, the engine model)."""
+        progress.stage("vLLM costs: T_target, C_ver(γ)", 0.0)
+        return measure_costs(self.backend, self.case.head(2), self.specs, max_gamma, repeats)
+
+    def use_costs(self, costs: Costs) -> None:
+        raise SpecDecError("--costs-from holds costs of our own engine; vLLM measures its own")
+
+    def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
+        measured: dict[str, tuple[float, float, float]] = {}
+        for r in result.results:
+            m = r.metrics
+            if r.config.gamma > 0 and r.config.draft.name not in measured and m.acceptance_rate > 0:
+                measured[r.config.draft.name] = (m.acceptance_rate, m.mean_accepted_len, m.tokens_per_s)
+        return with_acceptance(costs, measured, max_gamma)
+
+    def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
+        """Every draft once first (its acceptance in this engine feeds the cost model): an n-gram
+        draft at three quarters of the range, a draft model at 3; the two lengths apart let the
+        model tell a step's cost from a drafted token's."""
+        out = []
+        for d in self.specs:
+            gamma = min(max_gamma, 3) if d.kind == "model" else max(1, max_gamma * 3 // 4)
+            out.append({"draft": d.name, "gamma": gamma})
+        return out
+
+    def predictor(self) -> EnginePredictor:
+        """The engine's cost model (search.enginemodel), fitted from the trials' decode timings."""
+        return EnginePredictor()
+
+    def default_configs(self) -> list[Config]:
+        """vLLM's documented example configs, raced in the final round: n-gram γ 5 with
+        prompt_lookup_max 4 (where the space has n-gram drafts), each draft model at γ 5."""
+        out = []
+        if any(d.kind == "prompt_lookup" for d in self.specs):
+            name, gamma = EXAMPLE_NGRAM
+            spec = next((d for d in self.specs if d.name == name), None) or parse_vllm_draft(name)
+            out.append(Config(spec, gamma))
+        out += [Config(d, EXAMPLE_MODEL_GAMMA) for d in self.specs if d.kind == "model"]
+        return out
+
+    def flags(self, config: Config, batch_size: int) -> list[str] | None:
+        return self.backend.flags(config, batch_size)
+
+    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+        """At T = 0: the best speculative config's tokens against the plain server's, per prompt."""
+        case = case or self.case
+        best = next((r for r in result.results if r.config.gamma > 0), None)
+        if best is None or case.temperature != 0:
+            return {}
+        e = self.backend.exactness(best.config, case)
+        return {
+            "config": best.config.label,
+            "prompts": e["prompts"],
+            "identical": e["prompts"] - e["mismatches"],
+            "first_divergence": e["first_divergence"],
+            "token_exact": e["mismatches"] == 0,
+        }
+
+    def expected_speedup(self, costs: Costs | None, settings: TuneSettings) -> float | None:
+        return None  # planned as plain until trials fit the model
+
+    def batch_model(self, costs: Costs | None) -> Any:
+        return None
+
+    def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
+        info = self.info()
+        ref = portable_ref(target_arg or self.target.name, profile_dir)
+        return EngineFields(
+            target=TargetInfo(self.target.name, ref, None, self.target.content_hash, self.models.dtype, 0),
+            versions={"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}},
+            backend=info,
+        )
+
+    def portable(self, profile: Profile, out: Path, target_arg: str | None) -> Profile:
+        return profile
+
+    # -- bench and profile
+    def check_bench(self, spec: DraftSpec, *, compare_hf: bool, save_outputs: bool) -> None:
+        if compare_hf or save_outputs:
+            raise SpecDecError("--compare-hf and --save-outputs are our own engine's: drop --backend vllm")
+
+    def compare_hf(self, config: Config, repeats: int) -> dict[str, Any]:
+        raise SpecDecError("--compare-hf compares our own engine with transformers: drop --backend vllm")
+
+    def outputs_jsonl(self, m: Any) -> str:
+        raise SpecDecError("--save-outputs writes our own engine's tokens: drop --backend vllm")
+
+    def target_name(self) -> str:
+        return self.target.name
+
+    def describe(self) -> str:
+        return f"vLLM ({self.backend.build['package']})"
+
+    def profile_costs(
+        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
+    ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
+        """`profile --backend vllm`: T_target and C_ver(γ) in the plain server, and each draft's
+        acceptance from one pass at its first trial's γ."""
+        costs = self.costs(max_gamma, repeats, progress)
+        measured = {}
+        for i, params in enumerate(self.first_trials(max_gamma)):
+            spec = next(d for d in self.specs if d.name == params["draft"])
+            progress.stage(f"acceptance of {spec.name}", (i + 1) / (len(self.specs) + 1))
+            (m,) = self.backend.measure([Config(spec, params["gamma"])], self.case, 1, 1)
+            if m.metrics.acceptance_rate > 0:
+                measured[spec.name] = (
+                    m.metrics.acceptance_rate,
+                    m.metrics.mean_accepted_len,
+                    m.metrics.tokens_per_s,
+                )
+        costs = with_acceptance(costs, measured, max_gamma)
+        target = {"name": self.target.name, "dtype": self.models.dtype, "num_params": 0, "weights": "trained"}
+        target["backend"] = self.info()
+        return costs, list(self.case.max_new_tokens), target

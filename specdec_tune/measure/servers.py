@@ -1,0 +1,199 @@
+"""Engine servers on loopback, whatever the engine: start a command on a free port, wait for its
+health endpoint, send JSON, read its log's tail, and stop its whole process group.
+
+Every server runs in its own process group with a parent-death signal, so none outlives the
+command that started it (also after kill -9 of that command); `close_all` stops the ones still up
+on exit, and `servers_die_with_us` turns SIGTERM into Ctrl-C for a block so its `finally` clauses
+run. A server that dies or hangs raises `ServerError` with its log's tail. An engine's own server
+(llama-server, vLLM's OpenAI server) subclasses `EngineServer` with its command and its calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .children import die_with_parent
+
+
+class ServerError(RuntimeError):
+    """A server failed to start, died, or stopped answering: the trial fails with this message."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_LIVE: weakref.WeakSet[EngineServer] = weakref.WeakSet()
+
+
+@dataclass(eq=False)
+class EngineServer:
+    """One server process: `command()` is its argv without host and port, `label` names it in
+    messages. Subclasses say how the engine is started and what else it answers."""
+
+    label = "server"
+    health_path = "/health"
+    stop_grace_s = 5.0  # SIGTERM, then SIGKILL after this long
+
+    port: int = field(default=0, init=False)
+    log_path: Path | None = field(default=None, init=False, repr=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    env: dict[str, str] | None = field(default=None, init=False, repr=False)
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def died_of(self, returncode: int | None) -> str:
+        """What an exit code says beyond the log (the signal that killed it)."""
+        if returncode is None or returncode >= 0:
+            return ""
+        try:
+            return f" (killed by {signal.Signals(-returncode).name})"
+        except ValueError:
+            return f" (killed by signal {-returncode})"
+
+    def start(self, timeout_s: float, port: int | None = None, tries: int = 3) -> None:
+        """Start and wait for the health endpoint; a port taken in between is retried on another one."""
+        last = ""
+        for _ in range(tries):
+            self.port = port or free_port()
+            port = None
+            fd, log = tempfile.mkstemp(prefix=f"specdec-{self.label}-", suffix=".log")
+            self.log_path = Path(log)
+            self.proc = subprocess.Popen(
+                [*self.command(), "--host", "127.0.0.1", "--port", str(self.port)],
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as a whole
+                preexec_fn=die_with_parent,
+                env=self.env,
+            )
+            os.close(fd)
+            _LIVE.add(self)
+            try:
+                self._wait_healthy(timeout_s)
+                return
+            except ServerError as exc:
+                last = str(exc)
+                self.stop()
+                if "bind" not in last.lower() and "address" not in last.lower():
+                    raise
+        raise ServerError(last)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = self.proc.returncode if self.proc is not None else None
+                raise ServerError(f"{self.label} exited at start-up{self.died_of(code)}: {self.log_tail()}")
+            try:
+                status, _ = self.call("GET", self.health_path, None, timeout_s=2.0)
+                if status == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"{self.label} not healthy after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, Any]:
+        """One HTTP request: (status, the JSON reply, or its text when it is not JSON)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            payload = None if body is None else json.dumps(body)
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            try:
+                return resp.status, json.loads(data) if data else None
+            except ValueError:
+                return resp.status, data.decode("utf-8", "replace")
+        finally:
+            conn.close()
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+        """POST JSON; a dead server, a timeout or an error status raise `ServerError`."""
+        try:
+            status, data = self.call("POST", path, body, timeout_s)
+        except (OSError, http.client.HTTPException) as exc:
+            dead = self.proc is None or self.proc.poll() is not None
+            why = "died" if dead else f"did not answer ({type(exc).__name__}: {exc})"
+            raise ServerError(f"{self.label} {why}: {self.log_tail()}") from None
+        if status != 200 or not isinstance(data, dict):
+            raise ServerError(f"{self.label} answered {status} to {path}: {str(data)[:300]}")
+        return data
+
+    def log_tail(self, lines: int = 6) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            text = ""
+        tail = [ln.strip() for ln in text.strip().splitlines()[-lines:]]
+        return " | ".join(tail) or "(no log)"
+
+    def stop(self) -> None:
+        """Stop the server's whole process group: SIGTERM, then SIGKILL after `stop_grace_s`."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        if proc is not None:
+            # children that left the group's leader behind (an engine's workers) go with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+            self.log_path = None
+        _LIVE.discard(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def close_all() -> None:
+    """Stop every server this process started that is still up."""
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+@contextlib.contextmanager
+def servers_die_with_us() -> Any:
+    """For the block: SIGTERM ends it like Ctrl-C (finally blocks run, servers stop), and any
+    server still up at its end is stopped."""
+    previous = None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    with contextlib.suppress(ValueError):  # not the main thread: no handler, close_all still runs
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        close_all()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

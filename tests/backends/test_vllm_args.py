@@ -1,0 +1,125 @@
+"""The vLLM backend's pure parts: its `--draft` vocabulary, the one config -> server-flags mapping, the
+engine's counters as /metrics prints them, and the batch-size schedule's tiers (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_tune.backends.vllm.args import (
+    EXAMPLE_NGRAM,
+    config_args,
+    measure_only_args,
+    parse_vllm_draft,
+    server_args,
+    speculative_config,
+)
+from specdec_tune.backends.vllm.schedule import best_gammas, boundaries, tiers
+from specdec_tune.backends.vllm.server import counters_since, parse_counters
+from specdec_tune.domain import NO_DRAFT, Config
+from specdec_tune.errors import SpecDecError
+
+
+def test_ngram_drafts_read_as_vllm_reads_prompt_lookup():
+    d = parse_vllm_draft("ngram:2-4")
+    assert (d.name, d.kind, d.ngram_min, d.ngram_max) == ("ngram:2-4", "prompt_lookup", 2, 4)
+    # prompt_lookup_max alone sets min too (vllm/config/speculative.py)
+    assert (parse_vllm_draft("ngram:4").ngram_min, parse_vllm_draft("ngram:4").ngram_max) == (4, 4)
+    assert parse_vllm_draft("ngram").name == "ngram:4"
+    for bad in ("ngram:4-2", "ngram:0", "ngram:x"):
+        with pytest.raises(SpecDecError):
+            parse_vllm_draft(bad)
+
+
+def test_model_drafts_heads_and_suffix(tmp_path):
+    demo = parse_vllm_draft("draft-1l")
+    assert demo.kind == "model" and demo.path.endswith("draft-1l")
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "config.json").write_text("{}")
+    head = parse_vllm_draft(f"eagle3:{tmp_path / 'head'}")
+    assert head.name == "eagle3:head" and speculative_config(Config(head, 3))["method"] == "eagle3"
+    with pytest.raises(SpecDecError, match="arctic-inference"):
+        parse_vllm_draft("suffix")
+    with pytest.raises(SpecDecError, match="config.json"):
+        parse_vllm_draft(str(tmp_path / "nothing"))
+
+
+def test_one_mapping_from_a_config_to_the_server_command():
+    ngram = Config(parse_vllm_draft(EXAMPLE_NGRAM[0]), EXAMPLE_NGRAM[1])
+    args = server_args("/m", ngram, max_model_len=1024, extra=["--tensor-parallel-size", "2"])
+    assert args[:6] == ["--model", "/m", "--max-model-len", "1024", "--seed", "0"]
+    assert args[6:8] == ["--tensor-parallel-size", "2"]  # passed through as given
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    # vLLM's documented example: ngram, 5 tokens, prompt_lookup_max 4 (min 4 with it)
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 4,
+        "prompt_lookup_max": 4,
+    }
+    assert server_args("/m", Config(NO_DRAFT, 0), max_model_len=64) == [
+        "--model", "/m", "--max-model-len", "64", "--seed", "0",
+    ]  # fmt: skip
+    model = Config(parse_vllm_draft("draft-1l"), 5)
+    assert json.loads(config_args(model)[1])["method"] == "draft_model"
+    tiered = json.loads(config_args(ngram, [[1, 2, 5], [3, 64, 0]])[1])
+    assert tiered["num_speculative_tokens_per_batch_size"] == [[1, 2, 5], [3, 64, 0]]
+    assert measure_only_args(0.085) == ["--gpu-memory-utilization", "0.085"] and measure_only_args(None) == []
+
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="/m"} 19.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="/m"} 95.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="/m"} 32.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="0"} 10.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="1"} 9.0
+vllm:request_decode_time_seconds_bucket{engine="0",le="0.3",model_name="/m"} 0.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="/m"} 0.9293
+vllm:kv_cache_usage_perc{engine="0",model_name="/m"} NaN
+"""
+
+
+def test_counters_read_from_metrics_and_differenced():
+    c = parse_counters(METRICS)
+    assert c["vllm:spec_decode_num_drafts_total"] == 19.0
+    assert c["vllm:spec_decode_num_accepted_tokens_per_pos_total[1]"] == 9.0
+    assert c["vllm:request_decode_time_seconds_sum"] == pytest.approx(0.9293)
+    assert not any("bucket" in k or "kv_cache" in k for k in c)
+    later = dict(c, **{"vllm:spec_decode_num_drafts_total": 25.0})
+    assert counters_since(c, later)["vllm:spec_decode_num_drafts_total"] == 6.0
+
+
+def test_tiers_put_each_measured_size_in_its_own_tier():
+    assert tiers({1: 5, 4: 3, 16: 0}) == [[1, 2, 5], [3, 8, 3], [9, 1024, 0]]
+    assert tiers({1: 4, 4: 4, 16: 2}) == [[1, 8, 4], [9, 1024, 2]]  # equal neighbours merge
+    assert tiers({1: 3}) == [[1, 1024, 3]]
+    assert boundaries([[1, 2, 5], [3, 8, 3], [9, 1024, 0]]) == [3, 9]
+    for points in ({1: 5, 4: 3, 16: 0}, {1: 6, 2: 5, 8: 1, 64: 0}):
+        t = tiers(points)
+        assert t[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(t, t[1:]))  # vLLM's rule
+        for b, k in points.items():
+            assert next(x[2] for x in t if x[0] <= b <= x[1]) == k
+
+
+class _R:
+    def __init__(self, name, gamma, speedup):
+        from specdec_tune.domain import DraftSpec, Metrics
+
+        self.config = Config(DraftSpec(name, "prompt_lookup", ngram_min=2, ngram_max=4), gamma)
+        self.metrics = Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0)
+
+
+class _Result:
+    def __init__(self, *rows):
+        self.results = list(rows)
+
+
+def test_best_gammas_per_batch_size_of_one_draft():
+    results = {
+        1: _Result(_R("ngram:2-4", 5, 1.8), _R("ngram:2-4", 3, 1.5), _R("ngram:4", 6, 1.9)),
+        4: _Result(_R("ngram:2-4", 3, 1.2), _R("ngram:2-4", 5, 1.1)),
+        16: _Result(_R("ngram:2-4", 3, 0.9)),  # slower than plain: K = 0 there
+    }
+    assert best_gammas("ngram:2-4", results) == {1: 5, 4: 3, 16: 0}
