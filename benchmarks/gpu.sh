@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Shape-only profiles on one GPU (issue 14): an 8B-shaped target (llama-3.1-8b) with a 1B-shaped draft
-# (llama-3.2-1b), random weights in bfloat16, once per engine mode (--engine eager, --engine compiled).
+# One GPU, about 10 minutes, three steps (docs/gpu.md):
+#   1. the CUDA tests (`pytest -m cuda tests/runtime/test_cuda.py`): the shipped demo pair decoded on
+#      CUDA in the eager, static and compiled engine modes (compiled: target and draft in CUDA graphs),
+#      every row the target's own greedy output, and speculative sampling's χ² test on CUDA;
+#   2. `specdec-tune run --device cuda` on the demo pair end to end (a budget of RUN_BUDGET_S seconds);
+#   3. shape-only profiles (issue 14): an 8B-shaped target (llama-3.1-8b) with a 1B-shaped draft
+#      (llama-3.2-1b), random weights in bfloat16, once per engine mode (--engine eager, --engine compiled).
 # No weights and no network are needed beyond installing the package. It writes
+#   benchmarks/results/gpu/<gpu-slug>.cuda-tests.log                      (pytest's report)
+#   benchmarks/results/gpu/<gpu-slug>.demo.yaml, .demo.trials.csv, .demo.log (the demo run's profile)
 #   benchmarks/results/gpu/<gpu-slug>.shape-<target>.<engine>.costs.yaml   (weights: random, the acceptance given below)
 #   benchmarks/results/gpu/<gpu-slug>.<engine>.log                         (the full `profile` report)
-# (not profiles/: a costs file is not a profile, and the tests check every YAML there as one)
+# (not profiles/: the tests check every YAML there as a committed profile)
 # and ends with one table: T_target, C_ver(γ), T_draft and the roofline share per engine mode.
-# Everything, the install included, stays under BUDGET_S seconds (default 450: under 8 minutes, kills included):
-# each step runs under `timeout` with what is left.
+# Everything, the install included, stays under BUDGET_S seconds (default 570: under 10 minutes, kills
+# included): each step runs under `timeout` with its share of what is left. Exit 1 when a step failed.
 #
 #   bash benchmarks/gpu.sh
 #   TARGET=qwen2.5-7b DRAFT=qwen2.5-0.5b ACCEPTANCE=0.75,0.7,0.65 bash benchmarks/gpu.sh
@@ -15,7 +22,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BUDGET_S=${BUDGET_S:-450}
+BUDGET_S=${BUDGET_S:-570}
+TESTS_S=${TESTS_S:-150}               # the most the CUDA tests may take (a compiled graph per shape)
+RUN_BUDGET_S=${RUN_BUDGET_S:-60}      # `run --budget` of the demo pair; killed at twice that plus 30 s
 TARGET=${TARGET:-llama-3.1-8b}        # a bundled shape name, or a config.json path
 DRAFT=${DRAFT:-llama-3.2-1b}
 DEVICE=${DEVICE:-cuda}
@@ -45,7 +54,7 @@ if ! $PY -c "import specdec_tune.cli, torch, transformers" 2>/dev/null; then
         echo "installing torch==2.13.0 and specdec-tune into .gpu-venv ($(left) s left)"
         timeout "$(left)" $PY -m pip install -q --upgrade pip
         timeout "$(left)" $PY -m pip install -q torch==2.13.0
-        timeout "$(left)" $PY -m pip install -q -e .
+        timeout "$(left)" $PY -m pip install -q -e . pytest
     fi
 fi
 if [[ $DEVICE == cuda* ]] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
@@ -69,10 +78,46 @@ if ! grep -q -- "--engine" <<<"$HELP"; then
     ENGINES=default
 fi
 
-# 3. One profile per engine mode, each with an equal share of the time left.
+FAILED=0
+
+# 3. The CUDA tests: exactness in every engine mode and the χ² test, on this GPU.
+log="benchmarks/results/gpu/$SLUG.cuda-tests.log"
+echo "== the CUDA tests: pytest -m cuda tests/runtime/test_cuda.py (timeout ${TESTS_S}s)"
+t0=$SECONDS
+if ! $PY -c "import pytest" 2>/dev/null; then
+    echo "   skipped: pytest is not installed for $PY (pip install pytest)" | tee "$log"
+    FAILED=1
+# -o addopts=: the project's addopts need pytest-xdist, which one GPU does not need
+elif timeout --kill-after=10 "$(( $(left) < TESTS_S ? $(left) : TESTS_S ))" $PY -m pytest -q -m cuda \
+    -o addopts= -p no:randomly -p no:cacheprovider -rs tests/runtime/test_cuda.py 2>&1 | tee "$log"; then
+    echo "   the CUDA tests took $((SECONDS - t0)) s"
+else
+    echo "   the CUDA tests FAILED or timed out after $((SECONDS - t0)) s (see $log)"
+    FAILED=1
+fi
+
+# 4. The demo pair end to end: profile, search and the final round on this GPU, engine mode auto
+#    (compiled on CUDA), a fresh study; the profile goes beside the other results.
+log="benchmarks/results/gpu/$SLUG.demo.log"
+cap=$((2 * RUN_BUDGET_S + 30))
+((cap < $(left) - 60)) || cap=$(($(left) - 60))
+args=(run --device "$DEVICE" --budget "$RUN_BUDGET_S" --reference-processes 0
+    --storage "sqlite:///$(mktemp -d)/demo.db" --out "benchmarks/results/gpu/$SLUG.demo.yaml")
+echo "== the demo pair: specdec-tune ${args[*]} (timeout ${cap}s)"
+t0=$SECONDS
+if ((cap < 30)); then
+    echo "   skipped: only ${cap}s left" | tee "$log"
+    FAILED=1
+elif timeout --kill-after=10 "$cap" $PY -m specdec_tune.cli "${args[@]}" 2>&1 | tee "$log"; then
+    echo "   the demo run took $((SECONDS - t0)) s"
+else
+    echo "   the demo run FAILED or timed out after $((SECONDS - t0)) s (see $log)"
+    FAILED=1
+fi
+
+# 5. One profile per engine mode, each with an equal share of the time left.
 read -r -a MODES <<<"$ENGINES"
 FILES=()
-FAILED=0
 for i in "${!MODES[@]}"; do
     engine=${MODES[$i]}
     share=$((($(left) - 20) / (${#MODES[@]} - i)))
@@ -98,7 +143,7 @@ for i in "${!MODES[@]}"; do
     fi
 done
 
-# 4. The numbers side by side.
+# 6. The numbers side by side.
 if ((${#FILES[@]})); then
     $PY - "${FILES[@]}" <<'EOF'
 import sys

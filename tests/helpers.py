@@ -253,8 +253,9 @@ def near_tie(model, prompt, got, want) -> bool:
     """Whether the first differing token is a near-tie of the target (top-2 within 1e-4 relative),
     where batched matmuls may legitimately round the other way."""
     i = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
+    device = next(model.parameters()).device  # a model on CUDA (tests/runtime/test_cuda.py)
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([prompt + want[:i]])).logits[0, -1].double()
+        logits = model(input_ids=torch.tensor([prompt + want[:i]], device=device)).logits[0, -1].double()
     top2 = logits.topk(2).values
     return float(top2[0] - top2[1]) <= 1e-4 * float(top2[0].abs().clamp_min(1e-12))
 

@@ -79,7 +79,9 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
             final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
             final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
         )
-        if line:
+        if line and settings.final_repeats_cap is not None:
+            line += f"; --final-repeats caps the final round at {settings.final_repeats_cap} repeats"
+        elif line:
             line += f"; the final round races up to {settings.final_max_repeats} within the budget"
     return settings, line
 

@@ -81,8 +81,15 @@ def run(
         typer.Option(help="After the search, re-measure this many top configs head to head (0: off)."),
     ] = 3,
     final_repeats: Annotated[
-        int, typer.Option("--final-repeats", help="Interleaved repeats of that final round.")
-    ] = 5,
+        int | None,
+        typer.Option(
+            "--final-repeats",
+            help="A hard cap: no finalist gets more than N interleaved repeats in that final round (a "
+            "first pass of min(N, 5), racing rounds up to N; neither racing nor a noisy machine goes "
+            "past it). Default: a first pass of 5, racing up to 16 (more on a noisy machine) until the "
+            "winner is resolved or the budget ends.",
+        ),
+    ] = None,
     seed: int = 0,
     storage: Annotated[
         str | None,
@@ -198,7 +205,7 @@ def run(
             repeats=repeats,
             screen_prompts=screen_prompts,
             finalists=finalists,
-            final_repeats=final_repeats,
+            final_repeats_cap=final_repeats,
             storage=storage,
             study_name=study_name,
             heartbeat_s=heartbeat,

@@ -7,13 +7,15 @@ its own accepted length: greedy takes the longest prefix equal to the target's a
 uses rejection sampling per row (`decode.accept_greedy` and `decode.verify_sampling`, the batch-1
 loop's own). A row that finishes (EOS or its budget) is refilled at once with the next prompt of
 the queue. gamma 0 is plain batched decoding with the same cache and refill: the baseline at the
-same batch size. The drafters are row-keyed (`drafting.rows.BatchDrafter`).
+same batch size. A batch-size schedule (`gamma_by_rows`) changes gamma from step to step with the
+rows in flight, 0 (a plain step) included. The drafters are row-keyed (`drafting.rows.BatchDrafter`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +137,8 @@ class BatchRun:
     # queue ran dry), every one of the B slots was busy. Tokens emitted and seconds in that window.
     steady_tokens: int = 0
     steady_s: float = 0.0
+    # Per batched step: (rows in flight, the step's gamma, draft tokens proposed, accepted).
+    per_step: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @property
     def steady_tokens_per_s(self) -> float:
@@ -152,6 +156,18 @@ class _Row:
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (allowed g, proposed k, accepted n)
 
 
+def schedule_of(gamma_by_rows: Mapping[int, int] | None, gamma: int) -> dict[int, int]:
+    """A batch-size schedule inside a run (vLLM's `num_speculative_tokens_per_batch_size`,
+    TensorRT-LLM's `draft_len_schedule`): a step with n rows in flight drafts at most
+    `gamma_by_rows.get(n, gamma)` tokens a row, 0 being a plain step. `gamma` stays the most any
+    step drafts (the caches and a compiled engine's widths are sized for it); a draft model catches
+    up on the tokens of plain steps at the next step that drafts."""
+    schedule = dict(gamma_by_rows or {})
+    if any(not 0 <= g <= gamma for g in schedule.values()):
+        raise SpecDecError(f"a batch-size schedule's gamma must be in 0..{gamma} (the run's gamma)")
+    return schedule
+
+
 @torch.inference_mode()
 def batch_generate(
     target: Any,
@@ -162,12 +178,14 @@ def batch_generate(
     threshold: float = 0.0,
     seed: int = 0,
     ctx: ExecutionContext | None = None,
+    gamma_by_rows: Mapping[int, int] | None = None,
 ) -> BatchRun:
     """Decode every prompt of `case` with `batch_size` requests in flight (refilled from the queue),
-    the target's cache built under `ctx` (default: eager)."""
+    the target's cache built under `ctx` (default: eager). `gamma_by_rows`: see `schedule_of`."""
     ctx = ctx or ExecutionContext()
     check_count(batch_size, "batch size")
     check_decoding(gamma, threshold, case.temperature, min(case.max_new_tokens))
+    schedule = schedule_of(gamma_by_rows, gamma)
     if any(not p for p in case.prompts):
         raise SpecDecError("the prompt is empty: nothing to condition on")
     temperature = case.temperature
@@ -185,6 +203,7 @@ def batch_generate(
     latencies = [0.0] * len(case.prompts)
     stats = SpecStats()
     steps = 0
+    per_step: list[tuple[int, int, int, int]] = []
 
     def admit(r: int) -> None:
         i = queue.popleft()
@@ -210,8 +229,9 @@ def batch_generate(
     steady: tuple[int, float] | None = None  # (tokens, seconds) when a slot first went idle
     while any(rows):
         active = {r: row for r, row in enumerate(rows) if row is not None}
+        g = schedule.get(len(active), gamma)
         # Never draft past a row's budget: k drafts emit at most k + 1 tokens.
-        allowed = {r: max(0, min(gamma, row.budget - len(row.out) - 1)) for r, row in active.items()}
+        allowed = {r: max(0, min(g, row.budget - len(row.out) - 1)) for r, row in active.items()}
         drafts: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         if speculate:
             drafts = drafter.propose(
@@ -260,8 +280,10 @@ def batch_generate(
             if row is None or not row.out:
                 keep[r] = lengths[r]
         kv.truncate(torch.tensor(keep, dtype=torch.long, device=device))
+        accepted = sum(row.steps[-1][2] for row in active.values())
+        per_step.append((len(active), g, sum(map(len, proposed.values())), accepted))
         if steady is None and full and not all(rows) and any(rows):
             steady = (emitted, time.perf_counter() - started)
     if steady is None or steady[0] == 0:
         steady = (emitted, time.perf_counter() - started)
-    return BatchRun(outputs, stats, latencies, steps, *steady)
+    return BatchRun(outputs, stats, latencies, steps, *steady, per_step=per_step)

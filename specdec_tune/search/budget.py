@@ -232,8 +232,11 @@ def _plan(
     while finalists and repeats > least and first_pass_s(repeats) > FIRST_PASS_SHARE * budget_s:
         repeats -= 1
     first_s = first_pass_s(repeats)
+    race_s = RACE_FACTOR * first_s
+    if settings.final_repeats_cap is not None:  # `run --final-repeats N`: no racing past N repeats
+        race_s = min(race_s, first_pass_s(settings.final_max_repeats))
     search_min_s = least_trials * trial_s
-    final_s = min(RACE_FACTOR * first_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
+    final_s = min(race_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
     trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits)) if searched else 1
     timeout = max(budget_s - final_s, search_min_s)
@@ -241,7 +244,7 @@ def _plan(
         # a race gets what the budget holds beyond its baseline trial, up to RACE_FACTOR x its first
         # pass; over the budget, its first pass alone (a 2 B x 3 L llama.cpp envelope, 130 s over at
         # L = 2 048, spent 40 s more racing two configs at B = 4 that its planned first pass left)
-        final_s = max(0.0, min(RACE_FACTOR * first_s, budget_s - search_min_s))
+        final_s = max(0.0, min(race_s, budget_s - search_min_s))
         out = replace(
             settings, trials=1, repeats=1, timeout_s=None, final_budget_s=final_s, final_repeats=repeats
         )

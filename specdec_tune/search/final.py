@@ -119,6 +119,8 @@ def final_round(
         # as asked: workers whose noise raised the repeats differently still share one round
         "repeats": settings.final_repeats_asked or settings.final_repeats,
     }
+    if settings.final_repeats_cap is not None:  # a round capped otherwise is another round
+        key["cap"] = settings.final_repeats_cap
     # Another worker may be measuring this round: wait for it (or for its death).
     waiting = claim is not None and _stored(study, key) is None
     if waiting and not claim.acquire(timeout_s=settings.final_wait_s):

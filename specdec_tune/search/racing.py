@@ -78,12 +78,13 @@ def race(
     """Race `configs` (distinct finalists). `measure_round(indices, repeats, round)` measures those
     finalists interleaved with the baseline and returns each one's per-repeat speedups.
 
-    Rounds stop when the leader is resolved, when the leader has `max_repeats` repeats, or when
-    another round would not fit `budget_s` (its length estimated from the last round's).
+    Rounds stop when the leader is resolved, when another round would take an entrant past
+    `max_repeats` repeats (a hard cap: the first round too is cut to it), or when another round
+    would not fit `budget_s` (its length estimated from the last round's).
     """
     started = clock()
     samples: dict[int, Samples] = {i: {} for i in range(len(configs))}
-    todo, repeats, rnd = list(range(len(configs))), first_repeats, 0
+    todo, repeats, rnd = list(range(len(configs))), min(first_repeats, max_repeats), 0
     last_s, last_n = 0.0, 1
     while True:
         t0 = clock()

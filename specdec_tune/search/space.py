@@ -48,6 +48,10 @@ class TuneSettings:
     # leader, or until the final round has taken `final_budget_s` seconds (None: no time limit).
     final_max_repeats: int = 16
     final_budget_s: float | None = None
+    # `run --final-repeats N`: a hard cap, no finalist gets more than N repeats in the final round.
+    # Its first pass is min(N, final_repeats) and neither racing nor the noise (app.common.
+    # adapt_to_noise) goes past N: `final_max_repeats` is N. None: racing as above.
+    final_repeats_cap: int | None = None
     # What the user asked for before this worker's noise raised it (app.common.adapt_to_noise): the
     # final round's identity in the study, the same for every worker whatever noise each measured.
     final_repeats_asked: int | None = None
@@ -84,6 +88,11 @@ class TuneSettings:
         check_count(self.finalists, "--finalists", low=0, high=MAX_TRIALS)
         check_count(self.final_repeats, "--final-repeats", high=MAX_REPEATS)
         check_count(self.reference_processes, "--reference-processes", low=0, high=MAX_REPEATS)
+        if self.final_repeats_cap is not None:
+            # here, not where the cap is read: every `replace` (the noise, the budget) passes here
+            check_count(self.final_repeats_cap, "--final-repeats", high=MAX_REPEATS)
+            self.final_repeats = min(self.final_repeats, self.final_repeats_cap)
+            self.final_max_repeats = self.final_repeats_cap
         self.final_max_repeats = max(self.final_max_repeats, self.final_repeats)
         if not threshold_ok(self.threshold_max) or not all(map(threshold_ok, self.grid_thresholds)):
             raise SpecDecError("thresholds must be in [0, 1)")

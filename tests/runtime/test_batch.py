@@ -116,9 +116,10 @@ def test_bad_batch_input_is_a_user_error(tiny_target):
         batch_generate(tiny_target, None, Case([[]], [4], [], 0.0), 2, 0)
 
 
-def _first_two_tokens(n: int = 3000, ctx=None):
+def _first_two_tokens(n: int = 3000, ctx=None, device: str = "cpu"):
     """Temperature 1, a noisy draft, γ 2, four rows: the counts of each request's first two tokens
-    and the target's exact joint distribution of them."""
+    and the target's exact joint distribution of them (computed on the CPU, in float64), the
+    engine run on `device`."""
     vocab = 8
     target = tiny_llama(layers=1, hidden=16, vocab=vocab, seed=5, init=0.8)
     draft = noisy_copy(target, 0.03, seed=6)
@@ -129,6 +130,7 @@ def _first_two_tokens(n: int = 3000, ctx=None):
             target(input_ids=torch.tensor([[*prompt, t] for t in range(vocab)])).logits[:, -1].double(), -1
         )
     probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(vocab) for b in range(vocab)}
+    target, draft = target.to(device), draft.to(device)
     case = Case([prompt] * n, [3] * n, [], 1.0)  # a budget of 3 lets the first step draft 2
     drafter = build_drafter(DraftSpec("draft", "model"), target, {"draft": draft}, ctx, rows=4)
     run = batch_generate(target, drafter, case, 4, 2, seed=11, ctx=ctx)
