@@ -72,7 +72,7 @@ class EngineServer:
         for _ in range(tries):
             self.port = port or free_port()
             port = None
-            fd, log = tempfile.mkstemp(prefix=f"specdec-{self.label}-", suffix=".log")
+            fd, log = tempfile.mkstemp(prefix=f"specdec-{self.label.split()[0].lower()}-", suffix=".log")
             self.log_path = Path(log)
             self.proc = subprocess.Popen(
                 [*self.command(), "--host", "127.0.0.1", "--port", str(self.port)],

@@ -29,6 +29,7 @@ from .flagcheck import problems
 from .flagsets import FlagSet, flagset
 from .fragments import EXPORTERS, HF_BATCH_NOTE, fragment_batch_notes, lookup_notes, render_fragment
 from .llamacpp_args import llamacpp_args, measured_llamacpp_args
+from .measured import measured_run
 from .schedule import Tier, default_load, largest_measured_batch, tiers
 
 __all__ = ["ENGINES", "FORMATS", "NO_SPECULATION", "Export", "export", "export_profile", "export_settings"]
@@ -117,6 +118,13 @@ def export(
     per_load = profile.batch_table and load is not None and (e.key not in SCHEDULE_ENGINES or not schedule)
     chosen = _take(out, choose_at_load(profile, e.key, load) if per_load else choose(profile, e.key))
     if chosen is None:
+        return out
+    run = measured_run(profile, e.key, chosen, schedule) if fmt == "command" else None
+    if run is not None:  # measured inside this engine: the command that ran, not one rebuilt
+        out.argv, out.lead, out.schedule = run.argv, run.lead, run.schedule
+        out.settings, out.exported, out.text = run.argv[run.lead :], chosen, shlex.join(run.argv)
+        out.target = target if target is not None else resolve(profile.target.path)
+        out.warnings += run.notes
         return out
     d = chosen.config.draft
     path = resolve(d.path) if d.path else ""

@@ -32,7 +32,7 @@ from ...measure.servers import ServerError
 from ...measure.timing import median, spread
 from ...measurement import Measurement, RequestStats
 from .args import measure_only_args, server_args
-from .server import VllmServer, counters_since
+from .server import ENTRYPOINT, VllmServer, counters_since
 
 MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three configs'
 DECODE_S = "vllm:request_decode_time_seconds_sum"
@@ -91,7 +91,14 @@ class VllmBackend:
         fingerprint = next((s.fingerprint for s in self._servers.values() if s.fingerprint), None)
         if fingerprint:
             build["system_fingerprint"] = fingerprint
-        return {"name": self.name, "build": build, "engine_args": list(self.extra)}
+        return {
+            "name": self.name,
+            "build": build,
+            "engine_args": list(self.extra),
+            # what export emits before a config's arguments, and what it leaves out (serving.measured)
+            "launcher": [str(self.python), *ENTRYPOINT],
+            "measure_only_args": measure_only_args(self.memory_share),
+        }
 
     def flags(self, config: Config | None, batch_size: int = 1) -> list[str]:
         """The exact server arguments that measured `config` (host, port and the measurement's
