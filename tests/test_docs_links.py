@@ -91,7 +91,9 @@ def named_paths(text: str) -> list[tuple[str, Path]]:
 
 
 def broken_paths(doc: Path) -> list[str]:
-    return [f"{p} (no such file)" for p, file in named_paths(doc.read_text(encoding="utf-8")) if not file.exists()]
+    return [
+        f"{p} (no such file)" for p, file in named_paths(doc.read_text(encoding="utf-8")) if not file.exists()
+    ]
 
 
 @pytest.mark.parametrize("doc", documents(), ids=lambda d: str(d.relative_to(ROOT)))
@@ -111,7 +113,9 @@ _CODE_DOC = re.compile(r"(?<![\w./-])(docs/[\w./-]+\.md|[A-Z]+\.md)\b")
 
 def test_code_cites_only_docs_that_exist() -> None:
     """A comment or docstring that sends the reader to `docs/x.md` (or `STYLE.md`) names a file here."""
-    sources = [p for top in ("specdec_tune", "tests", "benchmarks", "scripts") for p in (ROOT / top).rglob("*.py")]
+    sources = [
+        p for top in ("specdec_tune", "tests", "benchmarks", "scripts") for p in (ROOT / top).rglob("*.py")
+    ]
     broken = [
         f"{src.relative_to(ROOT)}: {name}"
         for src in sources
