@@ -272,7 +272,7 @@ def test_no_cycle_hides_behind_an_import_inside_a_function():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
-MAX_LINES = 400  # STYLE.md: a module a reader can hold at once
+MAX_LINES = 400  # docs/architecture.md, rule 6: a module a reader can hold at once
 
 
 def test_no_module_is_over_400_lines():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -19,20 +20,37 @@ import typer
 from ..errors import OtherHardwareError, SpecDecError
 from ..output.fmt import plain, styled
 
+# The width stdout is drawn at when nothing gives one (a pipe or a file, no COLUMNS): wide enough
+# that no table row is folded, so a config name or a number is always on one line, whole.
+UNCUT_WIDTH = 10_000
+
 
 @functools.cache
 def _console_class() -> Any:
     from rich.console import Console
+    from rich.table import Table
 
     class SafeConsole(Console):
         """A console that never parses markup or emoji codes and shows control characters as
         escapes, so a name from a profile, study or exception is printed as it is. Styling is
-        done with Text (output.fmt.styled), never with markup in strings."""
+        done with Text (output.fmt.styled), never with markup in strings.
+
+        It never cuts a table cell with an ellipsis either: a cell wider than its column folds onto
+        the next line (rich's default would print `hybrid:prompt-lookup:3-4+draft-1l γ7 t=0…`, a
+        config name that no longer names the config)."""
 
         def render_str(self, text: str, **kwargs: Any) -> Any:
             kwargs["markup"] = False
             kwargs["emoji"] = False
             return super().render_str(plain(text), **kwargs)
+
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            for obj in objects:
+                if isinstance(obj, Table):
+                    for column in obj.columns:
+                        if column.overflow == "ellipsis":
+                            column.overflow = "fold"
+            super().print(*objects, **kwargs)
 
     return SafeConsole
 
@@ -42,7 +60,13 @@ def err_console() -> Any:
 
 
 def console() -> Any:
-    return _console_class()(highlight=False, markup=False, emoji=False)
+    """stdout's console. On a terminal (or with COLUMNS set) rich draws at that width, folding what
+    does not fit; piped to a file or another program rich would draw at 80 columns, so there it
+    draws at UNCUT_WIDTH: every table at its full width, as a script or a log reads it."""
+    out = _console_class()(highlight=False, markup=False, emoji=False)
+    if not out.is_terminal and not os.environ.get("COLUMNS"):
+        out.width = UNCUT_WIDTH
+    return out
 
 
 _MAX_MESSAGE = 2000  # characters of one error line; a crafted value must not flood the log
@@ -85,8 +109,6 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:
         # Not a user mistake: a bug or the machine (e.g. out of memory). Exit 4 keeps it apart from
         # check's 1 (regression); SPECDEC_DEBUG=1 shows the traceback.
-        import os
-
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         error_line(

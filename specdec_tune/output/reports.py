@@ -178,10 +178,14 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
     t = Table(
         title=f"{p.target.name} on {p.hardware.get('slug')}: {p.workload.name}, T={p.workload.temperature}"
     )
-    # Nine columns fit an 80-column terminal without borders and with short headers.
+    # Nine columns fit an 80-column terminal without borders and with short headers. Where they do
+    # not (a long config name), the config column folds and the numbers stay whole.
     t.box, t.padding, t.pad_edge = box.SIMPLE_HEAD, (0, 0), False
     for col in ("", "config", "speedup", "95% CI", "trial", "tok/s", "α", "τ", "pred."):
-        t.add_column(col, justify="left" if col in ("", "config") else "right", no_wrap=True)
+        if col == "config":
+            t.add_column(col, overflow="fold")
+        else:
+            t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
     rows = [("best", p.best), *(("runner-up", r) for r in p.alternatives[:1])]
     for i, (label, r) in enumerate(rows):
         m = r.metrics

@@ -45,7 +45,7 @@ ENGINE_INFO = {
     # vLLM: no threshold; the ngram proposer keeps the longest match in [min, max], earliest position.
     "vllm": Engine("vllm", "vLLM", ("model", "prompt_lookup"), None, "earliest", "range"),
     # llama.cpp: p-min on the top-1 after top-k 10 renormalisation; ngram-simple matches one n and
-    # continues the last match in the history (docs/speculative.md).
+    # continues the last match in the history (llama.cpp/docs/speculative.md).
     "llamacpp": Engine("llamacpp", "llama.cpp", ("model", "prompt_lookup"), "topk10", "latest", "single"),
     # SGLang: no threshold; NGRAM drafts from a trie over all suffixes shared across requests, which
     # has no n-gram sizes, so our prompt lookup has no counterpart there.
