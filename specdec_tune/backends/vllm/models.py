@@ -102,6 +102,9 @@ def _write_folder(gguf: Path, out: Path) -> None:
     try:
         from safetensors.torch import save_file
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the conversion's bars would fill a CI log
     except ImportError as exc:  # pragma: no cover - the project depends on both
         raise SpecDecError(f"converting {SMOLLM2} needs transformers and safetensors: {exc}") from None
     try:
