@@ -25,7 +25,7 @@ from specdec_tune.measure.surface import measure_surface
 from specdec_tune.measure.timing import interleaved, median, spread
 from specdec_tune.runtime.batch import batch_generate
 from specdec_tune.runtime.drafting.build import build_drafter
-from specdec_tune.runtime.session import open_session
+from specdec_tune.runtime.session import load_models
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search.costmodel import CostModel
 
@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
 
-    s = open_session(
+    s = load_models(
         None, ["draft-1l", "draft-2l", "prompt-lookup"], "demo-code", args.max_new_tokens, 0.0, "cpu", "auto",
         lazy_drafts=False,
         engine_mode=args.engine,

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdec_tune.measure.hfcompare import HFConfig, measure_hf
-from specdec_tune.runtime.session import open_session
+from specdec_tune.runtime.session import load_models
 
 CONFIGS = [
     ("none", None, 0, 0.0),
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/vs_hf.json"))
     args = ap.parse_args()
 
-    s = open_session(
+    s = load_models(
         None,
         ["draft-1l", "draft-2l"],
         "demo-code",

@@ -29,7 +29,7 @@ from specdec_tune.app.categories import split_by_category
 from specdec_tune.app.common import Progress, measure_costs
 from specdec_tune.domain import Config
 from specdec_tune.measure.bench import Entry, measure_many
-from specdec_tune.runtime.session import open_session
+from specdec_tune.runtime.session import load_models
 from specdec_tune.search.costmodel import CostModel, expected_tokens, verify_cost_ms
 from specdec_tune.search.space import TuneSettings
 from specdec_tune.search.tuner import DrafterPool, tune
@@ -106,7 +106,7 @@ def ceiling(costs, max_gamma: int, log) -> dict:
 
 def per_category(args, configs: list[Config], costs, log) -> dict:
     names = sorted({c.draft.name for c in configs})
-    s = open_session(
+    s = load_models(
         None,
         names,
         "general",
@@ -189,7 +189,7 @@ def main() -> None:
         lines.append(text)
 
     started = time.monotonic()
-    s = open_session(
+    s = load_models(
         None,
         STATIC + DYNAMIC,
         "demo-code",

@@ -31,7 +31,7 @@ from specdec_tune.measure.timing import median
 from specdec_tune.runtime.caches import modes, slots
 from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.drafters import ModelDrafter
-from specdec_tune.runtime.session import open_session, parse_draft
+from specdec_tune.runtime.session import load_models, parse_draft
 
 CONFIGS = [("draft-1l", 5), ("draft-1l", 3), ("prompt-lookup", 4), ("hybrid:prompt-lookup+draft-1l", 6)]
 
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_modes.json"))
     args = ap.parse_args()
 
-    s = open_session(None, ["draft-1l", "prompt-lookup"], limit=args.prompts, engine_mode="eager")
+    s = load_models(None, ["draft-1l", "prompt-lookup"], limit=args.prompts, engine_mode="eager")
     target, draft = s.target.model, s.draft_model(parse_draft("draft-1l"))
     context = default_context_len(s.case)
     longest = max(len(p) + b for p, b in zip(s.case.prompts, s.case.max_new_tokens, strict=True))

@@ -235,7 +235,7 @@ def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespac
     """Every chosen config and the quiet best in one quiet interleaved run: speedup per config."""
     from specdec_tune.domain import Config, DraftSpec
     from specdec_tune.measure.bench import Entry, measure_many
-    from specdec_tune.runtime.session import open_session
+    from specdec_tune.runtime.session import load_models
     from specdec_tune.search.tuner import DrafterPool
 
     configs: dict[str, Config] = {}
@@ -250,7 +250,7 @@ def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespac
     specs = {c.draft.name: c.draft for c in configs.values() if c.draft.kind != "none"}
     budget = 24 if args.quick else 48
     prompts = 4 if args.quick else 8
-    session = open_session(None, list(specs.values()), "demo-code", budget, 0.0, "cpu", limit=prompts)
+    session = load_models(None, list(specs.values()), "demo-code", budget, 0.0, "cpu", limit=prompts)
     pool = DrafterPool(list(specs.values()), session.target.model, session.draft_model, session.ctx)
     keys = list(configs)
     entries = [

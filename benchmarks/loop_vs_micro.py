@@ -13,7 +13,7 @@ import json
 from specdec_tune.measure import surface
 from specdec_tune.measure.forward import context_ids, vocab_size
 from specdec_tune.runtime.drafting.build import build_drafter
-from specdec_tune.runtime.session import open_session, parse_draft
+from specdec_tune.runtime.session import load_models, parse_draft
 from specdec_tune.runtime.workloads import Case
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--engine", default="eager")
     ap.add_argument("--context-len", type=int, default=70)
     args = ap.parse_args()
-    s = open_session(None, ["draft-1l"], "demo-code", 32, engine_mode=args.engine, lazy_drafts=False)
+    s = load_models(None, ["draft-1l"], "demo-code", 32, engine_mode=args.engine, lazy_drafts=False)
     target, b = s.target.model, args.batch_size
     spec = parse_draft("draft-1l")
     prompts = (s.case.prompts * (2 * b // len(s.case.prompts) + 2))[: 2 * b]

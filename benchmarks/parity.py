@@ -24,7 +24,7 @@ from specdec_tune.measure.timing import interleaved, median
 from specdec_tune.runtime.batch import batch_generate
 from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.drafting.rows import OneRow
-from specdec_tune.runtime.session import DEMO_HYBRID, open_session
+from specdec_tune.runtime.session import DEMO_HYBRID, load_models
 
 CONFIGS = ("plain", "draft-1l", "prompt-lookup", DEMO_HYBRID)
 BAR = 0.03
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/parity.json"))
     args = ap.parse_args()
 
-    s = open_session(
+    s = load_models(
         None, ["draft-1l", "prompt-lookup", DEMO_HYBRID], "demo-code", args.max_new_tokens, 0.0, "cpu",
         "auto", limit=args.prompts, engine_mode=args.engine,
     )  # fmt: skip

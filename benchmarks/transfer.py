@@ -25,7 +25,7 @@ from specdec_tune.domain import Config
 from specdec_tune.measure.bench import Entry, measure_many
 from specdec_tune.measure.llamacpp.server import servers_die_with_us
 from specdec_tune.runtime.drafting.build import build_drafter
-from specdec_tune.runtime.session import open_session
+from specdec_tune.runtime.session import load_models
 
 PAIRS = {
     # name: (native target, llama.cpp target, [(native draft, llama.cpp draft)], gammas)
@@ -73,7 +73,7 @@ def main() -> None:
         drafts = [(n.format(k=args.layer_skip), e.format(k=args.layer_skip)) for n, e in drafts]
         t0 = time.monotonic()
         # --- native: every config and the baseline in ONE interleaved run
-        s = open_session(
+        s = load_models(
             native_target,
             [n for n, _ in drafts],
             args.workload,

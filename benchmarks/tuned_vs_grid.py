@@ -28,7 +28,7 @@ from specdec_tune.measure.costs import measure_costs
 from specdec_tune.measure.hfcompare import HFConfig, run_hf_pass
 from specdec_tune.measure.timing import median, spread, timed
 from specdec_tune.runtime.drafting.build import build_drafter
-from specdec_tune.runtime.session import open_session
+from specdec_tune.runtime.session import load_models
 from specdec_tune.search.space import TuneSettings, grid_size
 from specdec_tune.search.tuner import DrafterPool, tune
 
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/tuned_vs_grid.json"))
     args = ap.parse_args()
 
-    s = open_session(
+    s = load_models(
         None, None, "demo-code", args.max_new_tokens, 0.0, "cpu", "auto", args.prompts, lazy_drafts=False
     )
     target = s.target.model

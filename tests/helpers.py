@@ -8,7 +8,10 @@ save/load round trip is exact.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
 from typing import Any
 
 import pytest
@@ -372,3 +375,15 @@ def fast_subset(values, fast):
     """Parameters of an exactness matrix with all but the `fast` values marked slow: the fast tier
     (`pytest -m "not slow"`) keeps one representative per family, the full suite runs every value."""
     return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def documented_fields(cls: type) -> set[str]:
+    """The fields of dataclass `cls` followed by a docstring in its source (a policy's rule)."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {
+        stmt.target.id
+        for stmt, nxt in itertools.pairwise(body)
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+    }

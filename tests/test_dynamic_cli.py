@@ -13,7 +13,7 @@ from helpers import VOCAB, a_verdict, invoke, make_result, make_sample_profile, 
 
 from specdec_tune.domain import Config, DraftCosts, DraftSpec
 from specdec_tune.errors import SpecDecError
-from specdec_tune.runtime.session import open_session, parse_draft
+from specdec_tune.runtime.session import load_models, parse_draft
 from specdec_tune.search.costmodel import CostModel
 from specdec_tune.search.policymodel import gamma_table, heuristic_distribution, predict_policy
 from specdec_tune.search.space import TuneSettings, config_of_params, search_space, seed_configs
@@ -197,7 +197,7 @@ def two_categories(tiny_dirs, tmp_path_factory):
 
 
 def test_prompts_are_taken_round_robin_over_categories(tiny_dirs):
-    s = open_session(tiny_dirs["target"], ["prompt-lookup"], "general", limit=8, device="cpu")
+    s = load_models(tiny_dirs["target"], ["prompt-lookup"], "general", limit=8, device="cpu")
     assert len({p.category for p in s.workload.prompts}) == 6 and len(s.case.prompts) == 8
 
 

@@ -39,14 +39,14 @@ def test_a_static_run_records_its_mode_and_check_re_measures_under_it(tiny_dirs,
     assert p.engine_mode == "static" and p.compile_fallbacks == [] and p.engine_choice is None
     assert p.compile == CompileTime(0, 0.0)  # static: recorded, and nothing was compiled
     seen = []
-    real_open = session_mod.open_session
+    real_open = session_mod.load_models
 
     def spy(*args, **kwargs):
         s = real_open(*args, **kwargs)
         seen.append(s.engine_mode)
         return s
 
-    monkeypatch.setattr(session_mod, "open_session", spy)
+    monkeypatch.setattr(session_mod, "load_models", spy)
     # the anchors are not this test's subject: a quiet CI VM's matmul moved 1.39x between run and check
     c = invoke("check", out, "--json", "--tolerance", "0.9", "--repeats", "1", "--allow-other-hardware")
     a_verdict(c)

@@ -24,11 +24,12 @@ STAGES = ["runtime", "measure", "search", "store", "backends", "serving", "outpu
 # both name; demo: the shipped models; atomic: the one atomic writer and file lock, which runtime's
 # caches and the store both write through; measurement: the one type every backend's `measure`
 # returns; checkpolicy: every threshold `check` decides by, which measure.noise's busy rule and
-# domain's reference rule read too; paths: the one cache folder). A
+# domain's reference rule read too; measurepolicy: every threshold measuring decides by, which
+# measure, search and app read; paths: the one cache folder). A
 # leaf inside a stage folder imports that folder's `__init__` too, which therefore imports nothing
 # of the package.
-LEAVES = {"domain", "errors", "limits", "demo", "atomic", "checkpolicy", "paths", "measurement",
-          "serving.capabilities"}  # fmt: skip
+LEAVES = {"domain", "errors", "limits", "demo", "atomic", "checkpolicy", "measurepolicy", "paths",
+          "measurement", "serving.capabilities"}  # fmt: skip
 # Modules outside the stage folders and the stage they belong to.
 LOOSE = {"__init__": None}
 # Stages that import no other stage (only the shared leaves): store's profiles load without torch.

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text
 from ..backends.base import checks_in_session
 from ..checkpolicy import CHECK_POLICY, CheckPolicy, policy_for
 from ..errors import OtherHardwareError, SpecDecError
@@ -34,7 +35,6 @@ from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
 from ..runtime.models.loading import content_hash_like
 from ..search.policymodel import policy_drafter
-from ..store.atomic import atomic_write_text
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
 from .check_session import check_in_session

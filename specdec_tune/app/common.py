@@ -12,8 +12,8 @@ from typing import Any
 from ..backends.base import Models, Progress
 from ..errors import SpecDecError
 from ..measure.noise import busy, during_line, machine_window, noise_line
-from ..measure.stats import MIN_PAIRS
 from ..measurement import Measurement
+from ..measurepolicy import MEASURE_POLICY
 from ..search.space import TuneSettings
 from ..store.schema import Profile
 
@@ -76,7 +76,7 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
         settings = replace(
             settings,
             final_repeats_asked=settings.final_repeats_asked or settings.final_repeats,
-            final_repeats=max(settings.final_repeats, MIN_PAIRS + 1),
+            final_repeats=max(settings.final_repeats, MEASURE_POLICY.min_pairs + 1),
             final_max_repeats=max(settings.final_max_repeats, min(noise.repeats_needed, MAX_FINAL_REPEATS)),
         )
         if line and settings.final_repeats_cap is not None:

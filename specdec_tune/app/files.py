@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text
 from ..output.categories import write_category_plot
 from ..output.index import INDEX_NAME, index_markdown, index_rows
 from ..output.plots import write_plots
 from ..output.trials import read_trials
 from ..serving.export import Export as ExportResult
 from ..serving.export import export as export_config
-from ..store.atomic import atomic_write_text
 from ..store.refs import engine_path, target_ref
 from ..store.runfiles import trials_beside
 from ..store.schema import Profile

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text
 from ..backends.acceptance import GivenAcceptance
 from ..backends.base import Purpose, open_session
 from ..domain import Config, Costs
@@ -15,7 +16,6 @@ from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_CONTEXT_LEN, MAX_REPEATS, check_count, check_decoding, check_gamma
 from ..measure.hardware import hardware_info
 from ..search.costmodel import CostModel
-from ..store.atomic import atomic_write_text
 from ..store.yamlio import costs_to_yaml
 from .categories import bench_categories
 from .common import BenchResult, Models, Progress, check_writable

@@ -29,13 +29,10 @@ from ..measure.anchors import measure_twice
 from ..measure.children import die_with_parent
 from ..measure.decode_anchor import DecodeAnchor
 from ..measure.timing import median, spread
+from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
 from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
 from .profile_models import measure_best, open_profile_models
-
-PROCESSES = 3
-REPEATS = 3  # check's default
-STARTUP_S = 5.0  # a fresh interpreter importing torch and loading the models, on a small pair
 
 
 def measure_here(path: Path, threads: int | None = None, device: str = "auto") -> dict[str, Any]:
@@ -57,7 +54,7 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     (machine, m), _, busy = noise.busy_window(
         lambda: measure_twice(
             s.device,
-            lambda: measure_best(s, drafter, cfg, REPEATS, anchor),
+            lambda: measure_best(s, drafter, cfg, MEASURE_POLICY.reference_repeats, anchor),
         )
     )
     got = {
@@ -88,21 +85,17 @@ def command(path: Path, threads: int | None = None, device: str = "auto") -> lis
 CHILD = "import sys; from specdec_tune.app.reference import main; sys.exit(main(sys.argv[1:]))"
 
 
-# The decode anchor's parts beside one plain pass, as a share of it: half as many steps as tokens
-# (decode_anchor.STEPS_PER_TOKEN), a step about 0.7 of a token's time on the demo pair.
-ANCHOR_SHARE = 0.4
-
-
-def process_seconds(pass_s: float, gamma_share: float = 0.5, anchor_share: float = ANCHOR_SHARE) -> float:
-    """About how long one reference process takes: start-up, then REPEATS plain passes and as many
-    speculative ones (`gamma_share` of a plain pass each) and decode-anchor parts (`anchor_share`),
-    plus the warm-up."""
-    return STARTUP_S + (REPEATS + 1) * pass_s * (1 + gamma_share + anchor_share)
+def process_seconds(pass_s: float, gamma_share: float = 0.5, policy: MeasurePolicy = MEASURE_POLICY) -> float:
+    """About how long one reference process takes (measurepolicy's reference fields): start-up,
+    then its repeats' plain passes and as many speculative ones (`gamma_share` of a plain pass each)
+    and decode-anchor parts, plus the warm-up."""
+    passes_s = (policy.reference_repeats + 1) * pass_s * (1 + gamma_share + policy.reference_anchor_share)
+    return policy.reference_startup_s + passes_s
 
 
 def record_reference(
     path: Path,
-    processes: int = PROCESSES,
+    processes: int = MEASURE_POLICY.reference_processes,
     budget_s: float | None = None,
     pass_s: float | None = None,
     threads: int | None = None,

@@ -53,9 +53,9 @@ class Models:
     def open(self, lazy_drafts: bool = True, allow_random: bool = False) -> Any:
         """Load the models and the workload in this process (runtime.session); shapes (random
         weights) only with `allow_random`."""
-        from ..runtime.session import open_session
+        from ..runtime.session import load_models
 
-        return open_session(
+        return load_models(
             self.target,
             self.drafts,
             self.workload,

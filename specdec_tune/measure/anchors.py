@@ -14,17 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..limits import check_count
+from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
 from .timing import median, spread, time_repeated
-
-COPY_MIB = 256  # the costs profile's copy too: past any cache, so it reads memory
-MATMUL_N = {"cpu": 512, "cuda": 2048}  # float32; a block of calls per sample (forward.MIN_BLOCK_MS)
-REPEATS = 5
 
 
 @dataclass(frozen=True)
 class MachineSpeed:
-    """Medians of REPEATS samples each, the larger relative spread (max - min) / median of the two,
-    and the matmul's own (the anchor `check` decides by: output.anchors)."""
+    """Medians of the policy's `anchor_repeats` samples each (measurepolicy), the larger relative
+    spread (max - min) / median of the two, and the matmul's own (the anchor `check` decides by:
+    output.anchors)."""
 
     copy_bandwidth_gbps: float
     matmul_gflops: float
@@ -35,15 +33,19 @@ class MachineSpeed:
     drift: float = 0.0
 
 
-def measure_matmul_gflops(device: str, n: int | None = None, repeats: int = REPEATS) -> tuple[float, float]:
-    """Float32 matmul rate 2n³ / time in GFLOP/s over blocks of calls: (median, relative spread)."""
+def measure_matmul_gflops(
+    device: str, n: int | None = None, repeats: int | None = None, policy: MeasurePolicy = MEASURE_POLICY
+) -> tuple[float, float]:
+    """Float32 matmul rate 2n³ / time in GFLOP/s over blocks of calls: (median, relative spread).
+    `n` and `repeats` default to the policy's anchor (`anchor_matmul_n(device)`, `anchor_repeats`)."""
     import torch
 
     from .forward import calls_per_block, no_gc, repeat_block
 
+    repeats = policy.anchor_repeats if repeats is None else repeats
     check_count(repeats, "repeats")
     if n is None:
-        n = MATMUL_N["cuda" if str(device).startswith("cuda") else "cpu"]
+        n = policy.anchor_matmul_n(device)
     check_count(n, "n")
     with torch.inference_mode():
         g = torch.Generator().manual_seed(0)
@@ -61,12 +63,15 @@ def measure_matmul_gflops(device: str, n: int | None = None, repeats: int = REPE
     return median(rates), spread(rates)
 
 
-def machine_speed(device: str) -> MachineSpeed:
-    """This machine's anchors now: copy bandwidth (COPY_MIB) and the small matmul rate."""
+def machine_speed(device: str, policy: MeasurePolicy = MEASURE_POLICY) -> MachineSpeed:
+    """This machine's anchors now: copy bandwidth (the policy's `anchor_copy_mib`) and the small
+    matmul rate."""
     from .forward import measure_copy_bandwidth_gbps
 
-    copy, copy_spread = measure_copy_bandwidth_gbps(device, mib=COPY_MIB, repeats=REPEATS)
-    flops, flops_spread = measure_matmul_gflops(device)
+    copy, copy_spread = measure_copy_bandwidth_gbps(
+        device, mib=policy.anchor_copy_mib, repeats=policy.anchor_repeats
+    )
+    flops, flops_spread = measure_matmul_gflops(device, policy=policy)
     return MachineSpeed(
         round(copy, 3), round(flops, 3), round(max(copy_spread, flops_spread), 4), round(flops_spread, 4)
     )

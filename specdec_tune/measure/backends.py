@@ -14,9 +14,9 @@ from ..domain import Config
 from ..measurement import Measurement
 from .batched import BatchEntry, measure_batched_many
 from .bench import Entry, measure_many
-from .seam import Measured, MeasuringBackend, Screen
+from .seam import MeasuringBackend, Screen
 
-__all__ = ["Measured", "MeasuringBackend", "NativeBackend"]
+__all__ = ["MeasuringBackend", "NativeBackend"]
 
 
 class NativeBackend:

@@ -1,6 +1,7 @@
 """How noisy this machine is while we measure: what the OS says (load average, steal time, the CPU
 other processes took over the window) and the spread of repeated plain passes, and how many
-interleaved repeats that noise needs before a difference of `RESOLVE_SHARE` can be told apart.
+interleaved repeats that noise needs before a difference of the policy's `resolve_share` can be told
+apart (measurepolicy).
 
 Linux /proc only; elsewhere the OS part is left empty and the passes' spread decides alone.
 """
@@ -18,12 +19,9 @@ from typing import Any
 
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..domain import MachineWindow, Noise
+from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
 
 PROC = Path("/proc")
-RESOLVE_SHARE = 0.05  # the smallest speedup difference `run`'s repeats should resolve
-# Busy time beyond what the processes seen at both ends used, by more than this share of all CPUs,
-# is named in `busiest` as short-lived processes.
-UNSEEN_NOTE = 0.02
 
 
 def cpu_times(proc: Path = PROC) -> tuple[float, float, float] | None:
@@ -101,11 +99,14 @@ def unaccounted_share(before: Any, after: Any, before_cpu: Any, after_cpu: Any, 
     return max(0.0, (after_cpu[2] - before_cpu[2] - ours) / total)
 
 
-def os_since(snapshot: Snapshot, proc: Path = PROC, cpus: int | None = None) -> dict[str, Any]:
+def os_since(
+    snapshot: Snapshot, proc: Path = PROC, cpus: int | None = None, policy: MeasurePolicy = MEASURE_POLICY
+) -> dict[str, Any]:
     """What else the machine did since `snapshot` (os_snapshot): {load_avg, steal_share,
     others_cpu_share, busiest} (None where /proc cannot tell). Other processes' share is the larger
     of what the processes alive at both ends used and the busy time nothing of ours used (which
-    also holds the processes that came and went meanwhile)."""
+    also holds the processes that came and went meanwhile); that busy time is named in `busiest`
+    as short-lived processes beyond the policy's `unseen_note_share`."""
     before_cpu, before_procs, _, before_ours = snapshot
     children: dict[int, float] = {}
     after_cpu, after_procs = cpu_times(proc), process_ticks(proc, excluded=children)
@@ -127,7 +128,7 @@ def os_since(snapshot: Snapshot, proc: Path = PROC, cpus: int | None = None) -> 
         top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
         n = cpus or os.cpu_count() or 1
         info["busiest"] = [f"{name} ({pid}) {t / total * n:.0%} of a CPU" for pid, (name, t) in top]
-        if gone > seen + UNSEEN_NOTE:
+        if gone > seen + policy.unseen_note_share:
             info["busiest"].insert(0, f"short-lived processes {(gone - seen) * n:.0%} of a CPU")
     return info
 
@@ -188,17 +189,25 @@ def during_line(window: MachineWindow) -> str:
     )
 
 
-def repeats_needed(cv: float, resolve: float = RESOLVE_SHARE) -> int:
-    """Interleaved repeats for the interval of a paired ratio to be narrower than `resolve` when
-    each pass varies by `cv` (coefficient of variation): a ratio of two passes varies by about
-    sqrt(2) cv, and a 95 % interval of n of them spans about 2 x 1.96 sqrt(2) cv / sqrt(n)."""
+def repeats_needed(cv: float, resolve: float | None = None, policy: MeasurePolicy = MEASURE_POLICY) -> int:
+    """Interleaved repeats for the interval of a paired ratio to be narrower than `resolve` (by
+    default the policy's `resolve_share`) when each pass varies by `cv` (coefficient of variation):
+    a ratio of two passes varies by about sqrt(2) cv, and a 95 % interval of n of them spans about
+    2 z sqrt(2) cv / sqrt(n), z the policy's `interval_z` (1.96)."""
+    resolve = policy.resolve_share if resolve is None else resolve
     if not cv > 0:
         return 1
-    return max(1, math.ceil((2 * 1.96 * math.sqrt(2) * cv / resolve) ** 2))
+    return max(1, math.ceil((2 * policy.interval_z * math.sqrt(2) * cv / resolve) ** 2))
 
 
-def measure_noise(plain_pass: Callable[[], float], passes: int = 3, proc: Path = PROC) -> Noise:
-    """Time `passes` plain passes (`plain_pass()` returns its seconds) while watching the OS."""
+def measure_noise(
+    plain_pass: Callable[[], float],
+    passes: int = 3,
+    proc: Path = PROC,
+    policy: MeasurePolicy = MEASURE_POLICY,
+) -> Noise:
+    """Time `passes` plain passes (`plain_pass()` returns its seconds) while watching the OS; the
+    repeats they need resolve the policy's `resolve_share`."""
     seconds, info = os_window(lambda: [plain_pass() for _ in range(passes)], proc)
     mean = statistics.fmean(seconds)
     cv = statistics.stdev(seconds) / mean if len(seconds) > 1 and mean > 0 else 0.0
@@ -211,7 +220,7 @@ def measure_noise(plain_pass: Callable[[], float], passes: int = 3, proc: Path =
         steal_share=info["steal_share"],
         others_cpu_share=info["others_cpu_share"],
         busiest=info["busiest"],
-        repeats_needed=repeats_needed(cv),
+        repeats_needed=repeats_needed(cv, policy=policy),
     )
 
 
@@ -220,8 +229,9 @@ def busy(noise: Noise) -> bool:
     return busy_info({"others_cpu_share": noise.others_cpu_share, "steal_share": noise.steal_share})
 
 
-def noise_line(noise: Noise, repeats: int) -> str:
-    """One line for the user when the noise is above what `repeats` can resolve; "" otherwise."""
+def noise_line(noise: Noise, repeats: int, policy: MeasurePolicy = MEASURE_POLICY) -> str:
+    """One line for the user when the noise is above what `repeats` can resolve (the policy's
+    `resolve_share`, as `measure_noise` counted the repeats needed); "" otherwise."""
     if noise.repeats_needed <= repeats and not busy(noise):
         return ""
     os_part = [f"load {noise.load_avg:.1f} on {noise.cpus} CPUs"] if noise.load_avg is not None else []
@@ -236,7 +246,7 @@ def noise_line(noise: Noise, repeats: int) -> str:
     )
     return (
         f"{head}: plain passes vary {noise.plain_pass_cv:.1%} ({', '.join(os_part) or 'OS: unknown'}); "
-        f"resolving {RESOLVE_SHARE:.0%} needs about {noise.repeats_needed} interleaved repeats, "
+        f"resolving {policy.resolve_share:.0%} needs about {noise.repeats_needed} interleaved repeats, "
         f"{repeats} planned"
     )
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..domain import Config, Metrics
+from ..domain import Config
 from ..measurement import Measurement
 
 
@@ -23,11 +23,6 @@ class Screen:
 
     prompts: int
     report: Callable[[int, float], None]
-
-
-class Measured(Protocol):
-    metrics: Metrics
-    mismatches: int
 
 
 class MeasuringBackend(Protocol):

@@ -14,27 +14,21 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..checkpolicy import CHECK_POLICY
-
-# The search's intervals (the check's are its policy's: `judge_speedup`).
-CONFIDENCE = 0.95
-RESAMPLES = 2000
-# Fewer pairs than this never resolve a comparison: with four all on one side a sign test still
-# gives p = 0.125, and a bootstrap of four values cannot see the tails.
-MIN_PAIRS = 5
-SIGN_ALPHA = 0.1
+from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
 
 
 def bootstrap_interval(
     values: Sequence[float],
     stat: Callable[[Sequence[float]], float] = statistics.median,
-    confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
+    confidence: float = MEASURE_POLICY.confidence,
+    resamples: int = MEASURE_POLICY.bootstrap_resamples,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of `stat(values)`; one value gives a point interval."""
+    """Percentile bootstrap interval of `stat(values)`; one value gives a point interval.
+    `confidence` and `resamples`: the search's (measurepolicy)."""
     if not values:
         return (math.nan, math.nan)
     if len(values) == 1:
@@ -48,12 +42,16 @@ def bootstrap_interval(
     return (float(lo), float(hi))
 
 
-def speedup_interval(speedups: Sequence[float], seed: int = 0) -> list[float] | None:
+def speedup_interval(
+    speedups: Sequence[float], seed: int = 0, policy: MeasurePolicy = MEASURE_POLICY
+) -> list[float] | None:
     """The interval of a measured speedup (the median of per-repeat ratios), rounded for a profile."""
     good = [s for s in speedups if s > 0 and math.isfinite(s)]
     if len(good) < 2:
         return None
-    lo, hi = bootstrap_interval(good, seed=seed)
+    lo, hi = bootstrap_interval(
+        good, confidence=policy.confidence, resamples=policy.bootstrap_resamples, seed=seed
+    )
     return [round(lo, 4), round(hi, 4)]
 
 
@@ -74,32 +72,41 @@ def sign_test_p(diffs: Sequence[float]) -> float:
 
 @dataclass
 class Comparison:
-    """A against B from paired repeats: the geometric mean of a_r / b_r and its interval."""
+    """A against B from paired repeats: the geometric mean of a_r / b_r and its interval, and the
+    policy that says when it is resolved."""
 
     ratio: float
     interval: tuple[float, float]
     pairs: int
     sign_p: float
+    policy: MeasurePolicy = field(default=MEASURE_POLICY, repr=False, compare=False)
 
     @property
     def resolved(self) -> bool:
-        """One of the two is faster beyond the noise: on enough pairs, the interval excludes 1.0
-        and a sign test agrees (the bootstrap alone is too narrow on a handful of pairs)."""
+        """One of the two is faster beyond the noise: on at least the policy's `min_pairs`, the
+        interval excludes 1.0 and a sign test agrees at its `sign_alpha` (the bootstrap alone is
+        too narrow on a handful of pairs)."""
         lo, hi = self.interval
-        return self.pairs >= MIN_PAIRS and (lo > 1.0 or hi < 1.0) and self.sign_p <= SIGN_ALPHA
+        enough = self.pairs >= self.policy.min_pairs
+        return enough and (lo > 1.0 or hi < 1.0) and self.sign_p <= self.policy.sign_alpha
 
     @property
     def a_wins(self) -> bool:
         return self.resolved and self.interval[0] > 1.0
 
 
-def compare(a: Sequence[float], b: Sequence[float], seed: int = 0) -> Comparison:
+def compare(
+    a: Sequence[float], b: Sequence[float], seed: int = 0, policy: MeasurePolicy = MEASURE_POLICY
+) -> Comparison:
     """Config A's per-repeat speedups against B's from the same interleaved repeats (paired)."""
     pairs = [x / y for x, y in zip(a, b, strict=True) if x > 0 and y > 0]
     if not pairs:
-        return Comparison(math.nan, (math.nan, math.nan), 0, 1.0)
-    lo, hi = bootstrap_interval(pairs, geometric_mean, seed=seed)
-    return Comparison(geometric_mean(pairs), (lo, hi), len(pairs), sign_test_p([math.log(p) for p in pairs]))
+        return Comparison(math.nan, (math.nan, math.nan), 0, 1.0, policy)
+    lo, hi = bootstrap_interval(
+        pairs, geometric_mean, policy.confidence, policy.bootstrap_resamples, seed=seed
+    )
+    sign_p = sign_test_p([math.log(p) for p in pairs])
+    return Comparison(geometric_mean(pairs), (lo, hi), len(pairs), sign_p, policy)
 
 
 # ---------------------------------------------------------------------------------------- check

@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
+from ..atomic import atomic_write_bytes
 from ..domain import Metrics
-from ..store.atomic import atomic_write_bytes
 from .fmt import num, times
 
 

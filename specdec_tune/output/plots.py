@@ -9,9 +9,9 @@ import io
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_bytes
 from ..errors import SpecDecError
 from ..search.costmodel import CostModel
-from ..store.atomic import atomic_write_bytes
 from ..store.schema import Profile
 from .envelope import ENVELOPE_PLOTS, plot_context, plot_gamma_context
 from .trials import completed_trials, read_trials

@@ -153,7 +153,7 @@ class Session:
         return self.drafts[spec.name].model
 
 
-def open_session(
+def load_models(
     target: str | None,
     drafts: list[str | DraftSpec] | None,
     workload: str = "demo-code",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..measure.stats import MIN_PAIRS
+from ..measurepolicy import MEASURE_POLICY
 from .pruning import PLANNED_SURVIVAL
 from .space import DEFAULT_TRIALS, TuneSettings
 
@@ -226,9 +226,9 @@ def _plan(
         return (1 + finalists * (1 / speedup + own)) * repeats * pass_s + fixed
 
     # Repeats the noise raised (app.common.adapt_to_noise) give way to the budget first: the first
-    # pass gets at most FIRST_PASS_SHARE of it, never fewer repeats than asked or than MIN_PAIRS.
+    # pass gets at most FIRST_PASS_SHARE of it, never fewer repeats than asked or than the policy's min_pairs.
     repeats = settings.final_repeats
-    least = max(MIN_PAIRS, min(repeats, settings.final_repeats_asked or repeats))
+    least = max(MEASURE_POLICY.min_pairs, min(repeats, settings.final_repeats_asked or repeats))
     while finalists and repeats > least and first_pass_s(repeats) > FIRST_PASS_SHARE * budget_s:
         repeats -= 1
     first_s = first_pass_s(repeats)

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text, locked
 from ..errors import SpecDecError
-from .atomic import atomic_write_text, locked
 from .schema import Profile
 from .yamlio import load_profile, save_profile
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
+from ..atomic import atomic_write_text
 from ..domain import Costs
 from ..errors import SpecDecError
 from ..urls import redact_url
-from .atomic import atomic_write_text
 from .fields import SCHEMA_VERSION, convert_dataclass
 from .safeyaml import read_capped_text, safe_yaml
 from .schema import Profile

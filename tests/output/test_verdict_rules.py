@@ -5,13 +5,11 @@ checkpolicy's docstrings."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import itertools
 from types import SimpleNamespace
 
 import pytest
+from helpers import documented_fields
 
 from specdec_tune import checkpolicy
 from specdec_tune.checkpolicy import CHECK_POLICY, LLAMACPP_CHECK_POLICY, CheckPolicy, policy_for
@@ -72,16 +70,7 @@ def _verdict(item):
 def test_the_policy_is_frozen_and_every_field_has_a_docstring():
     with pytest.raises(dataclasses.FrozenInstanceError):
         CHECK_POLICY.tolerance = 0.2  # type: ignore[misc]
-    tree = ast.parse(inspect.getsource(CheckPolicy))
-    body = tree.body[0].body
-    documented = {
-        stmt.target.id
-        for stmt, nxt in itertools.pairwise(body)
-        if isinstance(stmt, ast.AnnAssign)
-        and isinstance(nxt, ast.Expr)
-        and isinstance(nxt.value, ast.Constant)
-    }
-    assert documented == {f.name for f in dataclasses.fields(CheckPolicy)}
+    assert documented_fields(CheckPolicy) == {f.name for f in dataclasses.fields(CheckPolicy)}
 
 
 def test_a_backend_difference_is_a_value_of_the_policy():

@@ -57,9 +57,9 @@ def test_demo_greedy_is_exact(demo, kind):
 
 
 def test_the_default_demo_space_includes_the_hybrid_of_lookup_and_the_best_model_draft():
-    from specdec_tune.runtime.session import open_session
+    from specdec_tune.runtime.session import load_models
 
-    s = open_session(
+    s = load_models(
         None, None, max_new_tokens=4, device="cpu", limit=1, lazy_drafts=True, engine_mode="eager"
     )
     hybrid = next(d for d in s.specs if d.kind == "hybrid")

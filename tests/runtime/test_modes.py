@@ -237,9 +237,9 @@ def test_auto_remembers_where_it_is_told_and_only_there(tmp_path, monkeypatch):
 def test_a_static_context_changes_nothing_outside_what_it_is_passed_to(tiny_dirs):
     """The static crash of issue 19: a session's mode leaked into every later drafter and loop.
     Now a session's context reaches only what it is handed; the default stays eager."""
-    from specdec_tune.runtime.session import open_session
+    from specdec_tune.runtime.session import load_models
 
-    s = open_session(
+    s = load_models(
         tiny_dirs["target"],
         [tiny_dirs["draft"]],
         tiny_dirs["workload"],

@@ -19,7 +19,7 @@ from specdec_tune.runtime.models.shapes import (
     shape_name,
     shape_num_params,
 )
-from specdec_tune.runtime.session import has_random_weights, open_session, parse_draft
+from specdec_tune.runtime.session import has_random_weights, load_models, parse_draft
 
 # Parameter counts from the model cards (Llama 3.1/3.2, Qwen2.5), in billions.
 PUBLISHED_B = {
@@ -132,8 +132,8 @@ def test_vocabularies_without_a_tokenizer_compare_by_size(tmp_path):
 def test_sessions_refuse_shapes_unless_profiling(tmp_path):
     path = f"shape:{write_shape(tmp_path, 'tiny')}"
     with pytest.raises(SpecDecError, match="only `specdec-tune profile`"):
-        open_session(path, ["prompt-lookup"], device="cpu")
-    s = open_session(path, [path], device="cpu", allow_random=True)
+        load_models(path, ["prompt-lookup"], device="cpu")
+    s = load_models(path, [path], device="cpu", allow_random=True)
     assert s.case is None and s.target.weights == "random" and "shape:tiny" in s.drafts
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Result
 from specdec_tune.measure import stats
+from specdec_tune.measurepolicy import MEASURE_POLICY
 from specdec_tune.search.final import is_outlier, pick_finalists, pool
 from specdec_tune.search.racing import BASELINE, RESOLVED, TIE, median_of, race, simplicity
 
@@ -170,7 +171,7 @@ def test_a_leader_wholly_above_plain_decoding_stays_though_the_sign_test_disagre
 
     out = race([Config(MODEL, 6), Config(MODEL, 7)], measure_round, 6, 3, max_repeats=6)
     assert out.verdict == TIE and out.chosen == 0 and out.tied == [1]  # plain decoding is not "as fast"
-    assert stats.sign_test_p([x - 1 for x in rounds[0]]) > stats.SIGN_ALPHA
+    assert stats.sign_test_p([x - 1 for x in rounds[0]]) > MEASURE_POLICY.sign_alpha
     # The same leader pulled to 1.0 by the noise (interval reaching 1.0) still gives way.
     rounds[0] = [1.08, 0.93, 1.1, 0.97, 1.05, 1.02]
     rounds[1] = [1.0, 0.95, 1.01, 0.96, 1.0, 0.98]

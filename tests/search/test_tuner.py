@@ -392,7 +392,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
         repeats=1,
         max_gamma=3,
         finalists=2,
-        final_repeats=4,  # 4 cannot resolve a race (measure.stats.MIN_PAIRS): one racing round follows
+        final_repeats=4,  # 4 cannot resolve a race (MeasurePolicy.min_pairs): one racing round follows
         sampler="grid",
         final_floor=0.0,
     )
@@ -411,7 +411,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert res.results[0].metrics.search_speedup == expect[1].metrics.speedup
     assert res.results[1].config == expect[0].config and res.results[1].metrics.speedup == pytest.approx(1.1)
     assert res.results[2].config.gamma == 0  # the baseline (1.0×) closes the final round's ranking
-    # 4 repeats cannot resolve (fewer than stats.MIN_PAIRS): one more racing round of the two did.
+    # 4 repeats cannot resolve (fewer than MeasurePolicy.min_pairs): one more racing round of the two did.
     assert len(fake.calls) == 2 and res.final_verdict == "resolved" and res.final_repeats == 6
     assert res.final_margin[0] == pytest.approx(1.4 / 1.1, rel=1e-3) and res.final_margin[1] > 1
     lo, hi = res.results[0].metrics.speedup_interval

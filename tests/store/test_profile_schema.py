@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_tune import atomic
+from specdec_tune.atomic import atomic_write_text
 from specdec_tune.domain import Config, DraftSpec
 from specdec_tune.errors import SpecDecError
 from specdec_tune.store import yamlio
-from specdec_tune.store.atomic import atomic_write_text
 from specdec_tune.store.schema import SCHEMA_VERSION, Profile
 from specdec_tune.store.validate import profile_from_dict
 from specdec_tune.store.yamlio import load_profile, profile_to_dict, profile_to_yaml, save_profile

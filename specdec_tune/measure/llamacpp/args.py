@@ -124,8 +124,13 @@ def _bounded(n: int, what: str) -> None:
 
 
 def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
-    """The llama-server flags of `config` (none for the plain server). `draft_path` is the draft
-    GGUF the config runs (a layer-skip draft's is cut from the target by the backend)."""
+    """The llama-server flags of `config` (none for the plain server): the one mapping, which the
+    measured servers start with and `export --to llamacpp` emits (serving.llamacpp_args). `draft_path`
+    is the draft GGUF the config runs (a layer-skip draft's is cut from the target by the backend).
+
+    E.g. ngram-simple:3 γ 4 -> --spec-type ngram-simple --spec-ngram-simple-size-n 3
+    --spec-ngram-simple-size-m 4; a draft GGUF γ 5 t 0.3 -> --spec-type draft-simple
+    --spec-draft-model D.gguf --spec-draft-n-max 5 --spec-draft-n-min 0 --spec-draft-p-min 0.3."""
     d, gamma = config.draft, config.gamma
     if d.kind == "none" or gamma == 0:
         return []
@@ -161,14 +166,15 @@ def spec_args(config: Config, draft_path: str | None = None) -> list[str]:
         if not path:
             raise SpecDecError(f"draft '{d.name}' has no GGUF file for llama.cpp")
         types.append("draft-simple")
-        args += [DRAFT_MODEL_FLAG, str(path), "--spec-draft-p-min", f"{config.threshold:g}"]
-        if d.min_draft:
-            args += ["--spec-draft-n-min", str(min(d.min_draft, gamma))]
+        # only the draft-model types read --spec-draft-n-max (DRAFT_N_MAX_TYPES): the n-gram ones
+        # are not passed a flag that does nothing, so a stored command line says exactly what ran;
+        # n-min and p-min are always written, as their defaults moved between builds
+        args += [DRAFT_MODEL_FLAG, str(path), "--spec-draft-n-max", str(gamma)]
+        args += ["--spec-draft-n-min", str(min(d.min_draft or 0, gamma))]
+        args += ["--spec-draft-p-min", f"{config.threshold:g}"]
     if not types:
         raise SpecDecError(f"llama.cpp has no counterpart of draft kind '{d.kind}' ({d.name})")
-    # only a flag that acts is passed: a stored command line then says exactly what ran
-    n_max = ["--spec-draft-n-max", str(gamma)] if reads_draft_n_max(types) else []
-    return ["--spec-type", ",".join(types), *args, *n_max]
+    return ["--spec-type", ",".join(types), *args]
 
 
 def reads_draft_n_max(spec_types: Iterable[str]) -> bool:
