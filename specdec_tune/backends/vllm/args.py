@@ -21,9 +21,10 @@ from ...demo import DEMO_DRAFTS, demo_path
 from ...domain import Config, DraftSpec
 from ...errors import SpecDecError
 
-# The drafts `run --backend vllm` searches unless told: vLLM's n-gram proposer at three match
-# windows (its documented example is prompt_lookup_max 4, which sets min 4 too).
-DEFAULT_DRAFTS = ("ngram:4", "ngram:2-4", "ngram:1-3")
+# The drafts `run --backend vllm` searches unless told: vLLM's n-gram proposer at two match windows
+# (its documented example is prompt_lookup_max 4, which sets min 4 too). Each draft's first trial is
+# a server start (tens of seconds on a CPU), so the defaults are few; --draft adds others.
+DEFAULT_DRAFTS = ("ngram:4", "ngram:2-4")
 # The largest gamma searched unless told: an n-gram draft costs next to nothing per drafted token,
 # and on a CPU the per-step overhead dominates, so long drafts can pay (the γ 5: 2.95x).
 ENGINE_MAX_GAMMA = 8

@@ -109,17 +109,20 @@ class VllmBackend:
             schedule=schedule,
         )  # fmt: skip
 
-    def server(self, config: Config | None) -> VllmServer:
-        """The server of `config` (None or gamma 0: the plain one), started on first use and kept."""
+    def server(self, config: Config | None, pinned: tuple[Any, ...] = ()) -> VllmServer:
+        """The server of `config` (None or gamma 0: the plain one), started on first use and kept.
+        Beyond MAX_SERVERS the least recently used config's server stops, never one `pinned` (the
+        configs of the round being measured: a round restarting its own servers every pass would
+        time start-ups, not decoding)."""
         key = "plain" if config is None or config.gamma <= 0 else config.key
         server = self._servers.pop(key, None)
         if server is None or not server.alive:
             spec = config if key != "plain" else None
             args = self.flags(spec) + measure_only_args(self.memory_share)
             server = VllmServer(python=self.python, args=args, model=self.target)
-            while len(self._servers) >= MAX_SERVERS - 1:  # the least recently used config's goes
-                oldest = next(k for k in self._servers if k != "plain")
-                self._servers.pop(oldest).stop()
+            spare = [k for k in self._servers if k != "plain" and k not in pinned]
+            while spare and len(self._servers) >= MAX_SERVERS - 1:  # the least recently used goes
+                self._servers.pop(spare.pop(0)).stop()
             started = time.monotonic()
             server.start(self.start_timeout_s)
             self.start_seconds.append(time.monotonic() - started)
@@ -267,6 +270,8 @@ class VllmBackend:
     ) -> list[Measurement]:
         """Speculative `configs` against one plain side: per repeat a plain pass and each config's,
         in turn, reversed every other repeat (ABBA): 1 + k passes a repeat."""
+        pinned = tuple(c.key for c in configs)
+        servers = {i: self.server(c, pinned) for i, c in enumerate(configs)}  # every one up first
         plain = self.server(None)
         for c in configs:
             self._warm(c, case, batch_size)
@@ -279,7 +284,7 @@ class VllmBackend:
             if r % 2:
                 order.reverse()  # ABBA: drift hits both sides alike
             for i in order:
-                server = plain if i < 0 else self.server(configs[i])
+                server = plain if i < 0 else servers[i]
                 passes[i].append(self._pass(server, case, batch_size, "plain" if i < 0 else "spec"))
             for i in range(k):
                 speedups[i].append(passes[i][r]["tok_s"] / passes[-1][r]["tok_s"])

@@ -231,13 +231,16 @@ class VllmSession:
         return with_acceptance(costs, measured, max_gamma)
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
-        """Every draft once first (its acceptance in this engine feeds the cost model): an n-gram
-        draft at three quarters of the range, a draft model at 3; the two lengths apart let the
-        model tell a step's cost from a drafted token's."""
+        """Every draft once first (its acceptance in this engine feeds the cost model): vLLM's
+        documented example where the draft is the example's (its server then races in the final
+        round without another start), other n-gram drafts at three quarters of the range. The model
+        tells a step's cost from a drafted token's once a family ran at two lengths: the model's best
+        prediction, tried next, is the second."""
+        examples = {c.draft.name: c.gamma for c in self.default_configs()}
         out = []
         for d in self.specs:
-            gamma = min(max_gamma, 3) if d.kind == "model" else max(1, max_gamma * 3 // 4)
-            out.append({"draft": d.name, "gamma": gamma})
+            gamma = examples.get(d.name) or max(1, max_gamma * 3 // 4)
+            out.append({"draft": d.name, "gamma": min(max_gamma, gamma)})
         return out
 
     def predictor(self) -> EnginePredictor:
