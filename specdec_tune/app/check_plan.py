@@ -43,7 +43,7 @@ def plan_check(path: Path, batch_size: int | None = None) -> CheckPlan:
     first measurement. Raises SpecDecError (exit 2) for a profile that `check` could not load."""
     p = load_profile(path)
     folder = Path(path).parent
-    backend = (p.backend or {}).get("name") or "native"
+    backend = p.backend.name
     target = _locate(resolve_ref(target_ref(p), folder), p.target.name, "target")
     rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
     if batch_size is not None:
