@@ -42,7 +42,7 @@ def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[in
     picked = [(b, r) for b, r in rows if b == batch_size]
     if not picked:
         sizes = ", ".join(str(b) for b, _ in rows)
-        raise SpecDecError(f"{path} has no result at batch size {batch_size}; it has: {sizes}")
+        raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
     return picked
 
 

@@ -486,7 +486,7 @@ def test_the_baseline_asked_for_again_is_reused_not_measured(
     def no_timing(*a, **k):
         raise AssertionError("the baseline was measured again")
 
-    monkeypatch.setattr(tuner.NativeBackend, "measure", no_timing)
+    monkeypatch.setattr(NativeBackend, "measure", no_timing)
     settings.trials = 3
     res = tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     first, again = (t for t in study.get_trials() if t.params.get("draft") == "none")
