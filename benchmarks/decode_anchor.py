@@ -30,13 +30,14 @@ import torch
 from specdec_tune.measure.anchors import measure_matmul_gflops
 from specdec_tune.measure.bench import measure
 from specdec_tune.measure.decode_anchor import DecodeAnchor, spec_of
-from specdec_tune.app.profile_models import open_profile_models
+from specdec_tune.app.profile_models import stored_models
 from specdec_tune.store.yamlio import load_profile
 
 torch.set_num_threads(int(sys.argv[2]))
 from pathlib import Path
 path = Path(sys.argv[3])
-s, _ = open_profile_models(load_profile(path), path, "cpu", allow_other_hardware=True)
+p = load_profile(path)
+s = stored_models(p, path, [p.best.config.draft], device="cpu").open(lazy_drafts=False)
 anchor = DecodeAnchor(spec_of(s.target.model), s.device)
 m = measure(s.target.model, None, 0, 0.0, s.case, repeats=int(sys.argv[1]), ctx=s.ctx, anchor=anchor)
 print(json.dumps({

@@ -27,12 +27,14 @@ from pathlib import Path
 
 from specdec_tune.app.categories import split_by_category
 from specdec_tune.app.common import Progress, measure_costs
+from specdec_tune.backends.native_pool import DrafterPool
 from specdec_tune.domain import Config
+from specdec_tune.measure.backends import NativeBackend
 from specdec_tune.measure.bench import Entry, measure_many
 from specdec_tune.runtime.session import load_models
 from specdec_tune.search.costmodel import CostModel, expected_tokens, verify_cost_ms
 from specdec_tune.search.space import TuneSettings
-from specdec_tune.search.tuner import DrafterPool, tune
+from specdec_tune.search.tuner import tune
 
 STATIC = ["draft-1l", "draft-2l", "prompt-lookup"]
 DYNAMIC = [
@@ -58,7 +60,8 @@ def row(config: Config, m) -> dict:
 
 def search(s, pool, specs, costs, settings, label, log):
     t0 = time.monotonic()
-    result = tune(s.target.model, specs, s.case, settings, costs, pool, {"bench": label})
+    pool.costs = costs
+    result = tune(NativeBackend(pool), specs, s.case, settings, costs, {"bench": label})
     log(f"{label}: {result.trials} trials in {time.monotonic() - t0:.0f} s; top:")
     for r in result.results[:5]:
         searched = f" (search {r.metrics.search_speedup:.3f})" if r.metrics.search_speedup else ""

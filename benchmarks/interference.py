@@ -233,10 +233,10 @@ def profile_summary(path: Path) -> dict:
 
 def compare_quiet(summaries: list[dict], quiet_key: str, args: argparse.Namespace) -> dict[str, float]:
     """Every chosen config and the quiet best in one quiet interleaved run: speedup per config."""
+    from specdec_tune.backends.native_pool import DrafterPool
     from specdec_tune.domain import Config, DraftSpec
     from specdec_tune.measure.bench import Entry, measure_many
     from specdec_tune.runtime.session import load_models
-    from specdec_tune.search.tuner import DrafterPool
 
     configs: dict[str, Config] = {}
     for s in summaries:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, sys
 from pathlib import Path
-from specdec_tune.app.checking import open_profile_models
+from specdec_tune.app.profile_models import stored_models
 from specdec_tune.measure.anchors import machine_speed
 from specdec_tune.measure.bench import measure
 from specdec_tune.runtime.drafting.build import build_drafter
@@ -30,8 +30,9 @@ from specdec_tune.search.policymodel import policy_drafter
 from specdec_tune.store.yamlio import load_profile
 path, repeats = Path(sys.argv[1]), int(sys.argv[2])
 p = load_profile(path)
-s, spec = open_profile_models(p, path, allow_other_hardware=True)
 cfg = p.best.config
+s = stored_models(p, path, [cfg.draft]).open(lazy_drafts=False)
+spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
 d = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
 matmul = machine_speed(s.device).matmul_gflops
 m = measure(s.target.model, d, cfg.gamma, cfg.threshold, s.case, repeats=repeats, ctx=s.ctx)

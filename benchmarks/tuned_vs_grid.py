@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from specdec_tune.backends.native_pool import DrafterPool
 from specdec_tune.domain import Config, DraftSpec
+from specdec_tune.measure.backends import NativeBackend
 from specdec_tune.measure.bench import run_pass
 from specdec_tune.measure.costs import measure_costs
 from specdec_tune.measure.hfcompare import HFConfig, run_hf_pass
@@ -30,7 +32,7 @@ from specdec_tune.measure.timing import median, spread, timed
 from specdec_tune.runtime.drafting.build import build_drafter
 from specdec_tune.runtime.session import load_models
 from specdec_tune.search.space import TuneSettings, grid_size
-from specdec_tune.search.tuner import DrafterPool, tune
+from specdec_tune.search.tuner import tune
 
 
 def interleaved(fns: dict, repeats: int) -> dict:
@@ -106,12 +108,11 @@ def main() -> None:
 
     t0 = time.monotonic()
     grid = tune(
-        target,
+        NativeBackend(pool),
         s.specs,
         s.case,
         TuneSettings(trials=n_grid, sampler="grid", study_name="grid", **base),
         costs,
-        pool,
     )
     out["grid_s"] = round(time.monotonic() - t0, 1)
     out["grid_top"] = top(grid)
@@ -120,12 +121,11 @@ def main() -> None:
     for seed in args.seeds:
         t0 = time.monotonic()
         res = tune(
-            target,
+            NativeBackend(pool),
             s.specs,
             s.case,
             TuneSettings(trials=budget, sampler="tpe", seed=seed, study_name=f"tpe-{seed}", **base),
             costs,
-            pool,
         )
         tuned[seed] = res
         out[f"tpe_{seed}"] = {

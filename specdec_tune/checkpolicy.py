@@ -159,9 +159,3 @@ LLAMACPP_CHECK_POLICY = replace(
     shared_others_share=CHECK_POLICY.busy_others_share,
     shared_steal_share=CHECK_POLICY.busy_steal_share,
 )
-POLICIES = {"native": CHECK_POLICY, "llamacpp": LLAMACPP_CHECK_POLICY}
-
-
-def policy_for(backend: str | None) -> CheckPolicy:
-    """The policy `check` judges a profile of `backend` by (the native one for any other)."""
-    return POLICIES.get(backend or "native", CHECK_POLICY)

@@ -19,7 +19,7 @@ from specdec_tune.runtime.contexts import workload_as_sent
 from specdec_tune.runtime.workloads import Workload, load_workload, stratified
 from specdec_tune.search.budget import TrialShape
 from specdec_tune.store.build import EngineFields
-from specdec_tune.store.schema import TargetInfo
+from specdec_tune.store.schema import BackendInfo, TargetInfo
 
 NAME = "fake"
 PLAIN_TOKENS_PER_S = 100.0
@@ -127,7 +127,7 @@ class FakeSession:
     def settings_for(self, settings: Any, progress: Progress) -> Any:
         return settings
 
-    def content_hash(self) -> str:
+    def content_hash(self, like: str = "") -> str:
         return "sha256:fakeweights00000"
 
     def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
@@ -229,7 +229,7 @@ class FakeSession:
         return EngineFields(
             target=TargetInfo("fake", "fake", None, self.content_hash(), "fake", 0),
             versions={"fake-engine": "1.0"},
-            backend=self.info(),
+            backend=BackendInfo(NAME, dict(self.build)),
         )
 
     def portable(self, profile: Any, out: Path, target_arg: str | None) -> Any:
@@ -250,11 +250,18 @@ class FakeSession:
     def describe(self) -> str:
         return "fake engine"
 
+    def profile_costs(
+        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
+    ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
+        costs = self.costs(max_gamma, repeats, progress)
+        return costs, list(self.case.max_new_tokens), {"name": "fake", "dtype": "fake", "num_params": 0}
+
 
 class FakeModule:
     """What `backends.base.register` takes: the backend's two entry points."""
 
     sessions: ClassVar[list[FakeSession]] = []
+    DEFAULT_MAX_GAMMA = 8  # `run --max-gamma`'s default here
 
     @classmethod
     def open_session(cls, models: Models, purpose: Purpose) -> FakeSession:

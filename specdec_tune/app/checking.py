@@ -1,29 +1,37 @@
 """`check`: re-measure a stored profile on this machine and judge it against what it promised
-(speedup, acceptance, the batch table, the engine), with repeats where the noise needs them.
+(speedup, acceptance, exactness, the rates, the batch table, the envelope, the engine build).
+
+One pipeline for every backend: open the profile's engine (`open_stored`, a measuring session),
+gather the evidence through the session (`measure`, the machine anchors around the first row, the
+OS watching), and let the session's `CheckPolicy` give the verdict (output.check). What differs
+between engines is a value of the session: its `policy`, its `busy_rule` and `threads`, and how a
+doubtful drop is confirmed (`fresh_reference`: in fresh processes, app.reference, where the profile
+has a reference measured there; else in the session).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..backends.base import checks_in_session
-from ..checkpolicy import CHECK_POLICY, CheckPolicy, policy_for
+from ..backends.base import CheckSession, Purpose
+from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import OtherHardwareError, SpecDecError
-from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, check_count
+from ..limits import MAX_REPEATS, check_count
 from ..measure import anchors as machine_anchors
 from ..measure import noise
 from ..measure.anchors import faster, measure_twice
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for
 from ..output.check import (
+    CheckItem,
     CheckReport,
     Evidence,
     confirm_repeats,
-    judge,
     judge_config,
     needs_confirmation,
     reference_of,
@@ -33,14 +41,12 @@ from ..output.check import (
 from ..output.environment import classify
 from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
-from ..runtime.models.loading import content_hash_like
-from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
-from .check_session import check_in_session
+from .check_rows import Judging, in_session, row_items, stored_rows, where_of
 from .common import check_writable
-from .profile_models import measure_best, open_profile_models
-from .reference import decode_anchor_of, record_reference
+from .profile_models import open_stored, refuse_other_build, stored_models
+from .reference import record_reference
 
 
 def check(
@@ -55,166 +61,182 @@ def check(
     batch_size: int | None = None,
     models_root: Path | None = None,
     backend: str | None = None,
-    llama_server: str | None = None,
+    server: str | None = None,
     allow_other_build: bool = False,
 ) -> CheckReport:
-    """Re-measure a stored profile's best config here and judge it against what it stored; with a
-    batch table, every row at its batch size (only `batch_size`'s row when given). With
-    `models_root` (or SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows.
-    The thresholds are the backend's CheckPolicy (checkpolicy.policy_for).
+    """Re-measure a stored profile's best config here, in the engine that measured it, and judge it
+    against what it stored; with a batch table, every row at its batch size (only `batch_size`'s row
+    when given); with an envelope, every cell those do not cover. With `models_root` (or
+    SPECDEC_MODELS_ROOT) the profile may load only what app.confine allows. The thresholds are the
+    session's CheckPolicy.
 
-    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or
-    the machine anchors (copy, matmul; plain decoding in older profiles) far slower or faster than
-    the profile's on a quiet machine (output.anchors); when they agree, tokens/s is judged too. A speedup
-    not clearly passing is measured again (with the repeats its noise needs) and judged on all
-    repeats together; too noisy to tell is `report.inconclusive` (CLI exit 6).
+    Raises OtherHardwareError (CLI exit 3) on other hardware unless allowed: another slug, or the
+    machine anchors (copy, matmul; plain decoding in older profiles) far slower or faster than the
+    profile's on a quiet machine (output.anchors); and on another engine build unless
+    `allow_other_build`. `server`: an engine backend's server binary (default: its extra's). A speedup not clearly passing is measured again (with the repeats its noise
+    needs) and judged on all repeats together; too noisy to tell is `report.inconclusive` (exit 6).
     """
     started = time.monotonic()
     p = load_profile(path)
-    engine = (p.backend or {}).get("name") or "native"
-    if backend is not None and backend != engine:
-        raise SpecDecError(f"{path} was measured with the {engine} backend, not {backend}: drop --backend")
-    policy = policy_for(engine)
-    if checks_in_session(engine):  # each config in its own server, confirmed in the session
-        check_count(repeats, "--repeats")
-        report = check_in_session(
-            p, path, tolerance=tolerance, acceptance_tolerance=acceptance_tolerance, repeats=repeats,
-            allow_other_hardware=allow_other_hardware, allow_other_build=allow_other_build,
-            batch_size=batch_size, policy=policy, server=llama_server,
-        )  # fmt: skip
-        if batch_size is None and p.context_table:
-            report.items += check_cells(
-                p, path, tolerance=tolerance, acceptance_tolerance=acceptance_tolerance, repeats=repeats,
-                policy=policy, server=llama_server,
-            )  # fmt: skip
-        if junit is not None:
-            atomic_write_text(junit, junit_xml(report))
-        return report
-    speedup_floor(p, tolerance)  # a bad --tolerance fails before any model loads
+    if backend is not None and backend != p.backend.name:
+        raise SpecDecError(
+            f"{path} was measured with the {p.backend.name} backend, not {backend}: drop --backend"
+        )
+    speedup_floor(p, tolerance)  # a bad --tolerance fails before any engine starts
     check_count(repeats, "--repeats", high=MAX_REPEATS)
-    rows = [r for r in p.batch_table if batch_size is None or r.batch_size == batch_size]
-    if batch_size is not None:
-        check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
-        if not rows:
-            sizes = ", ".join(str(r.batch_size) for r in p.batch_table) or "none (run --batch-sizes)"
-            raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
+    rows = stored_rows(p, path, batch_size)
     if junit is not None:
         check_writable(junit)
-    s, spec = open_profile_models(p, path, device, models_root, rows, allow_other_hardware)
-    weights = content_hash_like(p.target.content_hash, s.target.path)
-    settings = dict(
-        tolerance=tolerance, acceptance_tolerance=acceptance_tolerance, repeats=repeats, policy=policy
+    drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
+    models = stored_models(p, path, drafts, device=device, server=server, models_root=models_root)
+    refuse_other_build(p, path, models, allow_other_build)
+    anchored = p.anchors is not None and p.anchors.has_anchor_reference
+    purpose = Purpose(
+        "check",
+        batch_size=rows[0][0],
+        costs=p.costs,
+        decode_anchor=p.anchors.decode_anchor if anchored else None,
     )
-    if batch_size is None:
-        report = check_best(
-            p, path, s, spec, weights, allow_other_hardware=allow_other_hardware, models_root=models_root,
-            **settings,
-        )  # fmt: skip
-        # The best config is the batch size 1 answer; the table's other rows follow.
-        others = [r for r in rows if r.batch_size != 1]
-        report.items += judge_batch_rows(
-            p, str(path), s, others, weights, with_weights=False, **settings
-        ).items
+    with open_stored(p, path, models, purpose, allow_other_hardware=allow_other_hardware) as s:
+        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy)
+        report = CheckReport(profile=str(path), config=p.best.config.label)
+        report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
+        judge_rows(
+            p, path, s, rows, j, report, allow_other_hardware=allow_other_hardware, models_root=models_root
+        )
+    if batch_size is not None:
+        report.config = f"batch size {batch_size}: {rows[0][1].config.label}"
+    else:
         if p.batch_table:
             report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
         if p.context_table:
-            report.items += check_cells(
-                p,
-                path,
-                device=device,
-                **settings,  # type: ignore[arg-type]
-            )
-            report.config += f" + context lengths {', '.join(sorted({str(r.context_length) for r in p.context_table}, key=int))}"
-    else:
-        report = judge_batch_rows(p, str(path), s, rows, weights, **settings)
-        report.config = f"batch size {batch_size}: {rows[0].best.config.label}"
+            report.items += check_cells(p, path, j, device=device, server=server)
+            lengths = sorted({r.context_length for r in p.context_table})
+            report.config += f" + context lengths {', '.join(map(str, lengths))}"
     report.seconds = time.monotonic() - started
     if junit is not None:
         atomic_write_text(junit, junit_xml(report))
     return report
 
 
-def check_best(
+def judge_rows(
     p: Any,
     path: Path,
-    s: Any,
-    spec: Any,
-    weights: str,
+    s: CheckSession,
+    rows: list[tuple[int, Any]],
+    j: Judging,
+    report: CheckReport,
     *,
-    tolerance: float,
-    acceptance_tolerance: float | None,
-    repeats: int,
     allow_other_hardware: bool,
     models_root: Path | None,
-    policy: CheckPolicy,
-) -> CheckReport:
-    """The evidence for the profile's best config (the measurement with the machine anchors around
-    it and the OS watching, the anchors again before "other hardware", a confirmation where the
-    first did not clearly pass) and its report (output.check.judge)."""
-    from ..runtime.drafting.build import build_drafter
+) -> None:
+    """Each stored row re-measured in session `s` and judged into `report`: the first with the
+    machine anchors around it (`first_row`), the others as they are (app.check_rows). An engine that
+    stops answering on a busy machine (llama.cpp's threads spin-wait for a busy core) cannot be
+    judged: inconclusive, as any speedup drop there; on a quiet one it is an error of the setup."""
+    by_name = {d.name: d for d in s.specs}
+    snapshot, current = noise.os_snapshot(), rows[0]
+    try:
+        for i, (b, r) in enumerate(rows):
+            current = (b, r)
+            config = dataclasses.replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
+            if i == 0:
+                report.items += first_row(
+                    p, path, s, b, r, config, j, report, allow_other_hardware=allow_other_hardware,
+                    models_root=models_root,
+                )  # fmt: skip
+            else:
+                report.items += row_items(s, r, config, b, j, p.workload.temperature, where_of(b))
+    except SpecDecError:  # the user's input or other hardware: said as it is
+        raise
+    except Exception as exc:
+        info = noise.os_since(snapshot)
+        hint = s.failure_hint(exc, info)
+        if hint is None:
+            raise
+        if not hint:
+            raise SpecDecError(str(exc)) from None
+        b, r = current
+        report.noise = {**info, "busy": True}
+        note = f"not measured, the server did not answer: {hint}; inconclusive: the machine was busy"
+        report.items.append(CheckItem(f"speedup{where_of(b)}", r.metrics.speedup, None, True, note, True))
 
-    cfg = p.best.config
-    drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-    # The plain rate is judged per decode-anchor step where the reference has that ratio.
-    anchor = decode_anchor_of(p, s.device) if p.anchors and p.anchors.has_anchor_reference else None
-    # The machine anchors (copy, matmul) before and after the measurement (output.anchors).
-    (machine, m), os_noise, busy_seen = noise.busy_window(
-        lambda: measure_twice(s.device, lambda: measure_best(s, drafter, cfg, repeats, anchor))
-    )
-    env = classify(os_noise, policy, busy_seen=busy_seen)
-    verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, env.busy, policy)
+
+def first_row(
+    p: Any,
+    path: Path,
+    s: CheckSession,
+    b: int,
+    stored: Any,
+    config: Any,
+    j: Judging,
+    report: CheckReport,
+    *,
+    allow_other_hardware: bool,
+    models_root: Path | None,
+) -> list[CheckItem]:
+    """The items of the first row (the best, at batch size 1 unless `--batch-size`): the measurement
+    with the machine anchors before and after it and the OS watching, the anchors again before
+    "other hardware", and a confirmation where the first did not clearly pass (in fresh processes
+    where the session's `fresh_reference` and the profile has such a reference, else in the
+    session). Fills `report.noise` and `report.anchors`."""
+    policy, cpus = j.policy, os.cpu_count() or 1
+
+    def once(n: int = j.repeats, seed: int = 0) -> Any:
+        return in_session(s, config, b, n, seed)
+
+    (machine, m), os_noise, busy_seen = noise.busy_window(lambda: measure_twice(s.device, once))
+    env = classify(os_noise, policy, busy_seen=busy_seen, threads=s.threads, cpus=cpus)
+    plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
+    verdict = anchor_verdict(p, plain, machine, env.busy, policy)
     if verdict.other_hardware and not allow_other_hardware:
         # Before calling it other hardware, the anchors again, spaced out (the policy's
         # `anchor_retries`): the faster of each is kept.
         machine, busy_again = anchors_again(s.device, machine, policy)
-        env = classify(os_noise, policy, busy_seen=env.busy or busy_again)
-        verdict = anchor_verdict(p, m.metrics.baseline_tokens_per_s, machine, env.busy, policy)
+        env = classify(os_noise, policy, busy_seen=env.busy or busy_again, threads=s.threads, cpus=cpus)
+        verdict = anchor_verdict(p, plain, machine, env.busy, policy)
     if verdict.other_hardware and not allow_other_hardware:
-        raise OtherHardwareError(other_hardware_message(path, verdict))
+        raise OtherHardwareError(other_hardware_message(path, verdict, s.run_command))
     moved = getattr(machine, "drift", 0.0)
-    scale = (
-        rate_scale_for(p, verdict, machine) if env.quiet else 1.0
-    )  # the load's rates are not judged anyway
+    scale = rate_scale_for(p, verdict, machine) if env.quiet else 1.0  # a load's rates are not judged
     first = Evidence(
-        p.best, m, temperature=p.workload.temperature, environment=env, judge_rates=verdict.judge_rates,
-        rate_scale=scale, reference=reference_of(p),
+        stored, m, temperature=p.workload.temperature, environment=env,
+        judge_rates=verdict.judge_rates and b == 1 and bool(policy.judged_rates), rate_scale=scale,
+        reference=reference_of(p) if b == 1 else {}, where=where_of(b),
     )  # fmt: skip
     again = None
-    if needs_confirmation(first, tolerance, policy):
-        # Fresh processes where the reference came from fresh processes (app.reference): a
-        # sample of the same kind; an older profile's final round came from one process.
+    if needs_confirmation(first, j.tolerance, policy):
         fresh, fresh_busy = [], False
-        if first.reference:
+        if s.fresh_reference and first.reference:  # a sample of the reference's kind
             fresh, fresh_busy = confirm_in_fresh_processes(
-                path, s.device, models_root, machine, busy=env.busy, policy=policy
+                path, s.device, models_root, machine, busy=env.busy, policy=policy, threads=s.threads
             )
         if fresh:
             # one sample per process: its repeats share one process's speed (`confirm_processes`)
             m, again = per_process(m), merged(m, fresh)
-            env = classify(os_noise, policy, busy_seen=env.busy or fresh_busy)
-        else:  # no fresh process measured: again in this one
+            env = classify(os_noise, policy, busy_seen=env.busy or fresh_busy, threads=s.threads, cpus=cpus)
+        else:  # in this session
             # Busy: the load, not the noise, moved the result, and more repeats under it only
             # resolve the load's level; one more look at the same length is enough to pass.
-            n = repeats if env.busy else confirm_repeats(m, repeats, policy)
-            again = measure_best(s, drafter, cfg, n, anchor, seed=1)
+            again = once(j.repeats if env.busy else confirm_repeats(m, j.repeats, policy), seed=1)
     # The machine's own speed moved while this check measured (a shared host's neighbours): a drop
     # of the absolute rates is then inconclusive; the plain rate per decode-anchor step, in which
     # the host's speed cancels, is still judged, and so is the speedup (output.environment).
-    env = classify(os_noise, policy, busy_seen=env.busy, drift=moved, drift_cancels=bool(m.plain_per_anchor))
+    env = classify(
+        os_noise, policy, busy_seen=env.busy, drift=moved, drift_cancels=bool(m.plain_per_anchor),
+        threads=s.threads, cpus=cpus,
+    )  # fmt: skip
     evidence = dataclasses.replace(first, measured=m, again=again, environment=env)
-    report = judge(
-        p, str(path), evidence, weights, tolerance, acceptance_tolerance=acceptance_tolerance, policy=policy
-    )
     report.noise = {**os_noise, "busy": env.busy, "anchor_drift": round(moved, 4)}
     if verdict.slowdown is not None:
         report.anchors = {**verdict.as_dict(), "rate_scale": round(scale, 4)}
-    if anchor is not None and m.plain_per_anchor:  # [the reference's median, this check's]
+    if p.anchors is not None and p.anchors.has_anchor_reference and m.plain_per_anchor:
         ref, now = p.anchors.reference_plain_per_anchor, per_anchor_of(m, again)
         report.anchors["plain_per_anchor"] = [
             round(statistics.median(ref), 5),
             round(statistics.median(now), 5),
         ]
-    return report
+    return judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
 
 
 def anchors_again(device: str, machine: Any, policy: CheckPolicy = CHECK_POLICY) -> tuple[Any, bool]:
@@ -238,17 +260,16 @@ def confirm_in_fresh_processes(
     *,
     busy: bool = False,
     policy: CheckPolicy = CHECK_POLICY,
+    threads: int | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
     """The profile's best config against plain decoding in the policy's `confirm_processes` fresh
-    processes, measured as this check measured (app.reference): their results, with each one's
-    rates put at this process's matmul speed (so `rate_scale` applies alike), and whether any found
-    the machine busy (a left-out process, or one that saw other work). `busy`: this check's own
-    measurement saw other work; then `busy_confirm_processes` confirm and a busy one is not replaced."""
+    processes (with the engine's `threads`), measured as this check measured (app.reference): their
+    results, with each one's rates put at this process's matmul speed (so `rate_scale` applies
+    alike), and whether any found the machine busy (a left-out process, or one that saw other work).
+    `busy`: this check's own measurement saw other work; then `busy_confirm_processes` confirm and a
+    busy one is not replaced."""
     import functools
-    import os
     import subprocess
-
-    import torch
 
     env = dict(os.environ)
     if models_root is not None:
@@ -256,7 +277,7 @@ def confirm_in_fresh_processes(
     run = functools.partial(subprocess.run, env=env)
     kept, note = record_reference(
         path, policy.busy_confirm_processes if busy else policy.confirm_processes,
-        threads=torch.get_num_threads(), run=run, device=device, what="confirming process",
+        threads=threads, run=run, device=device, what="confirming process",
         extra=0 if busy else policy.extra_processes, policy=policy,
     )  # fmt: skip
     here = getattr(machine, "matmul_gflops", None)
@@ -294,54 +315,3 @@ def merged(m: Any, fresh: list[dict[str, Any]]) -> Any:
         m, metrics=metrics, speedups=speedups, rates=rates, baseline_rates=base, processes=len(fresh),
         plain_per_anchor=per_anchor if len(per_anchor) == len(fresh) else [],
     )  # fmt: skip
-
-
-def judge_batch_rows(
-    p: Any,
-    path: str,
-    s: Any,
-    rows: list[Any],
-    weights: str,
-    *,
-    tolerance: float,
-    acceptance_tolerance: float | None,
-    repeats: int,
-    with_weights: bool = True,
-    policy: CheckPolicy = CHECK_POLICY,
-) -> CheckReport:
-    """Each batch table row re-measured at its batch size (closed loop) and judged; items are
-    named with the batch size (e.g. "speedup @ B=4"). A speedup not clearly passing is measured again."""
-    from ..measure.batched import measure_batched
-    from ..measure.bench import measure
-    from ..runtime.drafting.build import build_drafter
-
-    report = CheckReport(profile=path, config="")
-    if with_weights:
-        report.items.append(weights_item(p.target.content_hash, weights))
-    for row in rows:
-        cfg, b = row.best.config, row.batch_size
-        spec = next((d for d in s.specs if d.name == cfg.draft.name), cfg.draft)
-
-        def once(seed: int, spec: Any = spec, cfg: Any = cfg, b: int = b, repeats: int = repeats) -> Any:
-            if b == 1:
-                drafter = policy_drafter(
-                    build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs
-                )
-                return measure(
-                    s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats, seed=seed, ctx=s.ctx
-                )
-            make = lambda: policy_drafter(  # noqa: E731
-                build_drafter(spec, s.target.model, s.draft_modules, s.ctx, rows=b), cfg, p.costs, b
-            )
-            return measure_batched(
-                s.target.model, make, cfg.gamma, cfg.threshold, s.case, b, repeats, seed=seed, ctx=s.ctx
-            )
-
-        m, os_noise, busy_seen = noise.busy_window(lambda once=once: once(0))
-        # not quiet: a drop is the load's (output.check.speedup_item)
-        env = classify(os_noise, policy, busy_seen=busy_seen)
-        e = Evidence(row.best, m, temperature=p.workload.temperature, environment=env, where=f" @ B={b}")
-        if needs_confirmation(e, tolerance, policy):
-            e = dataclasses.replace(e, again=once(1, repeats=confirm_repeats(m, repeats, policy)))
-        report.items += judge_config(e, tolerance, acceptance_tolerance=acceptance_tolerance, policy=policy)
-    return report

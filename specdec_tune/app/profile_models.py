@@ -1,96 +1,99 @@
-"""The models, workload and draft a stored profile names, loaded here for `check` and for the
-fresh processes that measure as `check` does (app.reference), confined where asked.
+"""What a stored profile names, re-opened in the engine that measured it, for `check` and for the
+fresh processes that measure as `check` does (app.reference): its target and drafts (resolved from
+the profile's folder, confined where asked), workload, decoding settings, engine and context length;
+the session refused on another machine, another engine build or a changed workload.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from ..backends.base import CheckSession, Models, Purpose, engine_build, open_session
+from ..domain import DraftSpec
 from ..errors import OtherHardwareError, SpecDecError
 from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+from ..output.environment import other_software
 from ..store.refs import resolve_ref, target_ref
-from .common import Models
+from ..store.schema import Profile
 from .confine import confine_model, confine_workload
 from .confine import models_root as models_root_of
 
 
-def open_profile_models(
-    p: Any,
+def stored_models(
+    p: Profile,
     path: Path,
+    drafts: list[DraftSpec],
+    *,
     device: str = "auto",
+    server: str | None = None,
+    threads: int | None = None,
+    context_length: int | None = None,
     models_root: Path | None = None,
-    rows: list[Any] | None = None,
-    allow_other_hardware: bool = False,
-) -> tuple[Any, Any]:
-    """The models and workload a stored profile names, loaded here (confined to `models_root`
-    when given), with its best config's draft spec. Raises OtherHardwareError on another slug
-    (unless allowed) and SpecDecError when the workload changed."""
-    # models are named relative to the profile's folder (store.refs), so any working directory works
+) -> Models:
+    """What a session re-opens of profile `p` (at `path`): its target, `drafts` (their files resolved
+    from the profile's folder), workload, decoding settings, engine and context length (the
+    profile's best's, unless given). With `models_root` (or SPECDEC_MODELS_ROOT) only what
+    app.confine allows."""
     folder = Path(path).parent
-
-    def local(spec: Any) -> Any:
-        return dataclasses.replace(spec, path=resolve_ref(spec.path, folder)) if spec.path else spec
-
-    spec = local(p.best.config.draft)
-    extra = [local(r.best.config.draft) for r in rows or [] if r.best.config.draft.kind != "none"]
-    specs = {d.name: d for d in ([spec] if spec.kind != "none" else []) + extra}
-    target = resolve_ref(target_ref(p), folder)
+    drafts = [
+        replace(d, path=resolve_ref(d.path, folder)) if d.path else d for d in drafts if d.kind != "none"
+    ]
+    target = resolve_ref(target_ref(p), folder)  # a built-in by its name, a file by its path
     root = models_root_of(models_root)
     confine_model(target, root, "target")
-    for d in specs.values():
+    for d in drafts:
         if d.path:
             confine_model(d.path, root, f"draft '{d.name}'")
     confine_workload(p.workload.name, root)
-    s = open_models(
-        Models(
-            target=target,
-            drafts=list(specs.values()),
-            workload=p.workload.name,
-            prompts=p.workload.prompts,
-            max_new_tokens=p.workload.max_new_tokens,
-            temperature=p.workload.temperature,
-            context_length=p.workload.context_length,
-            device=device,
-            dtype=p.target.dtype,
-            engine_mode=p.engine_mode,
-        )
+    return Models(
+        target=target,
+        drafts=list({d.name: d for d in drafts}.values()),
+        workload=p.workload.name,
+        prompts=p.workload.prompts,
+        max_new_tokens=p.workload.max_new_tokens,
+        temperature=p.workload.temperature,
+        device=device,
+        dtype=p.target.dtype,
+        engine_mode=p.engine_mode,  # type: ignore[arg-type]
+        backend=p.backend.name,
+        server=server,
+        threads=threads or p.backend.threads,
+        context_length=context_length or p.workload.context_length,
     )
-    hw = hardware_info(s.device)
-    if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+
+
+def refuse_other_build(p: Profile, path: Path, models: Models, allow: bool) -> None:
+    """Another engine build than the profile's is other software (exit 3 unless `allow`), said
+    before anything starts; an engine in this process has no build of its own ({})."""
+    stored, build = p.backend.build, engine_build(models)
+    if other_software(stored, build) and not allow:
         raise OtherHardwareError(
-            f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
-            "re-run `specdec-tune run` here or pass --allow-other-hardware"
+            f"{path} was measured with another {models.backend} build ({stored.get('package', '?')}, "
+            f"binary {stored.get('binary_sha256', '?')}; here {build.get('package', '?')}, "
+            f"{build.get('binary_sha256', '?')}): other software; re-run `specdec-tune run --backend "
+            f"{models.backend}` or pass --allow-other-build"
         )
-    if s.workload.sha256 != p.workload.sha256:
-        raise SpecDecError(
-            f"workload '{p.workload.name}' has changed since the profile was made "
-            f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
-        )
-    return s, spec
 
 
-def open_models(models: Models) -> Any:
-    """Load what a stored profile names. Whatever the loaders raise for a folder the profile points
-    at (a broken config.json, a tokenizer that will not build) is the profile's problem: exit 2."""
-    try:
-        return models.open(lazy_drafts=False)
-    except (SpecDecError, MemoryError):
-        raise
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise SpecDecError(
-            f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
-        ) from None
-
-
-def measure_best(s: Any, drafter: Any, cfg: Any, repeats: int, anchor: Any = None, seed: int = 0) -> Any:
-    """Config `cfg` (a profile's best) against plain decoding over session `s`'s workload, as `check`
-    and its reference processes measure it (`bench.measure`; `anchor`: a decode anchor between)."""
-    from ..measure.bench import measure
-
-    return measure(
-        s.target.model, drafter, cfg.gamma, cfg.threshold, s.case, repeats=repeats, seed=seed, ctx=s.ctx,
-        anchor=anchor,
-    )  # fmt: skip
+@contextlib.contextmanager
+def open_stored(
+    p: Profile, path: Path, models: Models, purpose: Purpose, *, allow_other_hardware: bool = False
+) -> Iterator[CheckSession]:
+    """The session of `models` (stored_models), refused on another hardware slug (unless allowed)
+    and when the workload changed since the profile was made; closed on leaving."""
+    with open_session(models, purpose) as s:
+        hw = hardware_info(s.device)
+        if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+            raise OtherHardwareError(
+                f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
+                f"re-run `{s.run_command}` here or pass --allow-other-hardware"
+            )
+        if s.workload.sha256 != p.workload.sha256:
+            raise SpecDecError(
+                f"workload '{p.workload.name}' has changed since the profile was made "
+                f"(hash {s.workload.sha256} != {p.workload.sha256}); re-run `specdec-tune run`"
+            )
+        yield s

@@ -19,44 +19,41 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..backends.base import Purpose
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import SpecDecError
 from ..measure import noise
 from ..measure.anchors import measure_twice
 from ..measure.children import die_with_parent
-from ..measure.decode_anchor import DecodeAnchor
 from ..measure.timing import median, spread
 from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
-from ..search.policymodel import policy_drafter
 from ..store.yamlio import load_profile
-from .profile_models import measure_best, open_profile_models
+from .profile_models import open_stored, stored_models
 
 
 def measure_here(path: Path, threads: int | None = None, device: str = "auto") -> dict[str, Any]:
     """One reference measurement in this process: the profile's best config against plain
-    decoding, as `check` measures it (app.checking), and whether the OS saw other work meanwhile.
-    `threads`: torch's CPU threads, as the run had them (`--threads` is part of the slug)."""
-    import torch
-
-    from ..runtime.drafting.build import build_drafter
-
-    if threads is not None:
-        torch.set_num_threads(threads)
+    decoding, in the profile's engine, as `check` measures it (app.checking), and whether the OS saw
+    other work meanwhile. `threads`: the engine's threads, as the run had them (a CPU's slug names
+    them)."""
     p = load_profile(path)
+    drafts = [p.best.config.draft] if p.best.config.gamma > 0 else []
+    models = stored_models(p, path, drafts, device=device, threads=threads)
+    anchor = p.anchors.decode_anchor if p.anchors is not None else None
+    purpose = Purpose("check", costs=p.costs, decode_anchor=anchor)
     # the slug was judged by whoever started this process (run here, or check with its flags)
-    s, spec = open_profile_models(p, path, device, allow_other_hardware=True)
-    cfg = p.best.config
-    drafter = policy_drafter(build_drafter(spec, s.target.model, s.draft_modules, s.ctx), cfg, p.costs)
-    anchor = decode_anchor_of(p, s.device)
-    (machine, m), _, busy = noise.busy_window(
-        lambda: measure_twice(
-            s.device,
-            lambda: measure_best(s, drafter, cfg, MEASURE_POLICY.reference_repeats, anchor),
+    with open_stored(p, path, models, purpose, allow_other_hardware=True) as s:
+        by_name = {d.name: d for d in s.specs}
+        cfg = replace(p.best.config, draft=by_name.get(p.best.config.draft.name, p.best.config.draft))
+        (machine, m), _, busy = noise.busy_window(
+            lambda: measure_twice(
+                s.device, lambda: s.measure([cfg], s.case, 1, MEASURE_POLICY.reference_repeats)[0]
+            )
         )
-    )
     got = {
         "tokens_per_s": round(m.metrics.tokens_per_s, 3),
         "baseline_tokens_per_s": round(m.metrics.baseline_tokens_per_s, 3),
@@ -68,12 +65,6 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     if m.plain_per_anchor:
         got["plain_per_anchor"] = round(median(m.plain_per_anchor), 5)
     return got
-
-
-def decode_anchor_of(p: Any, device: str) -> Any:
-    """The decode anchor of profile `p` on `device` (measure.decode_anchor), None without one."""
-    spec = p.anchors.decode_anchor if p.anchors is not None else None
-    return DecodeAnchor(spec, device) if spec is not None else None
 
 
 def command(path: Path, threads: int | None = None, device: str = "auto") -> list[str]:
@@ -113,7 +104,7 @@ def record_reference(
     (disturbed though the OS saw nothing: its median would make a reference every later check is
     judged by) is left out and another takes its place (`extra` at most, by default the policy's
     `extra_processes`); each one is killed if it outlives four times
-    its estimate (a minute at least). `threads`: torch's CPU threads in the processes (the run's)."""
+    its estimate (a minute at least). `threads`: the engine's threads in the processes (the run's)."""
     extra = policy.extra_processes if extra is None else extra
     estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
@@ -160,7 +151,7 @@ def record_reference(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not 1 <= len(args) <= 3 or (len(args) >= 2 and not args[1].isdigit()):
-        print("usage: reference PROFILE [THREADS (0: torch's default) [DEVICE]]", file=sys.stderr)
+        print("usage: reference PROFILE [THREADS (0: the engine's default) [DEVICE]]", file=sys.stderr)
         return 2
     threads = int(args[1]) if len(args) >= 2 and int(args[1]) > 0 else None
     try:

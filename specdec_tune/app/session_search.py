@@ -23,6 +23,7 @@ from ..search.enginepredictor import BatchedPredictor
 from ..search.pruning import screen_prompts, screened_share
 from ..search.results import prediction_error, prediction_errors
 from ..search.space import TuneSettings, seed_configs
+from ..search.tuner import tune as run_search
 from ..store.build import batch_row, build_profile, with_batch_table, workload_info
 from ..store.runfiles import check_replaceable
 from ..store.yamlio import load_costs
@@ -40,6 +41,7 @@ class SessionRun:
     trial_rows: list[dict[str, Any]]
     noise: Any
     fresh_reference: bool
+    threads: int | None = None  # the engine's threads: the reference processes run as many
     prompt_tokens: int = 0
     costs: Any = None  # domain.Costs measured in this session (None: --no-profile)
     predictor: Any = None  # the engine's model fitted from its trials (None: the closed-form model)
@@ -68,8 +70,6 @@ def search_session(
     session's cost profile, which measures again only what changes with the context, and its
     engine model, carried to this length's costs, predicts until a trial here is measured
     (search.enginepredictor)."""
-    from ..search.tuner import tune as run_search
-
     purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
     with open_session(models, purpose) as s:
         settings = s.settings_for(settings, progress)
@@ -200,8 +200,8 @@ def search_session(
                     "confirms": [c.label for c in candidates],
                 }
                 results[b] = run_search(
-                    None, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
-                    on_trial=progress.trial, on_final=progress.final, backend=s, pinned=candidates,
+                    s, s.specs, case, settings_b, None if s.fits_costs_from_trials else costs, study_key=key_b,
+                    on_trial=progress.trial, on_final=progress.final, pinned=candidates,
                     predictor=predictor if i == 0 else batched(predictor, b),
                 )  # fmt: skip
                 results[b].confirmed_from = first_from[0] if i == 0 and first_from else f"B={batch_sizes[0]}"
@@ -223,16 +223,16 @@ def search_session(
                     )  # fmt: skip
                     probe_started = time.monotonic()
                     probe = run_search(
-                        None, s.specs, case, first, study_key=key_b, on_trial=progress.trial,
-                        extra_seeds=neighbour, backend=s, predictor=predictor,
+                        s, s.specs, case, first, study_key=key_b, on_trial=progress.trial,
+                        extra_seeds=neighbour, predictor=predictor,
                     )  # fmt: skip
                     costs_b = s.with_trial_acceptance(costs, probe, settings.max_gamma)
                     _enqueue_predictions(probe, s, costs_b, settings_b, predictor)
                     if budgeted:
                         settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
             results[b] = run_search(
-                None, s.specs, case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
-                on_final=progress.final, extra_seeds=neighbour, backend=s, pinned=defaults if i == 0 else None,
+                s, s.specs, case, settings_b, costs_b, study_key=key_b, on_trial=progress.trial,
+                on_final=progress.final, extra_seeds=neighbour, pinned=defaults if i == 0 else None,
                 predictor=predictor if i == 0 else batched(predictor, b),
             )  # fmt: skip
             _record_flags(s, results[b], b, progress)
@@ -242,12 +242,12 @@ def search_session(
         exact = s.exactness(first, case)
         fields = s.engine_fields(first, out.parent, models.target)
         model = s.batch_model(costs)
-    if fields.backend:
-        fields.backend = {**fields.backend, "exactness": exact, "cost_model_error": prediction_error(first)}
-        if defaults:
-            fields.backend["engine_defaults"] = default_rows(first, defaults)
-        if predictor is not None:
-            fields.backend["cost_model"] = cost_model_fit(first, predictor)
+    if fields.backend.as_dict():  # an engine that describes itself (ours: `backend: {}`)
+        fields.backend = replace(
+            fields.backend, exactness=exact, cost_model_error=prediction_error(first),
+            engine_defaults=default_rows(first, defaults) if defaults else [],
+            cost_model=cost_model_fit(first, predictor) if predictor is not None else {},
+        )  # fmt: skip
     measured = s.workload  # what was measured: all its prompts, or the first k when the budget cut them
     if len(case.prompts) < len(s.case.prompts):
         measured = replace(s.workload, prompts=stratified(s.workload.prompts, len(case.prompts)))
@@ -265,7 +265,16 @@ def search_session(
     profile = s.portable(profile, out, models.target)
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in results[b].rows]
     return SessionRun(
-        profile, out, results, trial_rows, noise, s.fresh_reference, s.prompt_tokens, costs, predictor
+        profile,
+        out,
+        results,
+        trial_rows,
+        noise,
+        s.fresh_reference,
+        s.threads,
+        s.prompt_tokens,
+        costs,
+        predictor,
     )
 
 

@@ -69,21 +69,23 @@ def tune(
     profile, csv_path = save_run(run.profile, run.out, run.trial_rows, settings.force)
     if run.fresh_reference and settings.reference_processes and profile.anchors is not None:
         left = None if budget_s is None else budget_s - (time.monotonic() - started)
-        profile = _reference(profile, run.out, settings.reference_processes, left, run.noise, progress)
+        profile = _reference(
+            profile, run.out, settings.reference_processes, left, run.noise, progress, run.threads
+        )
     return TuneOutcome(profile, run.out, csv_path, run.results[batch_sizes[0]], run.results)
 
 
 def _reference(
-    profile: Any, out: Path, processes: int, left_s: float | None, noise: Any, progress: Any
-) -> Any:
-    """The tokens/s `check` will judge against, measured in fresh processes (app.reference) and
-    stored in the profile's anchors; skipped on a busy machine, whose rates `check` never judges."""
+    profile: Any, out: Path, processes: int, left_s: float | None, noise: Any, progress: Any,
+    threads: int | None = None,
+) -> Any:  # fmt: skip
+    """The tokens/s `check` will judge against, measured in fresh processes (app.reference) with the
+    run's engine `threads`, and stored in the profile's anchors; skipped on a busy machine, whose
+    rates `check` never judges."""
     if busy(noise):
         progress.note("no reference for check's plain tokens/s: the machine was busy during the run")
         return profile
-    import torch
-
-    kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, torch.get_num_threads())
+    kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, threads)
     if note:
         progress.note(note)
     least = CHECK_POLICY.min_reference_processes

@@ -2,7 +2,7 @@
 
 This process is one of the workers; it starts N-1 others with the same settings, and they meet in
 the study exactly as workers on several machines do. Each gets len(cores) // N cores and as many
-torch threads, so all of them describe the same hardware (the thread count is part of a CPU's
+engine threads (`Models.threads`), so all of them describe the same hardware (the thread count is part of a CPU's
 hardware slug) and share one study name. On a small machine this only helps a target that leaves
 cores idle (I/O or GPU bound); a CPU-bound target just splits the same cores N ways.
 
@@ -51,12 +51,11 @@ def core_shares(workers: int) -> list[list[int]]:
     return [cores[i * share : (i + 1) * share] for i in range(workers)]
 
 
-def _pin(cores: list[int]) -> None:
-    import torch
-
+def _pin(models: Models, cores: list[int]) -> Models:
+    """This process on `cores`, and `models` with as many engine threads (the session sets them)."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
+    return dataclasses.replace(models, threads=len(cores))
 
 
 def tune_workers(
@@ -82,7 +81,7 @@ def tune_workers(
             "--context-lengths searches one length after another in one process: drop --workers"
         )
 
-    def here(settings: TuneSettings, progress: Progress | None) -> TuneOutcome:
+    def here(settings: TuneSettings, progress: Progress | None, models: Models = models) -> TuneOutcome:
         return tune(
             models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes=batch_sizes,
             budget_s=budget_s, context_lengths=context_lengths,
@@ -123,8 +122,7 @@ def tune_workers(
                         start_new_session=True,  # its own process group: stopped as a whole
                     )
                 children.append((p, log))
-            _pin(shares[0])
-            outcome = here(settings, progress)
+            outcome = here(settings, progress, _pin(models, shares[0]))
             for i, (p, log) in enumerate(children, start=1):
                 p.wait()
                 if p.returncode != 0:
@@ -211,7 +209,7 @@ def child() -> None:
     with contextlib.suppress(OSError):
         path.unlink()  # the storage URL stays on disk no longer than needed
     _die_with(job["parent"])
-    _pin(job["cores"])
+    models = _pin(Models(**job["models"]), job["cores"])
     settings = job["settings"]
     settings["grid_thresholds"] = tuple(settings["grid_thresholds"])
     with contextlib.suppress(ValueError):  # SIGTERM from the parent: end the trial like Ctrl-C
@@ -222,7 +220,7 @@ def child() -> None:
         signal.signal(signal.SIGTERM, on_term)
     try:
         tune(
-            Models(**job["models"]),
+            models,
             TuneSettings(**settings),
             job["layer_skip"],
             Path(job["costs_file"]) if job["costs_file"] else None,

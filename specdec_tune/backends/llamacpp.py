@@ -19,7 +19,7 @@ from ..domain import FIXED_GAMMA, Anchors, Config, Costs, DraftSpec, Noise
 from ..errors import SpecDecError
 from ..limits import check_context, check_count, check_temperature
 from ..measure.anchors import measure_twice
-from ..measure.llamacpp.args import engine_default_configs
+from ..measure.llamacpp.args import ENGINE_MAX_GAMMA, engine_default_configs
 from ..measure.llamacpp.backend import LlamaCppBackend, TextCase, warm_up
 from ..measure.llamacpp.closedloop import sent_tokens
 from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acceptance
@@ -34,11 +34,15 @@ from ..search.enginepredictor import EnginePredictor
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
 from ..store.refs import portable_ref, profile_file_slug
-from ..store.schema import Profile, TargetInfo
+from ..store.schema import BackendInfo, Profile, TargetInfo
 from .base import Models, Progress, Purpose
 from .llamacpp_open import engine_context, engine_drafts, engine_workload, resolve_gguf
 
+DEFAULT_MAX_GAMMA = ENGINE_MAX_GAMMA  # `run --max-gamma`'s default: n-gram drafts cost next to nothing
 NOISE_PASSES = 3
+# `check` judges llama-server's speedup, acceptance and exactness; its absolute tokens/s are reported,
+# not judged (no fresh-process reference: each server is one process's rate).
+CHECK_POLICY = replace(LLAMACPP_CHECK_POLICY, judged_rates=())
 FITTED_TEMPLATE_ROOM = 128  # tokens beside a prompt fitted to L: its chat template, a draft's tail
 # A trial's server start-up and its warm-up request; its first pass over the workload (the
 # exactness check) is untimed.
@@ -53,7 +57,8 @@ class LlamaCppSession:
 
     name = "llamacpp"
     device = "cpu"
-    policy = LLAMACPP_CHECK_POLICY
+    policy = CHECK_POLICY
+    screens = True  # a config's first prompts are measured first when asked (measure.seam.Screen)
     trial_shape = TRIAL_SHAPE
     fits_costs_from_trials = True  # acceptance in the engine comes from the search's first trials
     fresh_reference = False  # a server per config is a fresh process already
@@ -77,7 +82,7 @@ class LlamaCppSession:
             context = engine_context(workload_as_sent(self.workload, None, len), budgets)
         self.backend = LlamaCppBackend(
             self.target.path,
-            binary=models.llama_server,
+            binary=models.server,
             threads=models.threads or os.cpu_count(),
             context=context,
             draft_paths=paths,
@@ -145,7 +150,7 @@ class LlamaCppSession:
             progress.note(line)
         return replace(settings, serving_engine="llamacpp")  # its threshold semantics (p-min after top-k 10)
 
-    def content_hash(self) -> str:
+    def content_hash(self, like: str = "") -> str:
         return self.target.content_hash
 
     def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
@@ -172,11 +177,6 @@ class LlamaCppSession:
     def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
                 on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
-
-    @property
-    def screens(self) -> bool:
-        """Whether a trial can stop after its first prompts (seam.Screen)."""
-        return getattr(self.backend, "screens", False)
 
     def pass_seconds(self, batch_size: int) -> float:
         """One plain pass over the whole workload at `batch_size`: timed over its first two prompts
@@ -288,7 +288,7 @@ class LlamaCppSession:
         return EngineFields(
             target=TargetInfo(self.target.name, ref, None, self.target.content_hash, "gguf", 0),
             versions={"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}},
-            backend=info,
+            backend=BackendInfo(info["name"], dict(info["build"]), info.get("threads")),
         )
 
     def portable(self, profile: Profile, out: Path, target_arg: str | None) -> Profile:
@@ -366,7 +366,7 @@ def start_params(draft: DraftSpec, max_gamma: int) -> dict[str, Any]:
 
 def engine_build(models: Models) -> dict[str, Any]:
     """The llama-server build `models` would start: its package version and binary hash."""
-    return build_info(find_server(models.llama_server))
+    return build_info(find_server(models.server))
 
 
 def open_session(models: Models, purpose: Purpose) -> LlamaCppSession:

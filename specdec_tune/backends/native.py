@@ -1,5 +1,7 @@
 """Our own engine as a measuring session: the models in this process (runtime.session), each config's
-drafter built on first use (search.tuner.DrafterPool), timed by measure.bench / measure.batched."""
+drafter built on first use (backends.native_pool.DrafterPool), timed by measure.bench / measure.batched.
+`check` measures through the same `measure` (a stored config at its batch size, the decode anchor
+between the passes at batch size 1) and confirms a doubtful drop in fresh processes (`fresh_reference`)."""
 
 from __future__ import annotations
 
@@ -17,15 +19,14 @@ from ..domain import Anchors, Config, Costs, DraftSpec, Noise
 from ..errors import SpecDecError
 from ..measure.anchors import measure_twice
 from ..measure.backends import NativeBackend
-from ..measure.decode_anchor import spec_of
+from ..measure.decode_anchor import DecodeAnchor, spec_of
 from ..measure.noise import measure_noise
 from ..measurement import Measurement
-from ..runtime.models.loading import content_hash, slugify
+from ..runtime.models.loading import content_hash, content_hash_like, slugify
 from ..runtime.models.shapes import SHAPE_CONTEXT_LEN
 from ..search.budget import TrialShape
 from ..search.costmodel import CostModel
 from ..search.space import TuneSettings
-from ..search.tuner import DrafterPool
 from ..serving.capabilities import restrict
 from ..store.build import EngineFields
 from ..store.refs import make_portable, profile_file_slug
@@ -33,10 +34,10 @@ from ..store.schema import Profile, TargetInfo
 from .acceptance import acceptance_plan, apply_acceptance
 from .base import Models, Progress, Purpose
 from .native_costs import acceptance_measured, measure_costs
+from .native_pool import DrafterPool
 from .shared_study import settle_auto
 
-# `check` judges our engine against fresh reference processes (app.reference), not in one session.
-CHECK_IN_SESSION = False
+DEFAULT_MAX_GAMMA = 8  # `run --max-gamma`'s default in our engine
 NOISE_PASSES = 3  # plain passes timed before a search to know the machine's noise (each a share)
 TRIAL_OVERHEAD_S = 0.15  # the study's own bookkeeping per trial (sampler, storage writes)
 
@@ -49,16 +50,23 @@ class NativeSession:
     fits_costs_from_trials = False  # the costs profile measures acceptance itself
     busy_rule = None
     run_command = "specdec-tune run"
-    threads = None  # torch's own threads (the slug names them)
     fresh_reference = True  # check's reference and confirmations: fresh processes (app.reference)
+    screens = False  # prompts are interleaved inside each repeat: a trial is measured whole
 
     def __init__(self, models: Models, purpose: Purpose) -> None:
+        import torch
+
         self.models = models
         self.purpose = purpose
+        if models.threads is not None:  # `--threads`, a worker's share, a check's fresh process
+            torch.set_num_threads(models.threads)
+        self.threads = torch.get_num_threads()  # the hardware slug names them
         # `auto` is resolved once per study (`begin`), not by each worker on its own.
         self.auto = models.engine_mode == "auto" and purpose.name == "tune"
         opened = dataclasses.replace(models, engine_mode="eager") if self.auto else models
-        if purpose.name == "bench":
+        if purpose.name == "check":
+            self.s = open_stored(opened)
+        elif purpose.name == "bench":
             self.s = opened.open(lazy_drafts=False)
         else:
             self.s = opened.open(allow_random=purpose.allow_random)
@@ -72,6 +80,8 @@ class NativeSession:
         )
         self._pool: DrafterPool | None = None
         self._hash: str | None = None
+        anchor = purpose.decode_anchor
+        self._anchor = DecodeAnchor(anchor, self.device) if anchor is not None else None
 
     # -- lifecycle
     def __enter__(self) -> NativeSession:
@@ -100,13 +110,16 @@ class NativeSession:
     def pool(self) -> DrafterPool:
         if self._pool is None:  # after `begin`: the engine mode decides how drafters are built
             self._pool = DrafterPool(self.specs, self.s.target.model, self.s.draft_model, self.s.ctx)
+            self._pool.costs = self.purpose.costs  # a stored config's gamma policy reads them
         return self._pool
 
     @property
     def backend(self) -> NativeBackend:
-        return NativeBackend(self.pool)
+        return NativeBackend(self.pool, self._anchor)
 
-    def content_hash(self) -> str:
+    def content_hash(self, like: str = "") -> str:
+        if like:  # a stored hash of an older format is compared in its own format
+            return content_hash_like(like, self.s.target.path)
         if self._hash is None:
             self._hash = content_hash(self.s.target.path)
         return self._hash
@@ -148,11 +161,6 @@ class NativeSession:
     def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
                 on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
-
-    @property
-    def screens(self) -> bool:
-        """Whether a trial can stop after its first prompts (seam.Screen)."""
-        return getattr(self.backend, "screens", False)
 
     def pass_seconds(self, batch_size: int) -> float:
         from ..measure.bench import run_pass
@@ -306,6 +314,21 @@ class NativeSession:
         if t.shape:
             target["shape"] = t.shape
         return costs, self.case.max_new_tokens if self.case is not None else None, target
+
+
+def open_stored(models: Models) -> Any:
+    """What a stored profile names, loaded for `check`. Whatever the loaders raise for a folder the
+    profile points at (a broken config.json, a tokenizer that will not build) is the profile's
+    problem: exit 2."""
+    try:
+        return models.open(lazy_drafts=False)
+    except (SpecDecError, MemoryError):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise SpecDecError(
+            f"could not load the models or workload the profile names ({type(exc).__name__}: {first})"
+        ) from None
 
 
 def engine_build(models: Models) -> dict[str, Any]:

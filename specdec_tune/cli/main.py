@@ -352,7 +352,7 @@ def check(
                 batch_size=batch_size,
                 models_root=models_root,
                 backend=backend,
-                llama_server=llama_server,
+                server=llama_server,
                 allow_other_build=allow_other_build,
             )
         if output_format == "benchmark-action":

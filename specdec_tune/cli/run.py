@@ -11,9 +11,9 @@ from .. import app as api
 from ..app.categories import check_categories
 from ..app.categories import per_category as measure_categories
 from ..app.workers import tune_workers
+from ..backends.base import default_max_gamma
 from ..errors import SpecDecError
 from ..limits import parse_batch_sizes, parse_context_lengths
-from ..measure.llamacpp.args import ENGINE_MAX_GAMMA
 from ..output.categories import category_table
 from ..output.reports import run_summary
 from ..store.yamlio import profile_to_dict
@@ -59,8 +59,8 @@ def run(
         int | None,
         typer.Option(
             "--max-gamma",
-            help="Largest γ searched (and profiled): 8, or 16 with --backend llamacpp (its n-gram "
-            "drafts cost next to nothing per drafted token).",
+            help="Largest γ searched (and profiled); default: the backend's (8 in our engine, 16 in "
+            "llamacpp, whose n-gram drafts cost next to nothing per drafted token).",
         ),
     ] = None,
     temperature: Temperature = 0.0,
@@ -201,7 +201,7 @@ def run(
             timeout_s=timeout,
             sampler=sampler,
             seed=seed,
-            max_gamma=max_gamma or (ENGINE_MAX_GAMMA if backend == "llamacpp" else 8),
+            max_gamma=max_gamma or default_max_gamma(backend),
             repeats=repeats,
             screen_prompts=screen_prompts,
             finalists=finalists,
@@ -229,8 +229,6 @@ def run(
             llama_server=llama_server,
             threads=threads,
         )
-        if backend != "native" and (per_category or workers > 1):
-            raise SpecDecError("--per-category and --workers run our own engine only: drop --backend")
         if lengths and per_category:
             raise SpecDecError("--per-category measures the workload as written: drop --context-lengths")
         if per_category:

@@ -12,23 +12,28 @@ from typing import Any
 
 from ..domain import Config
 from ..measurement import Measurement
-from .batched import BatchEntry, measure_batched_many
-from .bench import Entry, measure_many
+from . import batched, bench
+from .batched import BatchEntry
+from .bench import Entry
+from .decode_anchor import DecodeAnchor
 from .seam import MeasuringBackend, Screen
 
 __all__ = ["MeasuringBackend", "NativeBackend"]
 
 
 class NativeBackend:
-    """Our own engine in this process: `pool` builds each config's drafter (search.tuner.DrafterPool)."""
+    """Our own engine in this process: `pool` builds each config's drafter
+    (backends.native_pool.DrafterPool); `anchor`: a decode anchor timed between the passes of a
+    measurement at batch size 1 (`Measurement.plain_per_anchor`, what `check` judges the plain rate by)."""
 
     name = "native"
     # Our engine measures a trial's prompts interleaved prompt by prompt inside each repeat: a
     # screen would need its parts merged (not built); its trials stop after their first repeat.
     screens = False
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, anchor: DecodeAnchor | None = None) -> None:
         self.pool = pool
+        self.anchor = anchor
 
     @property
     def target(self) -> Any:
@@ -47,27 +52,48 @@ class NativeBackend:
         on_repeat: Callable[[int, float], None] | None = None,
         screen: Screen | None = None,  # not split here (`screens`): the whole workload is measured
     ) -> list[Measurement]:
-        pool = self.pool
-        hook = None
-        if on_repeat is not None:
-            if len(configs) != 1:
-                raise ValueError("on_repeat watches a single config")
-            hook = lambda r, speedups: on_repeat(r, speedups[0])  # noqa: E731
+        if on_repeat is not None and len(configs) != 1:
+            raise ValueError("on_repeat watches a single config")
         try:
-            if batch_size == 1:
-                entries = [
-                    Entry(None if c.gamma == 0 else pool.for_config(c), c.gamma, c.threshold) for c in configs
-                ]
-                return measure_many(
-                    pool.target, entries, case, repeats, seed=seed, on_repeat=hook, ctx=pool.ctx
-                )
-            batched = [BatchEntry(_maker(pool, c, batch_size), c.gamma, c.threshold) for c in configs]
-            return measure_batched_many(
-                pool.target, batched, case, batch_size, repeats, seed=seed, on_repeat=hook, ctx=pool.ctx
-            )
+            if len(configs) == 1:
+                return [self._one(configs[0], case, batch_size, repeats, seed, on_repeat)]
+            return self._many(configs, case, batch_size, repeats, seed)
         except Exception:
-            pool.free_device_memory()
+            self.pool.free_device_memory()
             raise
+
+    def _one(
+        self, c: Config, case: Any, batch_size: int, repeats: int, seed: int, on_repeat: Any
+    ) -> Measurement:
+        """One config against plain decoding (`bench.measure`, `batched.measure_batched`)."""
+        pool = self.pool
+        if batch_size == 1:
+            drafter = None if c.gamma == 0 else pool.for_config(c)
+            return bench.measure(
+                pool.target, drafter, c.gamma, c.threshold, case, repeats=repeats, seed=seed,
+                on_repeat=on_repeat, ctx=pool.ctx, anchor=self.anchor,
+            )  # fmt: skip
+        return batched.measure_batched(
+            pool.target, _maker(pool, c, batch_size), c.gamma, c.threshold, case, batch_size,
+            repeats=repeats, seed=seed, on_repeat=on_repeat, ctx=pool.ctx,
+        )  # fmt: skip
+
+    def _many(
+        self, configs: list[Config], case: Any, batch_size: int, repeats: int, seed: int
+    ) -> list[Measurement]:
+        """Several configs and plain decoding in one interleaved run (a final round's finalists)."""
+        pool = self.pool
+        if batch_size == 1:
+            entries = [
+                Entry(None if c.gamma == 0 else pool.for_config(c), c.gamma, c.threshold) for c in configs
+            ]
+            return bench.measure_many(
+                pool.target, entries, case, repeats, seed=seed, ctx=pool.ctx, anchor=self.anchor
+            )
+        rows = [BatchEntry(_maker(pool, c, batch_size), c.gamma, c.threshold) for c in configs]
+        return batched.measure_batched_many(
+            pool.target, rows, case, batch_size, repeats, seed=seed, ctx=pool.ctx
+        )
 
 
 def _maker(pool: Any, config: Config, batch_size: int) -> Callable[[], Any]:

@@ -1,7 +1,7 @@
 """The measuring core every backend offers, as a Protocol with no engine behind it (importing it
 loads nothing heavy): measure configs against the engine's own plain decoding, say which engine
 measured. `measure.backends` implements it for our engine, `measure.llamacpp.backend` for
-llama-server; `backends.base.MeasuringSession` extends it."""
+llama-server; `backends.protocols.Measures` extends it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,12 @@ class Screen:
 
 
 class MeasuringBackend(Protocol):
+    """What the tuner and the final round measure through (backends.protocols.Measures is one)."""
+
     name: str
+    # Declared, never probed: whether `measure` splits a config's measurement on a `Screen` (its
+    # first prompts first, reported); False: it measures every prompt and ignores the screen.
+    screens: bool
 
     def measure(
         self,

@@ -10,19 +10,19 @@ from ..store.schema import Profile
 
 def engine_rows(p: Profile) -> list[tuple[str, str]]:
     """Rows for the run table ([] for a profile of our own engine, whose backend section is empty)."""
-    b = p.backend or {}
-    if not b:
+    b = p.backend
+    if not b.as_dict():
         return []
-    build = b.get("build") or {}
+    build = b.build
     rows = [
         (
             "engine",
-            f"{b.get('name', '?')} {build.get('package', '')}".rstrip()
+            f"{b.name} {build.get('package', '')}".rstrip()
             + (f", binary {build['binary_sha256']}" if build.get("binary_sha256") else "")
-            + (f", {b['threads']} threads" if b.get("threads") else ""),
+            + (f", {b.threads} threads" if b.threads else ""),
         )
     ]
-    exact = b.get("exactness") or {}
+    exact = b.exactness
     if exact:
         words = (
             f"{exact.get('identical', '?')} of {exact.get('prompts', '?')} prompts token-identical to plain"
@@ -30,7 +30,7 @@ def engine_rows(p: Profile) -> list[tuple[str, str]]:
         if not exact.get("token_exact", True):
             words += f" ({exact.get('near_ties', 0)} part at a near-tie of the plain top-2)"
         rows.append(("exactness at T = 0", f"{exact.get('config', '')}: {words}".lstrip(": ")))
-    defaults = b.get("engine_defaults") or []
+    defaults = b.engine_defaults
     if defaults:
         rows.append(
             (
@@ -38,11 +38,11 @@ def engine_rows(p: Profile) -> list[tuple[str, str]]:
                 "; ".join(default_words(d) for d in defaults) + " (final round, head to head)",
             )
         )
-    model = b.get("cost_model") or {}
+    model = b.cost_model
     if model:
         rows.append(("cost model", cost_model_words(model)))
-    elif b.get("cost_model_error") is not None:
-        rows.append(("cost model", f"median error {b['cost_model_error']:.0%} over the measured configs"))
+    elif b.cost_model_error is not None:
+        rows.append(("cost model", f"median error {b.cost_model_error:.0%} over the measured configs"))
     return rows
 
 

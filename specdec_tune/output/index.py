@@ -6,7 +6,6 @@ config with its speedup and interval, B* and where it came from. Generated, neve
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..errors import SpecDecError
 from ..store.schema import Profile
@@ -85,12 +84,9 @@ def _cell(row: dict[str, str], key: str) -> str:
 
 
 def _backend(p: Profile) -> str:
-    b: dict[str, Any] = p.backend or {}
-    name = b.get("name") or "native"
-    if name == "native":
-        return f"native ({p.engine_mode})"
-    build = b.get("build") or {}
-    return f"{name} ({build.get('package') or build.get('binary_sha256', '?')})"
+    """The engine and its build; an engine in this process has no build: its mode says how it ran."""
+    b = p.backend
+    return f"{b.name} ({b.build.get('package') or b.build.get('binary_sha256') or p.engine_mode})"
 
 
 def _b_star(p: Profile) -> str:

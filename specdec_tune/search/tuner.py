@@ -20,16 +20,10 @@ from typing import Any
 
 from ..domain import Costs, DraftSpec
 from ..errors import SpecDecError
-from ..measure.backends import MeasuringBackend, NativeBackend
-from ..measure.seam import Screen
+from ..measure.seam import MeasuringBackend, Screen
 from ..measure.stats import speedup_interval
-from ..runtime.caches.modes import ExecutionContext
-from ..runtime.drafting.build import build_drafter
-from ..runtime.session import model_part
-from ..runtime.workloads import Case
 from .costmodel import CostModel
 from .final import final_round
-from .policymodel import policy_drafter
 from .pruning import make_pruner, screen_prompts
 from .results import TuneResult, summarise
 from .space import TuneSettings, search_space, seed_configs, suggest, trial_count
@@ -54,73 +48,24 @@ from .study import (
 POLL_S = 1.0  # how often a worker looks again while others hold the study's last slots
 
 
-class DrafterPool:
-    """Builds drafters on first use; a drafter that fails to build fails its trials, not the run."""
-
-    def __init__(
-        self,
-        specs: list[DraftSpec],
-        target: Any,
-        load: Callable[[DraftSpec], Any] | None = None,
-        ctx: ExecutionContext | None = None,
-    ):
-        self.specs = {s.name: s for s in specs}
-        self.target = target
-        self.load = load  # DraftSpec -> draft model module, for kind "model"
-        self.ctx = ctx or ExecutionContext()  # every drafter and the target's caches run under it
-        self._built: dict[tuple[str, int | None], Any] = {}
-        self.costs: Costs | None = None  # the measured costs, for the costmodel gamma policy
-
-    def get(self, name: str, batch_size: int | None = None) -> Any:
-        """The drafter `name`: for the batch-1 engine, or batched for `batch_size` rows."""
-        key = (name, batch_size)
-        if key not in self._built:
-            try:
-                spec = self.specs[name]
-                part = model_part(spec)
-                models = {part.name: self.load(part)} if part is not None and self.load else {}
-                self._built[key] = build_drafter(spec, self.target, models, self.ctx, rows=batch_size)
-            except Exception as exc:  # recorded, and re-raised for every trial of this draft
-                self._built[key] = exc
-        built = self._built[key]
-        if isinstance(built, BaseException):
-            raise built
-        return built
-
-    def for_config(self, config: Any, batch_size: int | None = None) -> Any:
-        """The drafter of `config`, wrapped in its gamma policy when that is not fixed."""
-        return policy_drafter(self.get(config.draft.name, batch_size), config, self.costs, batch_size)
-
-    @staticmethod
-    def free_device_memory() -> None:
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:
-            pass
-
-
 def tune(
-    target: Any,
+    backend: MeasuringBackend,
     specs: list[DraftSpec],
-    case: Case,
+    case: Any,
     settings: TuneSettings,
     costs: Costs | None = None,
-    pool: DrafterPool | None = None,
     study_key: dict[str, Any] | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
     on_final: Callable[[list[str]], None] | None = None,
     extra_seeds: list[dict[str, Any]] | None = None,
-    backend: MeasuringBackend | None = None,
     pinned: list[Any] | None = None,
     predictor: Any = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
-    Every trial and the final round measure through `backend` (default: our own engine over
-    `pool`; the llama.cpp backend measures inside llama-server and needs no `target`).
+    Every trial and the final round measure through `backend` (a measuring session, backends; the
+    caller opens it, so the search never knows which engine measures). `costs` feed the
+    closed-form cost model's predictions and seeds.
     `extra_seeds` (trial params, e.g. the neighbouring batch size's winner) are tried right after
     the cost model's seeds when the study is new; `pinned` configs (an engine's defaults) race in
     the final round whatever the search found (search.final). `predictor` (an engine's cost model
@@ -137,10 +82,6 @@ def tune(
     if "none" in by_name:
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
     space = search_space(specs, settings)
-    if backend is None:
-        pool = pool or DrafterPool(specs, target)
-        pool.costs = pool.costs or costs
-        backend = NativeBackend(pool)
     # The workload's budgets: the prediction counts the cut near each request's end.
     model = CostModel(costs, case.max_new_tokens) if costs is not None else None
     storage_url = settings.storage or default_storage()
@@ -328,7 +269,7 @@ class _Objective:
             predicted = predict_config(config, self.model, self.predictor, self.settings.batch_size)
             extra = {}
             first = screen_prompts(self.settings.screen_prompts, len(self.case.prompts))
-            if first and getattr(self.backend, "screens", False):
+            if first and self.backend.screens:
                 extra["screen"], screened = Screen(first, on_screen), True
             (m,) = self.backend.measure(
                 [config],

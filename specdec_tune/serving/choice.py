@@ -23,8 +23,8 @@ class Choice:
 
 def measured_in(profile: Profile) -> str | None:
     """The serving engine a profile was measured inside (its measuring backend), None for ours."""
-    name = (getattr(profile, "backend", None) or {}).get("name")
-    return None if name in (None, "native") else str(name)
+    backend = profile.backend
+    return str(backend.name) if backend.build else None  # an engine of its own build, not ours
 
 
 def choose(profile: Profile, engine: str) -> Choice:

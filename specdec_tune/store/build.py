@@ -11,6 +11,7 @@ from typing import Any
 from ..domain import Anchors, CompileTime, Costs, Noise
 from .refs import storage_for_record
 from .schema import (
+    BackendInfo,
     BatchRow,
     ContextRow,
     EnvelopeLine,
@@ -31,7 +32,7 @@ class EngineFields:
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
     engine_choice: str | None = None
-    backend: dict[str, Any] = field(default_factory=dict)
+    backend: BackendInfo = field(default_factory=BackendInfo)
     compile: CompileTime | None = None
 
 
@@ -111,7 +112,7 @@ def build_profile(
         engine_mode=engine.engine_mode,
         compile_fallbacks=list(engine.compile_fallbacks),
         engine_choice=engine.engine_choice,
-        backend=dict(engine.backend),
+        backend=engine.backend,
         noise=noise,
         anchors=anchors,
         compile=engine.compile,

@@ -6,7 +6,7 @@ path). Never imports torch.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..domain import (
@@ -129,6 +129,42 @@ class CategoryRow:
 
 
 @dataclass
+class BackendInfo:
+    """The engine that measured a profile (`check` re-measures in it, `export` and `show` read it).
+
+    Written as the YAML mapping `backend:` without the fields at their defaults, so a profile of our
+    own engine keeps its `backend: {}` and an engine backend's reads as it always has (`as_dict`)."""
+
+    name: str = "native"  # a name in backends.base.BACKENDS; an empty mapping is our own engine
+    build: dict[str, Any] = field(default_factory=dict)  # package, binary and its sha256 ({}: in process)
+    threads: int | None = None  # the engine's threads as measured (None: not the engine's to say)
+    exactness: dict[str, Any] = field(default_factory=dict)  # its best config's tokens vs plain at T = 0
+    cost_model_error: float | None = None  # median relative error of the predictions, out of sample
+    engine_defaults: list[dict[str, Any]] = field(default_factory=list)  # its defaults, raced
+    cost_model: dict[str, Any] = field(default_factory=dict)  # the fitted model's errors and reasons
+    # An engine run as servers: the program that started each one (export puts it before a config's
+    # flags: serving.measured), the measurement's own flags a deployment leaves out, the user's extra
+    # engine arguments (passed through to every server), and a server's median start in seconds.
+    launcher: list[str] = field(default_factory=list)
+    measure_only_args: list[str] = field(default_factory=list)
+    engine_args: list[str] = field(default_factory=list)
+    start_s: float | None = None
+    # The engine's batch-size schedule measured as a config of its own against each fixed γ it mixes
+    # (vLLM's num_speculative_tokens_per_batch_size): its draft, tiers, flags, measured rows, and
+    # whether it was emitted or where it lost.
+    schedule: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The YAML mapping: every field not at its default."""
+        default = BackendInfo()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
+@dataclass
 class Profile:
     hardware: dict[str, Any]  # fingerprint from specdec_tune.hardware; must contain "slug"
     target: TargetInfo
@@ -153,9 +189,9 @@ class Profile:
     engine_mode: str = "eager"
     compile_fallbacks: list[str] = field(default_factory=list)
     engine_choice: str | None = None  # how `--engine auto` chose (what was compared); None when named
-    # The measuring backend ({} = our own engine): name, engine build, threads, and how exact the
-    # engine's speculation was at T = 0 here. `check --backend` re-measures in the same engine.
-    backend: dict[str, Any] = field(default_factory=dict)
+    # The measuring backend (`backend: {}` = our own engine): name, engine build, threads, and how
+    # exact the engine's speculation was at T = 0 here. `check` re-measures in the same engine.
+    backend: BackendInfo = field(default_factory=BackendInfo)
     # How noisy the machine was when the search ran, and its measured speed (for `check`); absent
     # in older profiles.
     noise: Noise | None = None

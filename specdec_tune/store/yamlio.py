@@ -18,7 +18,7 @@ from ..errors import SpecDecError
 from ..urls import redact_url
 from .fields import SCHEMA_VERSION, convert_dataclass
 from .safeyaml import read_capped_text, safe_yaml
-from .schema import Profile
+from .schema import BackendInfo, Profile
 from .validate import profile_from_dict, validate_costs
 
 # Floats are written with this many significant digits: enough for timings and rates, few enough
@@ -38,6 +38,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, BackendInfo):  # the mapping without its defaults: `{}` for our engine
+        return _plain(value.as_dict())
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):

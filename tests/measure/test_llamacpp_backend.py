@@ -83,8 +83,8 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo, monkeypatc
     from specdec_tune.store.yamlio import load_profile
 
     p = load_profile(out)
-    assert p.backend["name"] == "llamacpp"
-    assert p.backend["build"]["binary_sha256"] == srv.build_info(REAL)["binary_sha256"]
+    assert p.backend.name == "llamacpp"
+    assert p.backend.build["binary_sha256"] == srv.build_info(REAL)["binary_sha256"]
     assert p.baseline.tokens_per_s > 0
     # the engine's own costs: T_target, C_ver(γ) anchored at C_ver(1) = T_target, T_draft per draft
     assert p.costs.engine_mode == "llamacpp" and p.costs.t_target_ms > 0
@@ -102,7 +102,7 @@ def test_run_check_export_end_to_end_on_the_demo_gguf(tmp_path, demo, monkeypatc
     assert best.backend_args[:2] == ["-m", str(demo["target"])]
     assert "--spec-type" in best.backend_args
     if p.best.config.gamma > 0:
-        ex = p.backend["exactness"]
+        ex = p.backend.exactness
         assert (
             ex["prompts"] == 3
             and ex["identical"] + len([d for d in ex["first_divergence"] if d is not None]) == 3
@@ -152,7 +152,7 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     times the profile's are other hardware (exit 3)."""
     import yaml
 
-    from specdec_tune import checkpolicy
+    from specdec_tune.backends.llamacpp import LlamaCppSession
     from specdec_tune.measure import noise
 
     def os_says(busy: bool) -> None:
@@ -177,11 +177,7 @@ def check_under_load_and_on_other_hardware(tmp_path: Path, out: Path, monkeypatc
     # a regression on any machine: tests/output/test_verdict_rules.py); the busy rule is this test's
     # subject, so the policy's line is moved below the planted drop (a 1.6x plant, inside the line,
     # read 0.79x [0.65, 0.93] here: too noisy to tell on a quiet machine)
-    monkeypatch.setitem(
-        checkpolicy.POLICIES,
-        "llamacpp",
-        replace(checkpolicy.LLAMACPP_CHECK_POLICY, load_explains_down_to=0.0),
-    )
+    monkeypatch.setattr(LlamaCppSession, "policy", replace(LlamaCppSession.policy, load_explains_down_to=0.0))
     c = run_cli("check", str(faster), "--repeats", "1", "--json", "--allow-other-hardware")
     assert c.exit_code == 6, c.output
     item = next(i for i in json.loads(c.stdout)["items"] if i["metric"] == "speedup")

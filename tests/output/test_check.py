@@ -324,10 +324,9 @@ def _no_anchor_gap(monkeypatch):
     """The anchors measured again without the policy's second between them."""
     from dataclasses import replace
 
-    from specdec_tune import checkpolicy
+    from specdec_tune.backends.native import NativeSession
 
-    fast = replace(checkpolicy.CHECK_POLICY, anchor_gap_s=0.0)
-    monkeypatch.setitem(checkpolicy.POLICIES, "native", fast)
+    monkeypatch.setattr(NativeSession, "policy", replace(NativeSession.policy, anchor_gap_s=0.0))
 
 
 def test_other_hardware_is_measured_again_before_it_is_said(monkeypatch, stored_profile, tmp_path):

@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import documented_fields
 
-from specdec_tune import checkpolicy
-from specdec_tune.checkpolicy import CHECK_POLICY, LLAMACPP_CHECK_POLICY, CheckPolicy, policy_for
+from specdec_tune.checkpolicy import CHECK_POLICY, LLAMACPP_CHECK_POLICY, CheckPolicy
 from specdec_tune.domain import Anchors, Metrics
 from specdec_tune.measure.anchors import MachineSpeed
 from specdec_tune.measurement import Measurement
@@ -74,11 +73,17 @@ def test_the_policy_is_frozen_and_every_field_has_a_docstring():
 
 
 def test_a_backend_difference_is_a_value_of_the_policy():
-    assert policy_for("native") is CHECK_POLICY and policy_for(None) is CHECK_POLICY
-    assert policy_for("llamacpp") is LLAMACPP_CHECK_POLICY
+    """Each session carries the policy it is judged by: no lookup by the backend's name."""
+    from specdec_tune.backends.llamacpp import LlamaCppSession
+    from specdec_tune.backends.native import NativeSession
+
+    assert NativeSession.policy is CHECK_POLICY
+    llama = LlamaCppSession.policy
+    assert llama.busy_beyond_free_cores_share == LLAMACPP_CHECK_POLICY.busy_beyond_free_cores_share == 0.10
     assert CHECK_POLICY.busy_beyond_free_cores_share is None
-    assert LLAMACPP_CHECK_POLICY.busy_beyond_free_cores_share == 0.10
-    assert checkpolicy.POLICIES["llamacpp"].tolerance == CHECK_POLICY.tolerance
+    # llama-server's absolute tokens/s are reported, not judged (no fresh-process reference)
+    assert llama.judged_rates == () and CHECK_POLICY.judged_rates == ("baseline_tokens_per_s",)
+    assert llama.tolerance == CHECK_POLICY.tolerance
 
 
 # --------------------------------------------------------------------------- the environment

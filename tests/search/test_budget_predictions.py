@@ -20,6 +20,7 @@ class FixedBackend:
     """Every config measures 1.5x: only the predictions differ between the two studies."""
 
     name = "fixed"
+    screens = False
 
     def info(self):
         return {"name": self.name}
@@ -41,7 +42,7 @@ def _predicted(budgets: list[int], tmp_path) -> dict[int, float]:
     )
     case = Case([[1, 2, 3]] * len(budgets), budgets, [], 0.0)
     spec = DraftSpec(DRAFT, "prompt_lookup", ngram_min=1, ngram_max=3)
-    res = tune(None, [spec], case, settings, make_costs(), backend=FixedBackend())
+    res = tune(FixedBackend(), [spec], case, settings, make_costs())
     return {r.config.gamma: r.metrics.predicted_speedup for r in res.results if r.config.gamma > 0}
 
 

@@ -20,6 +20,7 @@ from specdec_tune.runtime.models.loading import load_model
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.domain import DraftSpec
 from specdec_tune.measure import backends
+from specdec_tune.backends.native_pool import DrafterPool
 from specdec_tune.search import tuner
 from specdec_tune.search.space import TuneSettings
 
@@ -39,13 +40,15 @@ backends.NativeBackend.measure = measure
 spec = DraftSpec("prompt-lookup", "prompt_lookup", ngram_min=1, ngram_max=3)
 settings = TuneSettings(trials=5, storage=storage, study_name="hb", repeats=1, max_gamma=3,
                         finalists=0, heartbeat_s=1, grace_s=3)
-tuner.tune(target, [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
+tuner.tune(backends.NativeBackend(DrafterPool([spec], target)), [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
 """
 
 
 @pytest.mark.slow
 def test_a_killed_worker_costs_one_trial_and_the_study_completes(tiny_dirs, tmp_path):
+    from specdec_tune.backends.native_pool import DrafterPool
     from specdec_tune.domain import DraftSpec
+    from specdec_tune.measure.backends import NativeBackend
     from specdec_tune.runtime.models.loading import load_model
     from specdec_tune.runtime.workloads import Case
     from specdec_tune.search.space import TuneSettings
@@ -81,7 +84,7 @@ def test_a_killed_worker_costs_one_trial_and_the_study_completes(tiny_dirs, tmp_
         heartbeat_s=1,
         grace_s=3,
     )
-    res = tune(target, [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
+    res = tune(NativeBackend(DrafterPool([spec], target)), [spec], Case([[5, 6, 7, 5, 6]], [6]), settings)
     study = optuna.load_study(study_name="hb", storage=storage)
     states = [t.state.name for t in study.trials]
     assert counted(study) == 5 and res.trials == 5

@@ -13,15 +13,17 @@ import yaml
 from helpers import a_verdict, invoke, one_red_line, tiny_args
 
 from specdec_tune.app.common import adapt_to_noise
+from specdec_tune.backends.native_pool import DrafterPool
 from specdec_tune.domain import NO_DRAFT, Config, DraftSpec, Metrics, Noise, Result
 from specdec_tune.errors import SpecDecError
+from specdec_tune.measure.backends import NativeBackend
 from specdec_tune.measurement import Measurement
 from specdec_tune.runtime.workloads import Case
 from specdec_tune.search import tuner
 from specdec_tune.search.final import pick_finalists
 from specdec_tune.search.space import TuneSettings, seed_configs
 from specdec_tune.search.study import counted
-from specdec_tune.search.tuner import DrafterPool, tune
+from specdec_tune.search.tuner import tune
 from specdec_tune.store.yamlio import load_profile, profile_to_dict
 
 
@@ -40,11 +42,16 @@ def pool(target, draft):
     return DrafterPool(specs(), target, load=lambda spec: draft)
 
 
+def native(target, draft):
+    """Our engine over the tiny pair: what the caller of `tune` passes (the search builds none)."""
+    return NativeBackend(pool(target, draft))
+
+
 @pytest.mark.slow  # a whole tune end to end: the fast tier keeps the failing-trial run
 def test_tune_finds_a_config_and_records_everything(tiny_target, tiny_draft, prompts, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     settings = TuneSettings(trials=6, storage=storage, study_name="t", repeats=1, max_gamma=4)
-    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    res = tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     finals = [r for r in res.rows if r["state"] == "FINAL"]
     assert res.trials == 6 and len(res.rows) == 6 + len(finals) and 1 <= res.finalists == len(finals) <= 3
     # The finalists (re-measured head to head) and the baseline lead, ranked by that final round;
@@ -93,18 +100,11 @@ def test_resume_keeps_finished_trials(tiny_target, tiny_draft, prompts, tmp_path
 
     settings = TuneSettings(trials=5, storage=storage, study_name="r", repeats=1, max_gamma=4)
     with pytest.raises(KeyboardInterrupt):
-        tune(
-            tiny_target,
-            specs(),
-            case,
-            settings,
-            pool=pool(tiny_target, tiny_draft),
-            on_trial=stop_after_three,
-        )
+        tune(native(tiny_target, tiny_draft), specs(), case, settings, on_trial=stop_after_three)
     study = optuna.load_study(study_name="r", storage=storage)
     first = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
     assert len(first) == 3
-    res = tune(tiny_target, specs(), case, settings, pool=pool(tiny_target, tiny_draft))
+    res = tune(native(tiny_target, tiny_draft), specs(), case, settings)
     study = optuna.load_study(study_name="r", storage=storage)
     assert counted(study) == 5 and res.trials == 5
     after = {t.number: t.params for t in study.trials if t.state.name == "COMPLETE"}
@@ -119,7 +119,7 @@ def test_failing_trial_does_not_kill_the_study(tiny_target, tiny_draft, prompts,
     settings = TuneSettings(
         trials=8, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="f", repeats=1, max_gamma=3
     )
-    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=broken)
+    res = tune(NativeBackend(broken), specs(), small_case(prompts), settings)
     assert res.failed >= 1 and res.trials == 8
     errors = [r["error"] for r in res.rows if r["error"]]
     assert errors and all("out of memory" in e for e in errors)
@@ -366,6 +366,7 @@ class FakeBackend:
     """Answers the final round with fixed speedups per config gamma; records every call."""
 
     name = "fake"
+    screens = False
 
     def __init__(self, speedup_of):
         self.speedup_of, self.calls = speedup_of, []
@@ -397,14 +398,14 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
         final_floor=0.0,
     )
     monkeypatch.setattr(tuner, "final_round", lambda *a, **k: None)
-    searched = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    searched = tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     monkeypatch.undo()
     expect = pick_finalists(searched.results, 2)
     assert len(expect) == 2
     # the search's winner is slower head to head
     fake = FakeBackend(lambda c: 1.1 if c.key == expect[0].config.key else 1.4)
     started = []
-    res = tune(tiny_target, specs(), small_case(prompts), settings, on_final=started.append, backend=fake)
+    res = tune(fake, specs(), small_case(prompts), settings, on_final=started.append)
     assert started == [[r.config.label for r in expect]]
     assert fake.calls[0][0] == [r.config.key for r in expect] and fake.calls[0][1] == settings.final_repeats
     assert res.results[0].config == expect[1].config and res.results[0].metrics.speedup == pytest.approx(1.4)
@@ -419,7 +420,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
 
     # Rerunning the finished study reuses the stored round instead of measuring again.
     fail = FakeBackend(lambda c: 1 / 0)
-    again = tune(tiny_target, specs(), small_case(prompts), settings, on_final=started.append, backend=fail)
+    again = tune(fail, specs(), small_case(prompts), settings, on_final=started.append)
     assert len(started) == 1 and not fail.calls  # reused: nothing was measured
     assert [r.config for r in again.results] == [r.config for r in res.results]
     assert again.results[0].metrics == res.results[0].metrics
@@ -429,7 +430,7 @@ def test_final_round_overrides_a_lucky_search_winner_and_is_reused(
     assert (
         raised.final_repeats > settings.final_repeats and raised.final_repeats_asked == settings.final_repeats
     )
-    again = tune(tiny_target, specs(), small_case(prompts), raised, on_final=started.append, backend=fail)
+    again = tune(fail, specs(), small_case(prompts), raised, on_final=started.append)
     assert len(started) == 1 and not fail.calls
 
 
@@ -446,14 +447,14 @@ def test_a_failing_final_round_keeps_the_search_ranking(
         sampler="grid",
     )
     monkeypatch.setattr(tuner, "final_round", lambda *a, **k: None)
-    tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     monkeypatch.undo()
 
     class Boom(FakeBackend):
         def measure(self, *a, **k):
             raise RuntimeError("CUDA out of memory (simulated)")
 
-    res = tune(tiny_target, specs(), small_case(prompts), settings, backend=Boom(None))
+    res = tune(Boom(None), specs(), small_case(prompts), settings)
     assert res.finalists == 0 and "out of memory" in res.final_note
     assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
     assert all(r.metrics.search_speedup is None for r in res.results)
@@ -468,7 +469,7 @@ def test_final_round_off_ranks_by_the_search(tiny_target, tiny_draft, prompts, t
         max_gamma=3,
         finalists=0,
     )
-    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    res = tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     assert res.finalists == 0 and res.final_note == "" and len(res.rows) == 4
     assert res.results == sorted(res.results, key=lambda r: -r.metrics.speedup)
 
@@ -478,16 +479,16 @@ def test_the_baseline_asked_for_again_is_reused_not_measured(
 ):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     settings = TuneSettings(trials=2, storage=storage, study_name="b", repeats=1, max_gamma=3, finalists=0)
-    tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     study = optuna.load_study(study_name="b", storage=storage)
     study.enqueue_trial({"draft": "none"})  # as if the sampler picked "none" again
 
     def no_timing(*a, **k):
         raise AssertionError("the baseline was measured again")
 
-    monkeypatch.setattr(tuner.NativeBackend, "measure", no_timing)
+    monkeypatch.setattr(NativeBackend, "measure", no_timing)
     settings.trials = 3
-    res = tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+    res = tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     first, again = (t for t in study.get_trials() if t.params.get("draft") == "none")
     assert again.value == 1.0 and again.user_attrs["reused_baseline"] is True
     assert again.user_attrs["baseline_tokens_per_s"] == first.user_attrs["baseline_tokens_per_s"]
@@ -594,13 +595,13 @@ def test_a_batch_too_large_for_memory_fails_its_trials_alone(
     def oom(*a, **k):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
 
-    monkeypatch.setattr(tuner.NativeBackend, "measure", oom)
+    monkeypatch.setattr(NativeBackend, "measure", oom)
     settings = TuneSettings(
         trials=5, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="oom", repeats=1, max_gamma=2,
         batch_size=64, finalists=0,
     )  # fmt: skip
     with pytest.raises(SpecDecError, match="at batch size 64: RuntimeError: CUDA out of memory"):
-        tune(tiny_target, specs(), small_case(prompts), settings, pool=pool(tiny_target, tiny_draft))
+        tune(native(tiny_target, tiny_draft), specs(), small_case(prompts), settings)
     study = optuna.load_study(study_name="oom", storage=settings.storage)
     # Every trial ran and failed alone (the study went on to its count), each naming the batch size.
     failed = [t for t in study.trials if t.state.name == "FAIL"]

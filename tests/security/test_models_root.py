@@ -10,7 +10,7 @@ import pytest
 from helpers import invoke, make_sample_profile
 
 from specdec_tune.app.confine import confine_model, confine_workload, models_root
-from specdec_tune.app.profile_models import open_models
+from specdec_tune.backends.native import open_stored as open_models
 from specdec_tune.errors import SpecDecError
 from specdec_tune.store.yamlio import save_profile
 

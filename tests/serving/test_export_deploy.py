@@ -17,7 +17,7 @@ from specdec_tune.serving.export import export
 from specdec_tune.serving.flagcheck import problems
 from specdec_tune.serving.flagsets import flagset
 from specdec_tune.serving.llamacpp_args import llamacpp_args, measured_llamacpp_args
-from specdec_tune.store.schema import BatchRow
+from specdec_tune.store.schema import BackendInfo, BatchRow
 
 EPYC = Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml"
 
@@ -215,16 +215,16 @@ def test_cli_formats(fmt):
 
 def test_llamacpp_backend_profiles_export_the_threads_they_were_measured_with():
     p = make_sample_profile(kind="prompt_lookup", threshold=0.0)
-    p.backend = {"name": "llamacpp", "build": {"number": 11434}, "threads": 1}
+    p.backend = BackendInfo("llamacpp", {"number": 11434}, 1)
     r = export(p, "llamacpp")
     args = shlex.split(r.text)
     assert args[args.index("-t") + 1] == "1" and args[args.index("-tb") + 1] == "1"
     assert any(w.startswith("-t 1 -tb 1: the CPU threads") for w in r.warnings)
     assert problems(flagset("llamacpp"), args[1:]) == []
     # llama.cpp's own default measured (no --threads), or a native profile: nothing to add.
-    p.backend = {"name": "llamacpp", "build": {"number": 11434}, "threads": None}
+    p.backend = BackendInfo("llamacpp", {"number": 11434}, None)
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
-    p.backend = {}
+    p.backend = BackendInfo()
     assert "-t" not in shlex.split(export(p, "llamacpp").text)
 
 

@@ -10,6 +10,7 @@ from helpers import make_sample_profile
 from specdec_tune.domain import DraftSpec
 from specdec_tune.serving.capabilities import blockers
 from specdec_tune.serving.export import export
+from specdec_tune.store.schema import BackendInfo
 
 FLAGS = ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "1",
          "--spec-ngram-mod-n-max", "12"]  # fmt: skip
@@ -20,7 +21,7 @@ def _ngram_mod_profile(backend: str | None = "llamacpp"):
     p.best.config.draft = DraftSpec(name="ngram-mod:24", kind="ngram_mod", ngram_max=24, min_draft=1)
     p.best.config.gamma, p.best.config.threshold = 12, 0.0
     if backend is not None:
-        p.backend = {"name": backend, "build": {"binary_sha256": "ab12"}, "threads": 2}
+        p.backend = BackendInfo(backend, {"binary_sha256": "ab12"}, 2)
         p.best.backend_args = ["-m", "t.gguf", *FLAGS]
     return p
 

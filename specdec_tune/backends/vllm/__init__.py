@@ -13,12 +13,13 @@ from typing import Any
 from ...errors import SpecDecError
 from ...measure.servers import ServerError, servers_die_with_us
 from ..base import Models, Purpose
+from .args import ENGINE_MAX_GAMMA
 from .server import build_info, find_python
 from .session import VllmSession
 
-CHECK_IN_SESSION = True  # each config in its own server: a fresh process already
+DEFAULT_MAX_GAMMA = ENGINE_MAX_GAMMA  # `run --max-gamma`'s default in vLLM
 
-__all__ = ["CHECK_IN_SESSION", "VllmSession", "engine_build", "open_session"]
+__all__ = ["DEFAULT_MAX_GAMMA", "VllmSession", "engine_build", "open_session"]
 
 
 @contextlib.contextmanager
@@ -32,7 +33,7 @@ def _server_failures() -> Any:
 
 def engine_build(models: Models) -> dict[str, Any]:
     """The vLLM build `models` would start: its package and torch versions (no server started)."""
-    return dict(build_info(find_python(models.llama_server)))
+    return dict(build_info(find_python(models.server)))
 
 
 def open_session(models: Models, purpose: Purpose) -> VllmSession:

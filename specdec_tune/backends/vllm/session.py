@@ -37,7 +37,7 @@ from ...search.enginepredictor import EnginePredictor
 from ...search.space import TuneSettings
 from ...store.build import EngineFields
 from ...store.refs import portable_ref, profile_file_slug
-from ...store.schema import Profile, TargetInfo
+from ...store.schema import BackendInfo, Profile, TargetInfo
 from ..base import Models, Progress, Purpose
 from ..llamacpp_open import engine_context, engine_workload
 from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
@@ -71,7 +71,7 @@ class VllmSession:
         self.target = resolve_target(models.target)
         self.specs = engine_drafts(models.drafts, self.target)
         self.workload = engine_workload(models)
-        python = find_python(models.llama_server)
+        python = find_python(models.server)
         build = build_info(python)
         budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
         if models.context_length is not None:
@@ -155,7 +155,7 @@ class VllmSession:
             raise SpecDecError("vLLM drafts a fixed number of tokens: --gamma-policies must be fixed")
         return replace(settings, serving_engine="vllm")  # no confidence threshold in vLLM's drafts
 
-    def content_hash(self) -> str:
+    def content_hash(self, like: str = "") -> str:
         return self.target.content_hash
 
     def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
@@ -288,8 +288,12 @@ class VllmSession:
         return EngineFields(
             target=TargetInfo(self.target.name, ref, None, self.target.content_hash, self.models.dtype, 0),
             versions={"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}},
-            backend=info,
-        )
+            backend=BackendInfo(
+                info["name"], dict(info["build"]), launcher=info["launcher"],
+                measure_only_args=info["measure_only_args"], engine_args=info["engine_args"],
+                start_s=info.get("start_s"),
+            ),
+        )  # fmt: skip
 
     def portable(self, profile: Profile, out: Path, target_arg: str | None) -> Profile:
         return profile

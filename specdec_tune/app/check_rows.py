@@ -1,0 +1,74 @@
+"""One stored config re-measured in its session and judged, the way `check` judges every row beside
+the first (app.checking measures the machine anchors around that one): the measurement watched by
+the OS, the machine's load by the session's policy, a doubtful drop measured again in the session
+with the repeats its spread needs, and the policy's judges (output.check)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import CheckSession
+from ..checkpolicy import CheckPolicy
+from ..domain import Config
+from ..errors import SpecDecError
+from ..limits import MAX_BATCH_SIZE, check_count
+from ..measure import noise
+from ..output.check import CheckItem, Evidence, confirm_repeats, judge_config, needs_confirmation
+from ..output.environment import classify
+from ..store.schema import Profile
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How `check` judges: the tolerances, the repeats of a first measurement, and the policy (the
+    session's: `session.policy`)."""
+
+    tolerance: float
+    acceptance_tolerance: float | None
+    repeats: int
+    policy: CheckPolicy
+
+
+def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[int, Any]]:
+    """(batch size, stored Result) of every row `check` judges: the best (batch size 1), then each
+    other batch table row; only `batch_size`'s when given (SpecDecError when the profile has none)."""
+    rows = [(1, p.best)] + [(r.batch_size, r.best) for r in p.batch_table if r.batch_size != 1]
+    if batch_size is None:
+        return rows
+    check_count(batch_size, "--batch-size", high=MAX_BATCH_SIZE)
+    picked = [(b, r) for b, r in rows if b == batch_size]
+    if not picked:
+        sizes = ", ".join(str(b) for b, _ in rows)
+        raise SpecDecError(f"{path} has no batch table row for batch size {batch_size}; it has: {sizes}")
+    return picked
+
+
+def where_of(batch_size: int, context_length: int | None = None) -> str:
+    """The items' suffix of a row: "" for the best, " @ B=4", " @ B=1, L=2048"."""
+    if context_length is not None:
+        return f" @ B={batch_size}, L={context_length}"
+    return "" if batch_size == 1 else f" @ B={batch_size}"
+
+
+def in_session(s: CheckSession, config: Config, batch_size: int, repeats: int, seed: int = 0) -> Any:
+    """`config` against plain decoding over the session's workload at `batch_size`."""
+    (m,) = s.measure([config], s.case, batch_size, repeats, seed)
+    return m
+
+
+def row_items(
+    s: CheckSession, stored: Any, config: Config, batch_size: int, j: Judging, temperature: float, where: str
+) -> list[CheckItem]:
+    """The items of one stored result (`stored`) re-measured as `config` at `batch_size`: a drop
+    measured while other work shared the machine is inconclusive (output.check.speedup_item), one
+    not clearly passing is measured again in the session."""
+    m, os_noise, busy_seen = noise.busy_window(lambda: in_session(s, config, batch_size, j.repeats))
+    env = classify(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
+    e = Evidence(stored, m, temperature=temperature, environment=env, where=where)
+    if needs_confirmation(e, j.tolerance, j.policy):
+        n = confirm_repeats(m, j.repeats, j.policy)
+        e = replace(e, again=in_session(s, config, batch_size, n, seed=1))
+    return judge_config(e, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=j.policy)
