@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import Models, Progress, Purpose, open_session
+from ..backends.protocols import Schedules
 from ..domain import FIXED_GAMMA, Config
 from ..errors import SpecDecError
 from ..measure.hardware import hardware_info, same_hardware
@@ -237,6 +238,10 @@ def search_session(
             )  # fmt: skip
             _record_flags(s, results[b], b, progress)
             neighbour = [trial_params(results[b].results[0].config), *s.first_trials(settings.max_gamma)]
+        schedule = None
+        if len(batch_sizes) > 1 and isinstance(s, Schedules):  # the engine runs its answer as a schedule
+            progress.stage("the batch-size schedule, measured against each fixed γ", 0.0)
+            schedule = s.batch_schedule(results, case, settings.repeats)
         noise = watched(noise, watch, progress, s.busy_rule)
         first = results[batch_sizes[0]]
         exact = s.exactness(first, case)
@@ -247,6 +252,7 @@ def search_session(
             fields.backend, exactness=exact, cost_model_error=prediction_error(first),
             engine_defaults=default_rows(first, defaults) if defaults else [],
             cost_model=cost_model_fit(first, predictor) if predictor is not None else {},
+            schedule=schedule or {},
         )  # fmt: skip
     measured = s.workload  # what was measured: all its prompts, or the first k when the budget cut them
     if len(case.prompts) < len(s.case.prompts):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..checkpolicy import CheckPolicy
 from ..domain import Anchors, Config, Costs, DraftSpec, Noise
@@ -214,3 +214,14 @@ class CheckSession(Measures, Lifecycle, Judged, Protocol):
 
 class MeasuringSession(Measures, Lifecycle, Judged, Reports, Benches, SearchHooks, Protocol):
     """An engine opened for every use case: `tune`, `bench`, `profile` and `check`."""
+
+
+@runtime_checkable
+class Schedules(Protocol):
+    """An engine whose answer over batch sizes is a schedule it runs itself (vLLM's
+    `num_speculative_tokens_per_batch_size`): a session that implements it writes the schedule from
+    the measured rows and measures it as a config of its own; others leave the rows as the answer."""
+
+    def batch_schedule(self, results: dict[int, Any], case: Any, repeats: int) -> dict[str, Any] | None:
+        """The schedule and its measured rows (BackendInfo.schedule), or None: nothing to schedule."""
+        ...

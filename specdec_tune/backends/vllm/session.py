@@ -44,6 +44,7 @@ from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
 from .costs import measure_costs
 from .measuring import VllmBackend
 from .models import engine_drafts, resolve_target
+from .schedule import measure_schedule
 from .server import build_info, extra_args, find_python, is_cpu_build
 
 NOISE_PASSES = 3
@@ -275,6 +276,11 @@ class VllmSession:
             "first_divergence": e["first_divergence"],
             "token_exact": e["mismatches"] == 0,
         }
+
+    def batch_schedule(self, results: dict[int, Any], case: Any, repeats: int) -> dict[str, Any] | None:
+        """vLLM's batch-size schedule from the measured rows, measured against each fixed γ it mixes
+        (backends.vllm.schedule); None when one γ or plain decoding is the whole answer."""
+        return measure_schedule(self.backend, results, case, repeats)
 
     def expected_speedup(self, costs: Costs | None, settings: TuneSettings) -> float | None:
         return None  # planned as plain until trials fit the model
