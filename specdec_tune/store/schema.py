@@ -20,8 +20,9 @@ from ..domain import (
 from .fields import SCHEMA_VERSION
 
 # runtime.caches.modes.ENGINE_MODES with auto resolved; "llamacpp": costs measured inside llama-server
+# (older profiles); "engine": inside another engine's server, the profile's BackendInfo names it
 MEASURED_MODES = ("eager", "static", "compiled")
-COSTS_MODES = (*MEASURED_MODES, "llamacpp")
+COSTS_MODES = (*MEASURED_MODES, "llamacpp", "engine")
 
 
 @dataclass

@@ -90,7 +90,7 @@ def measure_costs(
     raw, v_spread = verify_curve_ms(plain, list(case.prompts[0]), max_gamma, repeats)
     verify = [t_target * v / raw[0] for v in raw] if raw and raw[0] > 0 else raw
     costs = Costs(
-        t_target, t_spread, verify, v_spread, len(case.prompts[0]), engine_mode="vllm", verify_raw_ms=raw
+        t_target, t_spread, verify, v_spread, len(case.prompts[0]), engine_mode="engine", verify_raw_ms=raw
     )
     for s in specs:
         # an n-gram lookup runs on the host between forwards; a draft model's cost is fitted from trials
