@@ -52,8 +52,9 @@ BackendOpt = Annotated[
     str,
     typer.Option(
         "--backend",
-        help="Where configs are measured: native (our own engine, default) or llamacpp (llama-server "
-        "processes of the [llamacpp] extra; target: a .gguf, smollm2-135m or demo).",
+        help="Where configs are measured: native (our own engine, default), llamacpp (llama-server "
+        "processes of the [llamacpp] extra; target: a .gguf, smollm2-135m or demo) or vllm (vLLM servers "
+        "from its own environment, SPECDEC_VLLM_PYTHON; target: a model folder, smollm2-135m or demo).",
         envvar="SPECDEC_BACKEND",
     ),
 ]

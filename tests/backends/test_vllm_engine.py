@@ -38,10 +38,17 @@ def vllm_processes(parent: int | None = None) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
+# Extra engine arguments pass through to every server and are recorded: here, vLLM's eager mode,
+# so a start compiles nothing (the tests judge what the engine computes, not how fast).
+EXTRA = "--enforce-eager"
+
+
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     from specdec_tune.backends.vllm import open_session
 
+    before = os.environ.get("SPECDEC_VLLM_ARGS")
+    os.environ["SPECDEC_VLLM_ARGS"] = EXTRA
     models = Models(
         target="demo",
         drafts=["ngram:2-4"],
@@ -50,9 +57,15 @@ def session(tmp_path_factory):
         max_new_tokens=32,
         backend="vllm",
     )
-    s = open_session(models, Purpose())
-    with s:
-        yield s
+    try:
+        s = open_session(models, Purpose())
+        with s:
+            yield s
+    finally:
+        if before is None:
+            os.environ.pop("SPECDEC_VLLM_ARGS", None)
+        else:
+            os.environ["SPECDEC_VLLM_ARGS"] = before
     assert vllm_processes() == [], "a vLLM server outlived its session"
 
 
@@ -67,6 +80,7 @@ def test_a_config_against_the_plain_server_exact_at_t0(session):
     assert 0 < m.metrics.acceptance_rate <= 1 and m.exactness["drafts"] > 0
     # vLLM is exact at T = 0 here, per prompt, or the measurement says where it parted
     assert m.exactness["prompts"] == 2 and m.mismatches == len(m.exactness["first_divergence"])
+    assert EXTRA in m.flags and session.info()["engine_args"] == [EXTRA]  # passed through, recorded
     spec_json = json.loads(m.flags[m.flags.index("--speculative-config") + 1])
     assert spec_json == {
         "method": "ngram",
@@ -91,7 +105,7 @@ def test_a_server_is_kept_for_all_it_measures(session):
 
 
 def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
-    env = {**os.environ, "SPECDEC_VLLM_PYTHON": PYTHON}
+    env = {**os.environ, "SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
     cmd = [sys.executable, "-m", "specdec_tune.cli", "bench", "--backend", "vllm", "--draft", "ngram:3",
            "-g", "3", "--prompts", "1", "--max-new-tokens", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -107,4 +121,50 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and vllm_processes():
         time.sleep(0.5)
+    assert vllm_processes() == []
+
+
+def test_run_check_export_end_to_end(tmp_path):
+    """`run --backend vllm` writes a profile of what vLLM measured; `check` re-measures it in vLLM and
+    passes, and fails a planted 15 % drop (the stored speedup raised by 1/0.85); `export --to vllm`
+    emits the command that ran, which a vLLM server accepts."""
+    from typer.testing import CliRunner
+
+    from specdec_tune.cli import app
+    from specdec_tune.store.yamlio import load_profile, save_profile
+
+    env = {"SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
+    out = tmp_path / "p.yaml"
+    runner = CliRunner(env=env)
+    r = runner.invoke(app, [
+        "run", "--backend", "vllm", "--target", "demo", "-d", "ngram:2-4", "--workload", "demo-code",
+        "--trials", "2", "--max-gamma", "4", "--finalists", "2", "--final-repeats", "2", "--prompts", "2",
+        "-n", "24", "--repeats", "2", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = load_profile(out)
+    assert p.backend.name == "vllm" and p.backend.build["package"].startswith("vllm")
+    assert p.backend.launcher[1:] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert p.backend.engine_args == [EXTRA] and p.backend.start_s and p.backend.start_s > 0
+    assert p.costs.engine_mode == "engine" and p.costs.t_target_ms > 0 and len(p.costs.verify_ms) == 4
+    assert p.baseline.tokens_per_s > 0 and p.noise is not None
+    assert vllm_processes() == []
+    best = next(x for x in [p.best, *p.alternatives] if x.config.gamma > 0)
+    assert best.backend_args[:2] == ["--model", str(Path(best.backend_args[1]))]
+    assert "--speculative-config" in best.backend_args and EXTRA in best.backend_args
+
+    c = runner.invoke(app, ["check", str(out), "--repeats", "3", "--json"])
+    assert c.exit_code in (0, 6), c.output  # 6: a machine too noisy to tell is said so, never a regression
+    assert vllm_processes() == []
+    if p.best.config.gamma > 0:
+        planted = load_profile(out)
+        planted.best.metrics.speedup = p.best.metrics.speedup / 0.85
+        slow = tmp_path / "planted.yaml"
+        save_profile(planted, slow)
+        c = runner.invoke(app, ["check", str(slow), "--repeats", "3"])
+        assert c.exit_code in (1, 6), c.output
+        e = runner.invoke(app, ["export", str(out), "--to", "vllm", "--format", "json"])
+        assert e.exit_code == 0, e.output
+        argv = json.loads(e.stdout)["command"]
+        assert argv[:3] == p.backend.launcher and argv[3:] == p.best.backend_args
     assert vllm_processes() == []
