@@ -8,8 +8,9 @@ come and go, and a hand-written one collapsed throughput at its threshold (vllm#
 2. `measure_schedule`: the schedule's server against each fixed gamma it mixes and plain decoding,
    interleaved, at every measured batch size and at each boundary (where the running batch crosses
    it as requests finish and refill). Paired per repeat (`measure.stats.compare`).
-3. The schedule is emitted only when no fixed gamma is resolved faster than it at any measured
-   concurrency; otherwise the rows say where it lost, and export keeps the best fixed config.
+3. The schedule is emitted only when no fixed gamma (plain decoding, gamma 0, among them) is
+   resolved faster than it at any measured concurrency; otherwise the rows say where it lost, and
+   export keeps the best fixed config.
 """
 
 from __future__ import annotations
@@ -101,8 +102,14 @@ def measure_schedule(
                     "slower": bool(c.interval[1] < 1.0),
                 }
             )
+        # plain decoding is a fixed γ too (0): a tier's K = 0 in a speculative server can cost more
+        row["slower_than_plain"] = bool(row["interval"] and row["interval"][1] < 1.0)
         rows.append(row)
     lost = [
+        f"B={r['batch_size']}: {r['speedup']:.3f} [{r['interval'][0]:.3f}, {r['interval'][1]:.3f}] of plain decoding"
+        for r in rows
+        if r["slower_than_plain"]
+    ] + [
         f"B={r['batch_size']}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}] of fixed γ {a['gamma']}"
         for r in rows
         for a in r["against"]
