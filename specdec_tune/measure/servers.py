@@ -26,6 +26,21 @@ from typing import Any
 
 from .children import die_with_parent
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _child_of(parent: int) -> Any:
+    """A server's preexec function: killed when `parent` dies (and at once when it died before this
+    ran), with the stop signals the parent held off unblocked."""
+
+    def preexec() -> None:
+        die_with_parent()
+        if os.getppid() != parent:
+            os._exit(1)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+    return preexec
+
 
 class ServerError(RuntimeError):
     """A server failed to start, died, or stopped answering: the trial fails with this message."""
@@ -74,17 +89,24 @@ class EngineServer:
             port = None
             fd, log = tempfile.mkstemp(prefix=f"specdec-{self.label.split()[0].lower()}-", suffix=".log")
             self.log_path = Path(log)
-            self.proc = subprocess.Popen(
-                [*self.command(), "--host", "127.0.0.1", "--port", str(self.port)],
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped as a whole
-                preexec_fn=die_with_parent,
-                env=self.env,
-            )
-            os.close(fd)
-            _LIVE.add(self)
+            # Ctrl-C or SIGTERM held off until the child is known to close_all: one arriving while
+            # Popen forks would leave a server no one stops (seen: a vLLM server outliving a `bench`
+            # interrupted at its start); the child unblocks them before it execs.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            try:
+                self.proc = subprocess.Popen(
+                    [*self.command(), "--host", "127.0.0.1", "--port", str(self.port)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=fd,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: stopped as a whole
+                    preexec_fn=_child_of(os.getpid()),
+                    env=self.env,
+                )
+                _LIVE.add(self)
+            finally:
+                os.close(fd)
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             try:
                 self._wait_healthy(timeout_s)
                 return

@@ -110,10 +110,10 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
            "-g", "3", "--prompts", "1", "--max-new-tokens", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not vllm_processes():
-        time.sleep(0.5)
+    while time.monotonic() < deadline and not any("VLLM::EngineCore" in p for p in vllm_processes()):
+        time.sleep(0.2)
     assert vllm_processes(), "no vLLM server started"
-    time.sleep(5)  # mid start-up: its engine core is being made
+    time.sleep(2)  # mid start-up: its engine core is being made
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The vLLM backend's numbers, in one sequence (docs/vllm.md keeps them): `run --backend vllm` on the
+# demo pair and on SmolLM2 (code-edit, B = 1, each from a cold vLLM compile cache), SmolLM2 at
+# B = 1,4,16 (the measured schedule), `check` of the stored profile and of a planted 15 % drop, the
+# grid with its top configs raced again, and the same prompts through llama.cpp beside vLLM.
+#
+#   SPECDEC_VLLM_PYTHON=.vllm-venv/bin/python bash benchmarks/vllm.sh [STEPS]
+#
+# STEPS: a comma list of demo,smollm2,batch,check,grid,versus (default: all). Results and logs go to
+# benchmarks/results/vllm/; each command's wall time is printed and logged.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${SPECDEC_VLLM_PYTHON:?set SPECDEC_VLLM_PYTHON to the Python of vLLM's environment}"
+OUT=benchmarks/results/vllm
+mkdir -p "$OUT"
+STEPS=",${1:-demo,smollm2,batch,check,grid,versus},"
+STUDIES="sqlite:///$(mktemp -d)/studies.db"  # fresh studies: nothing is resumed from an earlier run
+
+timed() {  # NAME CMD...: run with a cold vLLM compile cache, log, print the wall time and exit code
+  local name=$1; shift
+  local cache; cache=$(mktemp -d)
+  local t0; t0=$(date +%s)
+  VLLM_CACHE_ROOT="$cache" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc (pgrep vllm: $(pgrep -fc 'vllm.entrypoints|VLLM::' || true))" | tee -a "$OUT/times.txt"
+  rm -rf "$cache"
+}
+
+run() { specdec-tune run --backend vllm --workload code-edit --storage "$STUDIES" "$@"; }
+
+[[ $STEPS == *,demo,* ]] && timed demo run --target demo --out "$OUT/demo.vllm.yaml"
+[[ $STEPS == *,smollm2,* ]] && timed smollm2 run --target smollm2-135m --out "$OUT/smollm2-135m.vllm.yaml"
+[[ $STEPS == *,batch,* ]] && timed batch run --target smollm2-135m --batch-sizes 1,4,16 --budget 600 \
+  --out "$OUT/smollm2-135m.b1-4-16.vllm.yaml"
+if [[ $STEPS == *,check,* ]]; then
+  timed check specdec-tune check "$OUT/smollm2-135m.vllm.yaml" --json
+  python - "$OUT/smollm2-135m.vllm.yaml" "$OUT/planted.vllm.yaml" <<'EOF'
+import sys
+from specdec_tune.store.yamlio import load_profile, save_profile
+p = load_profile(sys.argv[1])
+p.best.metrics.speedup /= 0.85  # the stored promise 15 % above what the engine gives: a planted drop
+save_profile(p, sys.argv[2])
+EOF
+  timed check-planted specdec-tune check "$OUT/planted.vllm.yaml" --json
+fi
+[[ $STEPS == *,grid,* ]] && timed grid python benchmarks/vllm_grid.py --target smollm2-135m \
+  --profile "$OUT/smollm2-135m.vllm.yaml" --drafts ngram:4,ngram:2-4,ngram:1-3 --gammas 2,4,6,8 \
+  --out "$OUT/grid_smollm2-135m_code-edit.json"
+if [[ $STEPS == *,versus,* ]]; then
+  timed llamacpp specdec-tune run --backend llamacpp --target smollm2-135m --workload code-edit \
+    --storage "$STUDIES" --out "$OUT/smollm2-135m.llamacpp.yaml"
+  timed versus python benchmarks/vllm_vs_llamacpp.py --vllm-profile "$OUT/smollm2-135m.vllm.yaml" \
+    --llamacpp-profile "$OUT/smollm2-135m.llamacpp.yaml" --out "$OUT/versus.json"
+fi
+cat "$OUT/times.txt"
