@@ -31,6 +31,7 @@ from .fmt import (
     unit,
     vec,
 )
+from .schedule import schedule_table
 
 # ------------------------------------------------------------------------------------- numbers
 
@@ -67,6 +68,9 @@ def render_profile(profile: Profile, console: Console) -> None:
     console.print(_baseline_table(p.baseline))
     if p.batch_table:
         console.print(batch_table(p))
+    schedule = schedule_table(p.backend.schedule)
+    if schedule is not None:
+        console.print(schedule)
     envelope = envelope_table(p)
     if envelope is not None:
         console.print(envelope)

@@ -206,3 +206,20 @@ def test_export_emits_the_schedule_only_where_it_never_lost():
     out = export(p, "vllm")
     assert out.argv[3:] == ran and not out.schedule  # the best fixed config, and why
     assert any("lost to a fixed γ at B=3" in w for w in out.warnings)
+
+
+def test_show_prints_the_measured_schedule_and_where_it_lost():
+    from rich.console import Console
+
+    from specdec_tune.output.schedule import schedule_table
+
+    row = {"batch_size": 3, "speedup": 0.72, "interval": [0.47, 0.97], "tokens_per_s": 236.6,
+           "against": [{"gamma": 5, "ratio": 0.653, "interval": [0.597, 0.715], "slower": True}]}  # fmt: skip
+    sched = {"draft": "draft-1l", "tiers": [[1, 2, 5], [3, 1024, 0]], "rows": [row], "emitted": False,
+             "lost": ["B=3: 0.653 [0.597, 0.715] of fixed γ 5"]}  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(schedule_table(sched))
+    text = console.export_text()
+    assert "B 1-2: γ 5, B 3-1024: γ 0" in text and "not emitted: lost at B=3" in text
+    assert "γ 5: 0.653 [0.597, 0.715] slower" in text
+    assert schedule_table({}) is None

@@ -1,0 +1,39 @@
+"""The engine's batch-size schedule as `show` prints it (BackendInfo.schedule: an engine that runs
+its answer over batch sizes as a schedule measured it as a config of its own): its tiers, and at
+every measured concurrency its speedup over plain and its paired ratio to each fixed γ it mixes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+
+def schedule_table(schedule: dict[str, Any]) -> Table | None:
+    """The measured schedule's rows; None when the profile holds none."""
+    if not schedule or not schedule.get("rows"):
+        return None
+    tiers = ", ".join(f"B {s}-{e}: γ {k}" for s, e, k in schedule["tiers"])
+    verdict = (
+        "emitted"
+        if schedule.get("emitted")
+        else "not emitted: lost at " + "; ".join(schedule.get("lost", []))
+    )
+    t = Table(
+        title=f"Batch-size schedule of {schedule['draft']} ({tiers}), measured: {verdict}",
+        title_justify="left",
+    )
+    t.add_column("B", justify="right")
+    t.add_column("speedup over plain", justify="right")
+    t.add_column("tok/s", justify="right")
+    t.add_column("against each fixed γ (paired ratio, 95% CI)")
+    for r in schedule["rows"]:
+        ci = r.get("interval") or [None, None]
+        over_plain = f"{r['speedup']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else "")
+        against = ", ".join(
+            f"γ {a['gamma']}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}]"
+            + (" slower" if a["slower"] else "")
+            for a in r["against"]
+        )
+        t.add_row(str(r["batch_size"]), over_plain, f"{r['tokens_per_s']:.1f}", against)
+    return t
