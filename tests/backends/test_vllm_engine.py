@@ -30,12 +30,26 @@ pytestmark = [
 ]
 
 
-def vllm_processes(parent: int | None = None) -> list[str]:
-    """Command lines of vLLM servers running now (their engine cores and workers included)."""
-    out = subprocess.run(
-        ["pgrep", "-af", "vllm.entrypoints|VLLM::|EngineCore"], capture_output=True, text=True
-    )
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+def vllm_processes(groups: set[int] | None = None) -> list[str]:
+    """Live vLLM processes (servers, engine cores, workers) as "pid pgid command"; only those of the
+    process `groups` when given (each server's group is its own). A zombie is not alive: it waits
+    only for PID 1 to reap it."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state, _, pgid = (d / "stat").read_text().split(") ", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if state == "Z" or ("vllm.entrypoints" not in cmd and "VLLM::" not in cmd):
+            continue
+        if groups is None or int(pgid) in groups:
+            out.append(f"{d.name} {pgid} {cmd[:200]}")
+    return out
+
+
+def groups_of(processes: list[str]) -> set[int]:
+    return {int(p.split()[1]) for p in processes}
 
 
 # Extra engine arguments pass through to every server and are recorded: here, vLLM's eager mode,
@@ -109,19 +123,24 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     cmd = [sys.executable, "-m", "specdec_tune.cli", "bench", "--backend", "vllm", "--draft", "ngram:3",
            "-g", "3", "--prompts", "1", "--max-new-tokens", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    before = groups_of(vllm_processes())  # other tests' servers (the module's session) are not ours
+    mine: set[int] = set()
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not any("VLLM::EngineCore" in p for p in vllm_processes()):
+    while time.monotonic() < deadline and not any(
+        "VLLM::EngineCore" in p for p in vllm_processes(mine or None)
+    ):
+        mine = groups_of(vllm_processes()) - before
         time.sleep(0.2)
-    assert vllm_processes(), "no vLLM server started"
+    assert mine, "no vLLM server started"
     time.sleep(2)  # mid start-up: its engine core is being made
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert b"Traceback" not in out
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and vllm_processes():
+    while time.monotonic() < deadline and vllm_processes(mine):
         time.sleep(0.5)
-    assert vllm_processes() == []
+    assert vllm_processes(mine) == []
 
 
 def test_run_check_export_end_to_end(tmp_path):
@@ -134,6 +153,11 @@ def test_run_check_export_end_to_end(tmp_path):
     from specdec_tune.store.yamlio import load_profile, save_profile
 
     env = {"SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
+    others = groups_of(vllm_processes())  # the module's session, when it is up: not this test's
+
+    def left() -> list[str]:
+        return [p for p in vllm_processes() if int(p.split()[1]) not in others]
+
     out = tmp_path / "p.yaml"
     runner = CliRunner(env=env)
     r = runner.invoke(app, [
@@ -148,14 +172,14 @@ def test_run_check_export_end_to_end(tmp_path):
     assert p.backend.engine_args == [EXTRA] and p.backend.start_s and p.backend.start_s > 0
     assert p.costs.engine_mode == "engine" and p.costs.t_target_ms > 0 and len(p.costs.verify_ms) == 4
     assert p.baseline.tokens_per_s > 0 and p.noise is not None
-    assert vllm_processes() == []
+    assert left() == []
     best = next(x for x in [p.best, *p.alternatives] if x.config.gamma > 0)
     assert best.backend_args[:2] == ["--model", str(Path(best.backend_args[1]))]
     assert "--speculative-config" in best.backend_args and EXTRA in best.backend_args
 
     c = runner.invoke(app, ["check", str(out), "--repeats", "3", "--json"])
     assert c.exit_code in (0, 6), c.output  # 6: a machine too noisy to tell is said so, never a regression
-    assert vllm_processes() == []
+    assert left() == []
     if p.best.config.gamma > 0:
         planted = load_profile(out)
         planted.best.metrics.speedup = p.best.metrics.speedup / 0.85
@@ -167,4 +191,4 @@ def test_run_check_export_end_to_end(tmp_path):
         assert e.exit_code == 0, e.output
         argv = json.loads(e.stdout)["command"]
         assert argv[:3] == p.backend.launcher and argv[3:] == p.best.backend_args
-    assert vllm_processes() == []
+    assert left() == []
