@@ -16,7 +16,7 @@ import resource
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
 from .timing import interleaved, median, spread
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -111,7 +114,7 @@ class BatchEntry:
 
 
 def measure_batched(
-    target: Any,
+    target: PreTrainedModel,
     make_drafter: Callable[[], BatchDrafter | None],
     gamma: int,
     threshold: float,
@@ -130,7 +133,7 @@ def measure_batched(
 
 
 def measure_batched_many(
-    target: Any,
+    target: PreTrainedModel,
     entries: list[BatchEntry],
     case: Case,
     batch_size: int,

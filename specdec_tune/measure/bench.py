@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compil
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
 from .timing import interleaved_parts, median, spread
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Entry:
 
 
 def run_pass(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -60,7 +63,7 @@ def run_pass(
 
 
 def run_prompt(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -80,14 +83,14 @@ def run_prompt(
     return gen.tokens, gen.stats
 
 
-def _generator(target: Any, case: Case, seed: int) -> torch.Generator | None:
+def _generator(target: PreTrainedModel, case: Case, seed: int) -> torch.Generator | None:
     if case.temperature <= 0:
         return None
     return torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
 
 
 def measure(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -110,7 +113,7 @@ def measure(
 
 
 def measure_many(
-    target: Any,
+    target: PreTrainedModel,
     entries: list[Entry],
     case: Case,
     repeats: int = 3,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from .forward import (
 )
 from .overheads import LoopClock, measure_loop_overheads_ms
 from .timing import median, spread, time_repeated
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # The acceptance pass at an envelope's longer lengths (`carry`): enough verifications for the
 # cost model's prediction there; the races at that length measure the acceptance of what they race.
@@ -82,7 +85,7 @@ def _pad(values: list[float], length: int) -> list[float]:
 
 @torch.inference_mode()
 def acceptance_vector(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter,
     case: Case,
     max_gamma: int,
@@ -130,7 +133,7 @@ def default_context_len(case: Case) -> int:
 
 @torch.inference_mode()
 def measure_costs(
-    target: Any,
+    target: PreTrainedModel,
     drafters: dict[str, Drafter],
     case: Case | None,
     device: str,

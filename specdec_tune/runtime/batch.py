@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,13 +29,16 @@ from .drafting.leandraft import LeanLlamaRows, runs_lean
 from .drafting.rows import BatchDrafter
 from .workloads import Case
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class BatchModelDrafter(BatchDrafter):
     """A causal LM drafting for all rows at once: one batched forward per draft position."""
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         rows: int,
         name: str = "draft",
         lean: bool = True,
@@ -170,7 +173,7 @@ def schedule_of(gamma_by_rows: Mapping[int, int] | None, gamma: int) -> dict[int
 
 @torch.inference_mode()
 def batch_generate(
-    target: Any,
+    target: PreTrainedModel,
     drafter: BatchDrafter | None,
     case: Case,
     batch_size: int,

@@ -16,11 +16,11 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..domain import Costs, DraftSpec
+from ..domain import Config, Costs, DraftSpec
 from ..errors import SpecDecError
-from ..measure.seam import MeasuringBackend, Screen
+from ..measure.seam import Case, MeasuringBackend, Screen
 from ..measure.stats import speedup_interval
 from .costmodel import CostModel
 from .final import final_round
@@ -45,21 +45,26 @@ from .study import (
     study_name_for,
 )
 
+if TYPE_CHECKING:
+    import optuna
+
+    from .enginepredictor import Predictor
+
 POLL_S = 1.0  # how often a worker looks again while others hold the study's last slots
 
 
 def tune(
     backend: MeasuringBackend,
     specs: list[DraftSpec],
-    case: Any,
+    case: Case,
     settings: TuneSettings,
     costs: Costs | None = None,
     study_key: dict[str, Any] | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
     on_final: Callable[[list[str]], None] | None = None,
     extra_seeds: list[dict[str, Any]] | None = None,
-    pinned: list[Any] | None = None,
-    predictor: Any = None,
+    pinned: list[Config] | None = None,
+    predictor: Predictor | None = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
@@ -166,7 +171,7 @@ def tune(
 
 
 def _predict_unpredicted(
-    result: TuneResult, model: CostModel | None, predictor: Any, batch_size: int
+    result: TuneResult, model: CostModel | None, predictor: Predictor | None, batch_size: int
 ) -> None:
     """A finalist no trial measured (a pinned default, a config raced from another cell) gets the
     prediction a trial of it would have had: the engine's fitted model or the closed-form one. The
@@ -176,7 +181,9 @@ def _predict_unpredicted(
             r.metrics.predicted_speedup = predict_config(r.config, model, predictor, batch_size)
 
 
-def predict_config(config: Any, model: CostModel | None, predictor: Any, batch_size: int) -> float | None:
+def predict_config(
+    config: Config, model: CostModel | None, predictor: Predictor | None, batch_size: int
+) -> float | None:
     """`config`'s predicted speedup at `batch_size`: the engine's model fitted from the trials
     (`predictor`) where there is one, else the closed-form model over the costs, else None."""
     if predictor is not None:
@@ -193,7 +200,7 @@ def study_name(specs: list[DraftSpec], settings: TuneSettings, study_key: dict[s
     return settings.study_name or study_name_for(key)
 
 
-def _lost_to_peer(study: Any, number: int) -> bool:
+def _lost_to_peer(study: optuna.Study, number: int) -> bool:
     """Whether trial `number` (this worker's) was finished by another worker: failed by its
     heartbeat check while this one was paused."""
     from optuna.trial import TrialState
@@ -202,7 +209,7 @@ def _lost_to_peer(study: Any, number: int) -> bool:
     return trial is not None and trial.state != TrialState.RUNNING
 
 
-def _note(trial: Any, key: str, value: Any) -> None:
+def _note(trial: optuna.Trial, key: str, value: object) -> None:
     """`trial.set_user_attr` where failing must not hide the error being handled: a trial that a
     peer already finished takes no more attributes."""
     import optuna
@@ -227,9 +234,9 @@ class _Objective:
         self.case, self.model, self.settings, self.total = case, model, settings, total
         self.on_start: Callable[[], None] = lambda: None
         self.number: int | None = None  # the trial this worker runs now
-        self.predictor: Any = None  # an engine cost model fitted as trials come in
+        self.predictor: Predictor | None = None  # an engine cost model fitted as trials come in
 
-    def __call__(self, trial: Any) -> float:
+    def __call__(self, trial: optuna.Trial) -> float:
         import optuna
 
         self.number = trial.number
@@ -308,7 +315,7 @@ class _Objective:
         finally:
             _note(trial, "duration_s", time.monotonic() - started)
 
-    def _reuse_baseline(self, trial: Any) -> bool:
+    def _reuse_baseline(self, trial: optuna.Trial) -> bool:
         """The sampler asked for the baseline again: its speedup is 1.0 by definition, so the
         finished baseline trial's numbers are copied instead of spending a measurement on it."""
         from optuna.trial import TrialState
