@@ -24,7 +24,8 @@ from ..search.space import TuneSettings
 from ..store.build import context_row, with_envelope
 from ..store.runfiles import save_run
 from .common import TuneOutcome
-from .session_search import predicted_best, search_session
+from .session_engine import predicted_best
+from .session_search import search_session
 
 
 def tune_envelope(
