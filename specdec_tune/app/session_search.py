@@ -30,6 +30,7 @@ from ..store.schema import Profile
 from ..store.yamlio import load_costs
 from .common import adapt_to_noise, check_writable, trial_params, watched
 from .reference import process_seconds
+from .run_options import SearchInputs
 from .session_engine import batched, cost_model_fit, default_rows, enqueue_predictions
 from .session_plan import SessionPlan, cell_budget, plan_session
 
@@ -55,9 +56,7 @@ class SessionRun:
 def search_session(
     models: Models,
     settings: TuneSettings,
-    layer_skip: list[int] | None,
-    costs_file: Path | None,
-    no_profile: bool,
+    inputs: SearchInputs,
     out: Path | None,
     progress: Progress,
     *,
@@ -75,7 +74,7 @@ def search_session(
     session's cost profile, which measures again only what changes with the context, and its
     engine model, carried to this length's costs, predicts until a trial here is measured
     (search.enginepredictor)."""
-    purpose = Purpose("tune", tuple(layer_skip or ()), batch_sizes[0])
+    purpose = Purpose("tune", tuple(inputs.layer_skip or ()), batch_sizes[0])
     with open_session(models, purpose) as s:
         settings = s.settings_for(settings, progress)
         if settings.screen_prompts and not s.screens:
@@ -85,7 +84,7 @@ def search_session(
         check_writable(out)
         check_replaceable(out, s.content_hash(), settings.force)  # before minutes of measuring
         s.begin(settings, _key(s, models, hw["slug"], settings, batch_sizes[0]))
-        costs = _session_costs(s, settings, costs_file, no_profile, hw, progress, batch_sizes, carry)
+        costs = _session_costs(s, settings, inputs, hw, progress, batch_sizes, carry)
         # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
         noise, anchors = s.noise_and_anchors()
         settings, line = adapt_to_noise(settings, noise)
@@ -135,22 +134,23 @@ def search_session(
 def _session_costs(
     s: MeasuringSession,
     settings: TuneSettings,
-    costs_file: Path | None,
-    no_profile: bool,
+    inputs: SearchInputs,
     hw: dict[str, Any],
     progress: Progress,
     batch_sizes: list[int],
     carry: SessionRun | None,
 ) -> Costs | None:
-    """The session's costs: read from `costs_file` (measured on this hardware), else profiled here
+    """The session's costs: read from `inputs.costs_file` (measured on this hardware), else profiled here
     (an envelope's later length carries its first length's), or none with `--no-profile`."""
-    if costs_file is not None:
-        costs, costs_hw = load_costs(costs_file)
+    if inputs.costs_file is not None:
+        costs, costs_hw = load_costs(inputs.costs_file)
         if not same_hardware(costs_hw, hw):
-            raise SpecDecError(f"{costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}")
+            raise SpecDecError(
+                f"{inputs.costs_file} was measured on {costs_hw.get('slug')}, this is {hw['slug']}"
+            )
         s.use_costs(costs)
         return costs
-    if no_profile:
+    if inputs.no_profile:
         return None
     return s.costs(settings.max_gamma, 5, progress, batch_sizes, carry=carry.costs if carry else None)
 
