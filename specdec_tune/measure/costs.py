@@ -170,14 +170,7 @@ def measure_costs(
     check_count(acceptance_tokens, "acceptance_tokens")
     if acceptance_steps is not None:
         check_count(acceptance_steps, "acceptance_steps")
-    measured = [n for n in drafters if measure_acceptance is None or n in measure_acceptance]
-    if case is None:  # no prompts: nothing to measure acceptance on, nor to take a context length from
-        measured = []
-        if context_len is None:
-            raise SpecDecError("without prompts the context length must be given (--context-len)")
-    if context_len is None:
-        context_len = default_context_len(case)
-    check_count(context_len, "context_len")
+    measured, context_len = _measured_and_context(drafters, case, context_len, measure_acceptance)
     check_context_fits(target, context_len, max_gamma + 1)
 
     if carry is not None:
@@ -187,10 +180,7 @@ def measure_costs(
     stages = _Stages(progress, drafters, measured, max_gamma, with_bandwidth, carry is None)
     copy_gbps, tflops = (carry.copy_bandwidth_gbps, carry.matmul_tflops) if carry else (None, None)
     if with_bandwidth:
-        stages.next()
-        copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
-        stages.next()
-        tflops = measure_matmul_tflops(device, next(target.parameters()).dtype, repeats=repeats)
+        copy_gbps, tflops = _machine_rates(stages, device, next(target.parameters()).dtype, repeats)
 
     stages.next()
     # T_target (1 token) and C_ver (gamma + 1 tokens) in one interleaved loop: same drift for all.
@@ -240,6 +230,33 @@ def measure_costs(
         loop_overhead_ms=loop_overhead_ms,
         step_overhead_ms=step_overhead_ms,
     )
+
+
+def _measured_and_context(
+    drafters: dict[str, Drafter],
+    case: Case | None,
+    context_len: int | None,
+    measure_acceptance: Collection[str] | None,
+) -> tuple[list[str], int]:
+    """The drafters whose acceptance is measured (none without prompts), and the context length the
+    costs are measured at (given, else the workload's typical mid-generation context)."""
+    measured = [n for n in drafters if measure_acceptance is None or n in measure_acceptance]
+    if case is None:  # no prompts: nothing to measure acceptance on, nor to take a context length from
+        measured = []
+        if context_len is None:
+            raise SpecDecError("without prompts the context length must be given (--context-len)")
+    if context_len is None:
+        context_len = default_context_len(case)
+    check_count(context_len, "context_len")
+    return measured, context_len
+
+
+def _machine_rates(stages: _Stages, device: str, dtype: torch.dtype, repeats: int) -> tuple[float, float]:
+    """The synthetic micro-benchmarks: copy bandwidth (GB/s) and matmul throughput (TFLOP/s)."""
+    stages.next()
+    copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
+    stages.next()
+    return copy_gbps, measure_matmul_tflops(device, dtype, repeats=repeats)
 
 
 class _Stages:
