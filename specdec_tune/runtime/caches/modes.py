@@ -135,7 +135,7 @@ class ExecutionContext:
         self.graphs_built += 1
         self.compile_s += seconds
 
-    def row_kv(self, model: PreTrainedModel, rows: int, capacity: int | None = None) -> Any:
+    def row_kv(self, model: PreTrainedModel, rows: int, capacity: int | None = None) -> RowCache | SlotCache:
         """The batch cache of `model` for `rows` rows under this mode, every row emptied."""
         if not self.static:
             return RowCache(model, rows)
