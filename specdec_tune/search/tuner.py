@@ -77,12 +77,6 @@ def tune(
     fitted from the trials, backends) predicts each trial before it is measured, in place of the
     closed-form model, and observes its measurement after (`predict(config)`, `observe(config, m)`).
     """
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    logging.getLogger("optuna").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage")
     by_name = {s.name: s for s in specs}
     if "none" in by_name:
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
@@ -91,12 +85,7 @@ def tune(
     model = CostModel(costs, case.max_new_tokens) if costs is not None else None
     storage_url = settings.storage or default_storage()
     name = study_name(specs, settings, study_key)
-    sampler = (
-        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
-        if settings.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=settings.seed)
-    )
-    study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s, make_pruner())
+    study = _open(name, storage_url, settings)
     identity = {"space": space, "key": study_key or {}}
     seeds = seed_configs(specs, model, settings)
     seeds += [p for p in extra_seeds or [] if p not in seeds and p.get("draft") in space["drafts"]]
@@ -105,49 +94,7 @@ def tune(
     total = trial_count(specs, settings)
     objective = _Objective(study, backend, by_name, space, case, model, settings, total)
     objective.predictor = predictor
-    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
-    # Counting the free slots and creating the trial happen under one lock shared by all workers,
-    # so two workers never take the last slot together; the trial releases it once it exists.
-    slots = StorageLock(storage_url, f"{name}:trials")
-    lost: list[int] = []
-    try:
-        while True:
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            # A holder that hangs without dying must not stall the others for ever.
-            slots.acquire(timeout_s=3 * settings.grace_s)
-            try:
-                done, busy = slot_counts(study)
-                if done >= total:
-                    break
-                if done + busy >= total:
-                    # Other workers hold the last slots: wait for them, or for their heartbeat to
-                    # go stale.
-                    slots.release()
-                    fail_stale(study)
-                    time.sleep(POLL_S)
-                    continue
-                objective.on_start, objective.number = slots.release, None
-                first_new = len(study.get_trials(deepcopy=False))  # the number the next trial gets
-                try:
-                    study.optimize(objective, n_trials=1, catch=(Exception,))
-                except KeyboardInterrupt:
-                    fail_interrupted(study, storage_url, objective.number, first_new)
-                    raise
-                except Exception:
-                    # Paused past the grace period (SIGSTOP, a long lock wait), this worker had its
-                    # trial failed by a peer: recording its result raises. The trial is lost (not
-                    # counted, another takes its place); anything else is a real error.
-                    number = objective.number
-                    if number is None or not _lost_to_peer(study, number):
-                        raise
-                    lost.append(number)
-            finally:
-                slots.release()
-            if on_trial is not None:
-                on_trial(counted(study), total, best_value(study))
-    finally:
-        slots.close()
+    lost = _trials(study, objective, storage_url, name, settings, total, on_trial)
     result = summarise(study, specs, name, storage_url, space)
     result.lost = lost
     if settings.finalists > 0:
@@ -168,6 +115,88 @@ def tune(
             claim.close()
         _predict_unpredicted(result, model, predictor, settings.batch_size)
     return result
+
+
+def _open(name: str, storage_url: str, settings: TuneSettings) -> optuna.Study:
+    """The study `name` in `storage_url` (created or resumed) with the settings' sampler, the
+    pruner and the heartbeat; Optuna's own logging and warnings quieted."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")
+    sampler = (
+        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
+        if settings.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=settings.seed)
+    )
+    return open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s, make_pruner())
+
+
+def _trials(
+    study: optuna.Study,
+    objective: _Objective,
+    storage_url: str,
+    name: str,
+    settings: TuneSettings,
+    total: int,
+    on_trial: Callable[[int, int, float | None], None] | None,
+) -> list[int]:
+    """Run trials until the study holds `total` finished ones (or the timeout); returns the numbers
+    of the trials this worker lost to a peer while it was paused.
+
+    Counting the free slots and creating the trial happen under one lock shared by all workers, so
+    two workers never take the last slot together; the trial releases it once it exists."""
+    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
+    slots = StorageLock(storage_url, f"{name}:trials")
+    lost: list[int] = []
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            # A holder that hangs without dying must not stall the others for ever.
+            slots.acquire(timeout_s=3 * settings.grace_s)
+            try:
+                done, busy = slot_counts(study)
+                if done >= total:
+                    break
+                if done + busy >= total:
+                    # Other workers hold the last slots: wait for them, or for their heartbeat to
+                    # go stale.
+                    slots.release()
+                    fail_stale(study)
+                    time.sleep(POLL_S)
+                    continue
+                _one_trial(study, objective, storage_url, slots, lost)
+            finally:
+                slots.release()
+            if on_trial is not None:
+                on_trial(counted(study), total, best_value(study))
+    finally:
+        slots.close()
+    return lost
+
+
+def _one_trial(
+    study: optuna.Study, objective: _Objective, storage_url: str, slots: StorageLock, lost: list[int]
+) -> None:
+    """One trial, the slot lock released once it exists. Paused past the grace period (SIGSTOP, a
+    long lock wait), this worker had its trial failed by a peer: recording its result raises. The
+    trial is lost (added to `lost`, not counted, another takes its place); anything else is a real
+    error. Ctrl-C fails the trial it interrupted."""
+    objective.on_start, objective.number = slots.release, None
+    first_new = len(study.get_trials(deepcopy=False))  # the number the next trial gets
+    try:
+        study.optimize(objective, n_trials=1, catch=(Exception,))
+    except KeyboardInterrupt:
+        fail_interrupted(study, storage_url, objective.number, first_new)
+        raise
+    except Exception:
+        number = objective.number
+        if number is None or not _lost_to_peer(study, number):
+            raise
+        lost.append(number)
 
 
 def _predict_unpredicted(
