@@ -27,6 +27,7 @@ from .options import (
     LlamaServer,
     MaxNew,
     Prompts,
+    StorageUrl,
     Target,
     Temperature,
     Threads,
@@ -76,12 +77,6 @@ FinalRepeatsOpt = Annotated[
         "first pass of min(N, 5), racing rounds up to N; neither racing nor a noisy machine goes "
         "past it). Default: a first pass of 5, racing up to 16 (more on a noisy machine) until the "
         "winner is resolved or the budget ends.",
-    ),
-]
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Optuna storage URL (default: SQLite in ~/.cache/specdec-tune).", envvar="SPECDEC_STORAGE"
     ),
 ]
 StudyNameOpt = Annotated[
@@ -180,7 +175,7 @@ def run(
     finalists: FinalistsOpt = 3,
     final_repeats: FinalRepeatsOpt = None,
     seed: int = 0,
-    storage: StorageOpt = None,
+    storage: StorageUrl = None,
     study_name: StudyNameOpt = None,
     costs_file: CostsFileOpt = None,
     no_profile: NoProfileOpt = False,
