@@ -196,8 +196,11 @@ def _search_cell(c: _Cells, i: int, b: int) -> None:
         settings_b.study_name = f"{settings.study_name}-b{b}"
     candidates: list[Config] = []
     if plan.confirms(i):
-        first = c.results[plan.batch_sizes[0]]
-        candidates = plan.first_pinned if i == 0 else later_candidates(first, bool(plan.first_from))
+        candidates = (
+            plan.first_pinned
+            if i == 0
+            else later_candidates(c.results[plan.batch_sizes[0]], bool(plan.first_from))
+        )
     if plan.budgeted:
         pinned = len(candidates) if plan.confirms(i) else len(c.defaults) if i == 0 else 0
         settings_b, note = cell_budget(plan, s, i, settings_b, pinned)
