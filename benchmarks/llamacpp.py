@@ -67,7 +67,7 @@ def main() -> None:
             models,
             app.TuneSettings(storage=f"sqlite:///{tmp / 's.db'}", max_gamma=ENGINE_MAX_GAMMA),
             out=tmp / "p.yaml",
-            batch_sizes=sizes,
+            envelope=app.Envelope(sizes),
             budget_s=args.budget,
         )
         report["run_s"] = round(time.monotonic() - t0, 1)

@@ -84,7 +84,12 @@ def main() -> None:
     )
     lengths = [int(x) for x in a.context_lengths.split(",")]
     out = app.tune(
-        models, app.TuneSettings(), out=a.out, progress=Printed(), budget_s=a.budget, context_lengths=lengths
+        models,
+        app.TuneSettings(),
+        out=a.out,
+        progress=Printed(),
+        budget_s=a.budget,
+        envelope=app.Envelope(context_lengths=lengths),
     )
     print(f"{_clock()} done; seconds by phase:", {k: round(v, 1) for k, v in TOTALS.items()})
     print(out.profile.search.budget_note)

@@ -5,7 +5,7 @@ arguments, calls one of these and renders the result. Heavy imports happen insid
 so importing this module (and the CLI) stays instant.
 
     from specdec_tune import app
-    outcome = app.tune(app.Models(prompts=4), app.TuneSettings(trials=8))
+    outcome = app.tune(app.Models(prompts=4), app.TuneSettings(trials=8), envelope=app.Envelope([1, 4]))
     print(outcome.profile.best.config.label, outcome.profile.best.metrics.speedup)
 """
 
@@ -18,17 +18,21 @@ from .checking import check
 from .common import Models, Progress
 from .files import ExportResult, IndexResult, ShowResult, export, index_profiles, show
 from .measuring import BenchResult, CostsResult, bench, profile_costs
+from .run_options import Envelope, RunLimits, SearchInputs
 from .tuning import TuneOutcome, tune
 
 __all__ = [
     "BenchResult",
     "CheckPlan",
     "CostsResult",
+    "Envelope",
     "ExportResult",
     "GivenAcceptance",
     "IndexResult",
     "Models",
     "Progress",
+    "RunLimits",
+    "SearchInputs",
     "ShowResult",
     "TuneOutcome",
     "TuneSettings",

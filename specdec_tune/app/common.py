@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Models, Progress
+from ..domain import Config, Noise
 from ..errors import SpecDecError
-from ..measure.noise import busy, during_line, machine_window, noise_line
+from ..measure.noise import Snapshot, busy, during_line, machine_window, noise_line
 from ..measurement import Measurement
 from ..measurepolicy import MEASURE_POLICY
 from ..search.space import TuneSettings
 from ..store.schema import Profile
+
+if TYPE_CHECKING:
+    from ..search.results import TuneResult
 
 __all__ = ["Models", "Progress"]
 
@@ -68,7 +73,7 @@ class BenchResult:
 MAX_FINAL_REPEATS = 32  # what the noise may raise the final round's racing to
 
 
-def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, str]:
+def adapt_to_noise(settings: TuneSettings, noise: Noise) -> tuple[TuneSettings, str]:
     """More final-round repeats where the noise needs them (the budget still caps the racing),
     and one line for the user when the noise is above what the planned repeats resolve."""
     line = noise_line(noise, settings.final_max_repeats)
@@ -86,7 +91,9 @@ def adapt_to_noise(settings: TuneSettings, noise: Any) -> tuple[TuneSettings, st
     return settings, line
 
 
-def watched(noise: Any, snapshot: Any, progress: Progress, rule: Any = None) -> Any:
+def watched(
+    noise: Noise, snapshot: Snapshot, progress: Progress, rule: Callable[[dict[str, Any]], bool] | None = None
+) -> Noise:
     """`noise` (domain.Noise) with what the OS said since `snapshot` (measure.noise.os_snapshot,
     taken before the search) as `during_search`; one line for the user when the machine turned
     busy after the noise passes had found it quiet. `rule`: what counts as busy (machine_window)."""
@@ -102,11 +109,11 @@ class TuneOutcome:
     profile: Profile
     path: Path  # the profile YAML written
     trials_csv: Path  # one row per trial, beside it
-    result: Any  # search.results.TuneResult of the first (smallest) batch size
-    by_batch: dict[int, Any] = field(default_factory=dict)  # every batch size's TuneResult
+    result: TuneResult  # of the first (smallest) batch size
+    by_batch: dict[int, TuneResult] = field(default_factory=dict)  # every batch size's
 
 
-def trial_params(config: Any) -> dict[str, Any]:
+def trial_params(config: Config) -> dict[str, Any]:
     """A config as trial params (what the study enqueues)."""
     if config.gamma == 0:
         return {"draft": "none"}

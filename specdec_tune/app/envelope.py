@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..backends.base import Models, Progress
 from ..errors import ContextTooLong, SpecDecError
@@ -24,15 +24,18 @@ from ..search.space import TuneSettings
 from ..store.build import context_row, with_envelope
 from ..store.runfiles import save_run
 from .common import TuneOutcome
-from .session_search import predicted_best, search_session
+from .run_options import SearchInputs
+from .session_engine import predicted_best
+from .session_search import SessionRun, search_session
+
+if TYPE_CHECKING:
+    from ..search.results import TuneResult
 
 
 def tune_envelope(
     models: Models,
     settings: TuneSettings,
-    layer_skip: list[int] | None,
-    costs_file: Path | None,
-    no_profile: bool,
+    inputs: SearchInputs,
     out: Path | None,
     progress: Progress,
     *,
@@ -43,7 +46,7 @@ def tune_envelope(
 ) -> TuneOutcome:
     """Search each (B, L) cell and write one profile with the envelope (see the module docstring)."""
     lengths = sorted(set(context_lengths))
-    runs: dict[int, Any] = {}
+    runs: dict[int, SessionRun] = {}
     for i, length in enumerate(lengths):
         budget_i = None
         if budget_s is not None:
@@ -55,8 +58,7 @@ def tune_envelope(
         progress.stage(f"context length {length}", i / len(lengths))
         try:
             runs[length] = search_session(
-                replace(models, context_length=length), settings_l, layer_skip, costs_file, no_profile,
-                out, progress, batch_sizes=batch_sizes, budget_s=budget_i, started=started,
+                replace(models, context_length=length), settings_l, inputs, out, progress, batch_sizes=batch_sizes, budget_s=budget_i, started=started,
                 confirm=_confirm(runs, batch_sizes[0]),
                 carry=runs[min(runs)] if runs else None,
             )  # fmt: skip
@@ -83,7 +85,7 @@ def tune_envelope(
     return TuneOutcome(profile, first.out, csv_path, first.results[batch_sizes[0]], first.results)
 
 
-def _confirm(runs: dict[int, Any], batch_size: int) -> tuple[str, Any] | None:
+def _confirm(runs: dict[int, SessionRun], batch_size: int) -> tuple[str, TuneResult] | None:
     """The shortest measured length's search at `batch_size`, whose configs a longer length races
     instead of searching (None before any length was measured)."""
     if not runs:

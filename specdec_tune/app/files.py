@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..atomic import atomic_write_text
 from ..output.categories import write_category_plot
@@ -17,6 +17,9 @@ from ..store.refs import engine_path, target_ref
 from ..store.runfiles import trials_beside
 from ..store.schema import Profile
 from ..store.yamlio import load_profile
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["ExportResult", "IndexResult", "ShowResult", "export", "index_profiles", "show"]
 
@@ -55,7 +58,7 @@ def export(
 class ShowResult:
     profile: Profile
     other: Profile | None = None  # `compare`
-    trials: Any = None  # the trials CSV as a pandas DataFrame, when there is one
+    trials: pd.DataFrame | None = None  # the trials CSV, when there is one
     plots: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # e.g. the CSV beside is another run's
 

@@ -7,65 +7,68 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from ..backends.base import Models, Progress
 from ..checkpolicy import CHECK_POLICY
+from ..domain import Noise
 from ..errors import SpecDecError
 from ..limits import check_count
 from ..measure.noise import busy
 from ..search.space import TuneSettings
 from ..store.runfiles import save_run
+from ..store.schema import Profile
 from ..store.yamlio import save_profile
 from .common import TuneOutcome, check_writable
 from .envelope import tune_envelope
 from .reference import record_reference
+from .run_options import Envelope, SearchInputs
 from .session_search import search_session
 
 
 def tune(
     models: Models,
     settings: TuneSettings | None = None,
-    layer_skip: list[int] | None = None,
-    costs_file: Path | None = None,
-    no_profile: bool = False,
+    inputs: SearchInputs | None = None,
     out: Path | None = None,
     progress: Progress | None = None,
     *,
-    batch_sizes: list[int] | None = None,
+    envelope: Envelope | None = None,
     budget_s: float | None = None,
-    context_lengths: list[int] | None = None,
 ) -> TuneOutcome:
     """Profile the costs, search at each batch size, and write the winning profile (default
     `profiles/<hardware>/<target>.yaml`, `<target>.<engine>.yaml` for an engine backend) with the
     trials CSV beside it.
 
+    `inputs`: what the search starts from beside the models' drafts (default: the costs profiled
+    here); `envelope`: the batch sizes (default: the settings' one) and context lengths to search.
+
     With `budget_s` and no fixed `settings.trials`, the number of trials is sized from the time
     one plain pass takes on this machine so the whole search, final rounds included, fits the
     budget (search.budget); the profile says what the budget allowed.
 
-    With `context_lengths` every (batch size, context length) cell is searched, the prompts fitted
+    With `envelope.context_lengths` every (batch size, context length) cell is searched, the prompts fitted
     to each length with real text (app.envelope): the profile's best is the shortest length's.
     """
     started = time.monotonic()
     settings = settings or TuneSettings()
+    inputs = inputs or SearchInputs()
+    envelope = envelope or Envelope()
     progress = progress or Progress()
-    batch_sizes = sorted(set(batch_sizes or [settings.batch_size]))
+    batch_sizes = sorted(set(envelope.batch_sizes or [settings.batch_size]))
     for b in batch_sizes:
         check_count(b, "--batch-sizes")
     if budget_s is not None and not budget_s > 0:
         raise SpecDecError(f"--budget must be > 0 seconds, got {budget_s}")
     if out is not None:
         check_writable(out)
-    if context_lengths:
+    if envelope.context_lengths:
         return tune_envelope(
-            models, settings, layer_skip, costs_file, no_profile, out, progress,
-            batch_sizes=batch_sizes, budget_s=budget_s, context_lengths=context_lengths, started=started,
+            models, settings, inputs, out, progress, batch_sizes=batch_sizes, budget_s=budget_s,
+            context_lengths=envelope.context_lengths, started=started,
         )  # fmt: skip
     run = search_session(
-        models, settings, layer_skip, costs_file, no_profile, out, progress,
-        batch_sizes=batch_sizes, budget_s=budget_s, started=started,
-    )  # fmt: skip
+        models, settings, inputs, out, progress, batch_sizes=batch_sizes, budget_s=budget_s, started=started
+    )
     profile, csv_path = save_run(run.profile, run.out, run.trial_rows, settings.force)
     if run.fresh_reference and settings.reference_processes and profile.anchors is not None:
         left = None if budget_s is None else budget_s - (time.monotonic() - started)
@@ -76,9 +79,9 @@ def tune(
 
 
 def _reference(
-    profile: Any, out: Path, processes: int, left_s: float | None, noise: Any, progress: Any,
+    profile: Profile, out: Path, processes: int, left_s: float | None, noise: Noise, progress: Progress,
     threads: int | None = None,
-) -> Any:  # fmt: skip
+) -> Profile:  # fmt: skip
     """The tokens/s `check` will judge against, measured in fresh processes (app.reference) with the
     run's engine `threads`, and stored in the profile's anchors; skipped on a busy machine, whose
     rates `check` never judges."""

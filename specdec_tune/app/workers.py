@@ -24,6 +24,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ..errors import SpecDecError
@@ -32,6 +33,7 @@ from ..search.space import TuneSettings
 from ..search.storage import check_url
 from ..search.study import default_storage
 from .common import Models, Progress
+from .run_options import Envelope, RunLimits, SearchInputs
 from .tuning import TuneOutcome, tune
 
 CHILD = "from specdec_tune.app.workers import child; child()"
@@ -61,31 +63,25 @@ def _pin(models: Models, cores: list[int]) -> Models:
 def tune_workers(
     models: Models,
     settings: TuneSettings,
-    workers: int,
-    layer_skip: list[int] | None = None,
-    costs_file: Path | None = None,
-    no_profile: bool = False,
+    limits: RunLimits,
+    inputs: SearchInputs | None = None,
     out: Path | None = None,
     progress: Progress | None = None,
-    batch_sizes: list[int] | None = None,
-    budget_s: float | None = None,
-    *,
-    context_lengths: list[int] | None = None,
+    envelope: Envelope | None = None,
 ) -> TuneOutcome:
-    """`app.tune` on `workers` local processes sharing one study; returns this process's outcome."""
-
+    """`app.tune` on `limits.workers` local processes sharing one study, within `limits.budget_s`;
+    returns this process's outcome."""
+    workers, budget_s = limits.workers, limits.budget_s
+    inputs, envelope = inputs or SearchInputs(), envelope or Envelope()
     if workers < 1:
         raise SpecDecError(f"--workers must be >= 1, got {workers}")
-    if context_lengths and workers > 1:
+    if envelope.context_lengths and workers > 1:
         raise SpecDecError(
             "--context-lengths searches one length after another in one process: drop --workers"
         )
 
     def here(settings: TuneSettings, progress: Progress | None, models: Models = models) -> TuneOutcome:
-        return tune(
-            models, settings, layer_skip, costs_file, no_profile, out, progress, batch_sizes=batch_sizes,
-            budget_s=budget_s, context_lengths=context_lengths,
-        )  # fmt: skip
+        return tune(models, settings, inputs, out, progress, envelope=envelope, budget_s=budget_s)
 
     if workers == 1:
         return here(settings, progress)
@@ -101,12 +97,12 @@ def tune_workers(
                     "models": dataclasses.asdict(models),
                     # the reference processes are this process's (app.reference), once
                     "settings": dataclasses.asdict(dataclasses.replace(settings, reference_processes=0)),
-                    "layer_skip": layer_skip,
-                    "costs_file": str(costs_file) if costs_file else None,
-                    "no_profile": no_profile,
+                    "layer_skip": inputs.layer_skip,
+                    "costs_file": str(inputs.costs_file) if inputs.costs_file else None,
+                    "no_profile": inputs.no_profile,
                     "out": str(Path(tmp) / f"worker{i}.yaml"),  # this process writes the real one
                     "cores": cores,
-                    "batch_sizes": batch_sizes,
+                    "batch_sizes": envelope.batch_sizes,
                     "budget_s": budget_s,
                     "parent": os.getpid(),
                 }
@@ -167,7 +163,7 @@ def stop(children: list[tuple[subprocess.Popen, Path]], grace_s: float = STOP_GR
 def _term_is_interrupt() -> Iterator[None]:
     """For the block: SIGTERM ends it like Ctrl-C (KeyboardInterrupt, so finally blocks run)."""
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = None
@@ -214,22 +210,18 @@ def child() -> None:
     settings["grid_thresholds"] = tuple(settings["grid_thresholds"])
     with contextlib.suppress(ValueError):  # SIGTERM from the parent: end the trial like Ctrl-C
 
-        def on_term(signum: int, frame: Any) -> None:
+        def on_term(signum: int, frame: FrameType | None) -> None:
             raise KeyboardInterrupt(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, on_term)
     try:
-        tune(
-            models,
-            TuneSettings(**settings),
-            job["layer_skip"],
-            Path(job["costs_file"]) if job["costs_file"] else None,
-            job["no_profile"],
-            Path(job["out"]),
-            None,
-            batch_sizes=job.get("batch_sizes"),
-            budget_s=job.get("budget_s"),
+        inputs = SearchInputs(
+            job["layer_skip"], Path(job["costs_file"]) if job["costs_file"] else None, job["no_profile"]
         )
+        tune(
+            models, TuneSettings(**settings), inputs, Path(job["out"]), None,
+            envelope=Envelope(job.get("batch_sizes")), budget_s=job.get("budget_s"),
+        )  # fmt: skip
     except SpecDecError as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..domain import Costs
+from ..domain import Costs, DecodeAnchorSpec
 from ..errors import SpecDecError
 from .protocols import CheckSession, MeasuringSession, Progress
 
@@ -82,7 +82,7 @@ class Purpose:
     costs: Costs | None = None
     # check: the profile's decode anchor (domain's spec), timed between the passes at batch size 1
     # where the engine can (our engine: `Measurement.plain_per_anchor`); None: none
-    decode_anchor: Any = None
+    decode_anchor: DecodeAnchorSpec | None = None
 
 
 class BackendModule(Protocol):

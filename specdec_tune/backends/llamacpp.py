@@ -9,9 +9,10 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..checkpolicy import LLAMACPP_CHECK_POLICY
@@ -26,6 +27,7 @@ from ..measure.llamacpp.costs import draft_paths, measure_engine_costs, with_acc
 from ..measure.llamacpp.load import engine_busy, load_hint, oversubscribed_line, server_failures
 from ..measure.llamacpp.server import ServerError, build_info, find_server, servers_die_with_us
 from ..measure.noise import measure_noise
+from ..measure.seam import Screen
 from ..measure.timing import median
 from ..measurement import Measurement
 from ..runtime.contexts import workload_as_sent
@@ -37,6 +39,10 @@ from ..store.refs import portable_ref, profile_file_slug
 from ..store.schema import BackendInfo, Profile, TargetInfo
 from .base import Models, Progress, Purpose
 from .llamacpp_open import engine_context, engine_drafts, engine_workload, resolve_gguf
+
+if TYPE_CHECKING:
+    from ..search.results import TuneResult
+    from .acceptance import GivenAcceptance
 
 DEFAULT_MAX_GAMMA = ENGINE_MAX_GAMMA  # `run --max-gamma`'s default: n-gram drafts cost next to nothing
 NOISE_PASSES = 3
@@ -122,7 +128,7 @@ class LlamaCppSession:
     def __enter__(self) -> LlamaCppSession:
         return self
 
-    def __exit__(self, *exc: Any) -> Any:
+    def __exit__(self, *exc: object) -> Any:
         self.close()
         stack, self._stack = self._stack, None
         return stack.__exit__(*exc) if stack is not None else None
@@ -174,8 +180,8 @@ class LlamaCppSession:
         """Nothing to agree on with other workers: each server is started with its flags."""
 
     # -- measuring
-    def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
+    def measure(self, configs: list[Config], case: TextCase, batch_size: int = 1, repeats: int = 3, seed: int = 0,
+                on_repeat: Callable[[int, float], None] | None = None, screen: Screen | None = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
 
     def pass_seconds(self, batch_size: int) -> float:
@@ -234,7 +240,7 @@ class LlamaCppSession:
     def use_costs(self, costs: Costs) -> None:
         raise SpecDecError("--costs-from holds costs of our own engine; llama.cpp measures its own")
 
-    def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
+    def with_trial_acceptance(self, costs: Costs, result: TuneResult, max_gamma: int) -> Costs:
         return with_acceptance(costs, _acceptance(result), max_gamma)
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
@@ -256,7 +262,7 @@ class LlamaCppSession:
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         return self.backend.flags(config, batch_size)
 
-    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+    def exactness(self, result: TuneResult, case: TextCase | None = None) -> dict[str, Any]:
         """At T = 0: the best speculative config's tokens against the plain server's, per prompt of
         `case` (the prompts the search measured: its first pass checked them already, so this
         costs no request; the whole workload's would cost a prefill each at a long context)."""
@@ -280,7 +286,7 @@ class LlamaCppSession:
     def batch_model(self, costs: Costs | None) -> Any:
         return None  # the cost surface over B is not measured in the engine
 
-    def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
+    def engine_fields(self, result: TuneResult, profile_dir: Path, target_arg: str | None) -> EngineFields:
         info = self.backend.info()
         # a built-in GGUF by its name (its file lies in a package, at another path on every
         # machine), a file relative to the profile's folder (store.refs)
@@ -306,7 +312,7 @@ class LlamaCppSession:
     def compare_hf(self, config: Config, repeats: int) -> dict[str, Any]:
         raise SpecDecError("--compare-hf compares our own engine with transformers: drop --backend llamacpp")
 
-    def outputs_jsonl(self, m: Any) -> str:
+    def outputs_jsonl(self, m: Measurement) -> str:
         raise SpecDecError("--save-outputs writes our own engine's tokens: drop --backend llamacpp")
 
     def target_name(self) -> str:
@@ -315,9 +321,8 @@ class LlamaCppSession:
     def describe(self) -> str:
         return f"llama.cpp ({self.backend.build.get('package') or self.backend.build['binary_sha256']})"
 
-    def profile_costs(
-        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
-    ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
+    def profile_costs(self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None,
+                      acceptance: GivenAcceptance) -> tuple[Costs, list[int] | None, dict[str, Any]]:  # fmt: skip
         """`profile --backend llamacpp`: T_target, C_ver(γ) and T_draft measured in llama-server, and
         each draft's acceptance from one pass at a middle γ."""
         costs = self.costs(max_gamma, repeats, progress)
@@ -339,7 +344,7 @@ class LlamaCppSession:
         return costs, list(self.case.max_new_tokens), target
 
 
-def _acceptance(result: Any) -> dict[str, tuple[float, float, float]]:
+def _acceptance(result: TuneResult) -> dict[str, tuple[float, float, float]]:
     """Each draft's measured (alpha, tau, tokens/s) in its best trial so far."""
     out: dict[str, tuple[float, float, float]] = {}
     for r in result.results:

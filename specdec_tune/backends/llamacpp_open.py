@@ -8,7 +8,6 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from ..domain import DraftSpec
 from ..errors import SpecDecError
@@ -93,7 +92,7 @@ def engine_workload(models: Models) -> Workload:
     return wl
 
 
-def engine_context(workload: Any, budgets: list[int]) -> int:
+def engine_context(workload: Workload, budgets: list[int]) -> int:
     # Characters overestimate tokens (about 3-4 characters a token): room for the longest request,
     # its budget and a draft, rounded up.
     longest = max(len(p.text) // 2 + b for p, b in zip(workload.prompts, budgets, strict=True)) + 64

@@ -9,9 +9,10 @@ import dataclasses
 import json
 import platform
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..checkpolicy import CHECK_POLICY
@@ -21,9 +22,11 @@ from ..measure.anchors import measure_twice
 from ..measure.backends import NativeBackend
 from ..measure.decode_anchor import DecodeAnchor, spec_of
 from ..measure.noise import measure_noise
+from ..measure.seam import Screen
 from ..measurement import Measurement
 from ..runtime.models.loading import content_hash, content_hash_like, slugify
 from ..runtime.models.shapes import SHAPE_CONTEXT_LEN
+from ..runtime.workloads import Case
 from ..search.budget import TrialShape
 from ..search.costmodel import CostModel
 from ..search.space import TuneSettings
@@ -36,6 +39,10 @@ from .base import Models, Progress, Purpose
 from .native_costs import acceptance_measured, measure_costs
 from .native_pool import DrafterPool
 from .shared_study import settle_auto
+
+if TYPE_CHECKING:
+    from ..search.results import TuneResult
+    from .acceptance import GivenAcceptance
 
 DEFAULT_MAX_GAMMA = 8  # `run --max-gamma`'s default in our engine
 NOISE_PASSES = 3  # plain passes timed before a search to know the machine's noise (each a share)
@@ -87,7 +94,7 @@ class NativeSession:
     def __enter__(self) -> NativeSession:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -158,8 +165,8 @@ class NativeSession:
             settle_auto(self.s, self.specs, settings, study_key)
 
     # -- measuring
-    def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
+    def measure(self, configs: list[Config], case: Case, batch_size: int = 1, repeats: int = 3, seed: int = 0,
+                on_repeat: Callable[[int, float], None] | None = None, screen: Screen | None = None) -> list[Measurement]:  # fmt: skip
         return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
 
     def pass_seconds(self, batch_size: int) -> float:
@@ -215,7 +222,7 @@ class NativeSession:
         """Costs measured earlier (`run --costs-from`), for the gamma policies."""
         self.pool.costs = costs
 
-    def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
+    def with_trial_acceptance(self, costs: Costs, result: TuneResult, max_gamma: int) -> Costs:
         return costs
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
@@ -230,7 +237,7 @@ class NativeSession:
     def flags(self, config: Config, batch_size: int) -> list[str] | None:
         return None
 
-    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+    def exactness(self, result: TuneResult, case: Case | None = None) -> dict[str, Any]:
         return {}  # greedy output equals the target's own by construction (and by test)
 
     def expected_speedup(self, costs: Costs | None, settings: TuneSettings) -> float | None:
@@ -245,7 +252,7 @@ class NativeSession:
         """The cost model the batch table's predictions come from (None: no costs)."""
         return CostModel(costs, self.case.max_new_tokens) if costs is not None else None
 
-    def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
+    def engine_fields(self, result: TuneResult, profile_dir: Path, target_arg: str | None) -> EngineFields:
         versions = {"specdec_tune": __version__, "python": platform.python_version()}
         for pkg in ("torch", "transformers", "optuna"):
             try:
@@ -281,7 +288,7 @@ class NativeSession:
         cfg = HFConfig(spec.kind, config.gamma, config.threshold, dm, spec.ngram_max or 3, spec.layers)
         return measure_hf(self.s.target.model, self.case, cfg, repeats=repeats, ctx=self.s.ctx)
 
-    def outputs_jsonl(self, m: Any) -> str:
+    def outputs_jsonl(self, m: Measurement) -> str:
         """The speculative tokens of measurement `m`, one JSON line per prompt."""
         tok = self.s.target.tokenizer
         lines = [
@@ -296,9 +303,8 @@ class NativeSession:
     def describe(self) -> str:
         return self.device
 
-    def profile_costs(
-        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
-    ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
+    def profile_costs(self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None,
+                      acceptance: GivenAcceptance) -> tuple[Costs, list[int] | None, dict[str, Any]]:  # fmt: skip
         """`profile`: the costs (acceptance measured where both models are trained, else given by
         `acceptance`, backends.acceptance), the workload's budgets and the target's description."""
         measured = {spec.name for spec in self.specs if acceptance_measured(self.s, spec)}

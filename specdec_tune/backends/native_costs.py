@@ -3,15 +3,19 @@ process (measure.costs), and with several batch sizes the cost surface over them
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..domain import Costs, DraftSpec
 from .base import Progress
 
+if TYPE_CHECKING:
+    from ..runtime.session import Session
+    from .native_pool import DrafterPool
+
 
 def measure_costs(
-    s: Any,
-    pool: Any,
+    s: Session,
+    pool: DrafterPool,
     max_gamma: int,
     repeats: int,
     progress: Progress,
@@ -79,7 +83,7 @@ def measure_costs(
     return costs
 
 
-def acceptance_measured(s: Any, spec: DraftSpec) -> bool:
+def acceptance_measured(s: Session, spec: DraftSpec) -> bool:
     """Whether the profiler measures this drafter's acceptance: prompts, and trained weights on both sides."""
     from ..runtime.session import has_random_weights
 

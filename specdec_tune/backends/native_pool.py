@@ -4,13 +4,19 @@ gamma policy: what `measure.backends.NativeBackend` measures with (backends.nati
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..domain import Costs, DraftSpec
+from ..domain import Config, Costs, DraftSpec
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.drafting.build import build_drafter
 from ..runtime.session import model_part
 from ..search.policymodel import policy_drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..runtime.drafting.drafters import Drafter
+    from ..runtime.drafting.rows import BatchDrafter
 
 
 class DrafterPool:
@@ -19,7 +25,7 @@ class DrafterPool:
     def __init__(
         self,
         specs: list[DraftSpec],
-        target: Any,
+        target: PreTrainedModel,
         load: Callable[[DraftSpec], Any] | None = None,
         ctx: ExecutionContext | None = None,
     ):
@@ -46,7 +52,7 @@ class DrafterPool:
             raise built
         return built
 
-    def for_config(self, config: Any, batch_size: int | None = None) -> Any:
+    def for_config(self, config: Config, batch_size: int | None = None) -> Drafter | BatchDrafter:
         """The drafter of `config`, wrapped in its gamma policy when that is not fixed."""
         return policy_drafter(self.get(config.draft.name, batch_size), config, self.costs, batch_size)
 

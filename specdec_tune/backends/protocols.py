@@ -11,14 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..checkpolicy import CheckPolicy
 from ..domain import Anchors, Config, Costs, DraftSpec, Noise
-from ..measure.seam import MeasuringBackend
+from ..measure.seam import Case, MeasuringBackend
+from ..measurement import Measurement
 from ..search.budget import TrialShape
 from ..search.space import TuneSettings
 from ..store.build import EngineFields
+from ..store.schema import Profile
+
+if TYPE_CHECKING:
+    from ..runtime.workloads import Workload
+    from ..search.costmodel import CostModel
+    from ..search.results import TuneResult
+    from .acceptance import GivenAcceptance
 
 
 class Progress:
@@ -42,8 +50,8 @@ class Measures(MeasuringBackend, Protocol):
     pass, the machine's noise and anchors, and the cost profile."""
 
     specs: list[DraftSpec]  # the drafts it measures
-    workload: Any  # runtime.workloads.Workload
-    case: Any  # what one pass sends (the backend's own type)
+    workload: Workload
+    case: Case  # what one pass sends (the backend's own type)
     device: str  # for measure.hardware.hardware_info
     prompt_tokens: int  # the mean length of the prompts it sends, in the target's tokens
     threads: int | None  # the engine's threads (its busy rule; check's fresh processes run as many)
@@ -76,7 +84,7 @@ class Lifecycle(Protocol):
 
     def __enter__(self) -> Any: ...
 
-    def __exit__(self, *exc: Any) -> Any: ...
+    def __exit__(self, *exc: object) -> bool | None: ...
 
     def close(self) -> None:
         """Stop what the session started."""
@@ -126,16 +134,16 @@ class Reports(Protocol):
         """The exact command-line flags that measured `config` (None: an in-process engine)."""
         ...
 
-    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
+    def exactness(self, result: TuneResult, case: Case | None = None) -> dict[str, Any]:
         """How exact its best speculative config was at T = 0 over `case` (default: the session's
         whole case) ({} when exact by construction)."""
         ...
 
-    def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
+    def engine_fields(self, result: TuneResult, profile_dir: Path, target_arg: str | None) -> EngineFields:
         """What it puts in the profile: target, versions, engine mode, `BackendInfo`, ..."""
         ...
 
-    def portable(self, profile: Any, out: Path, target_arg: str | None) -> Any:
+    def portable(self, profile: Profile, out: Path, target_arg: str | None) -> Profile:
         """The profile (store.schema.Profile) with its models named for a file at `out` (store.refs)."""
         ...
 
@@ -151,12 +159,18 @@ class Benches(Protocol):
         """transformers' assisted generation of the same config, timed alike."""
         ...
 
-    def outputs_jsonl(self, m: Any) -> str:
+    def outputs_jsonl(self, m: Measurement) -> str:
         """The speculative tokens of measurement `m`, one JSON line per prompt."""
         ...
 
     def profile_costs(
-        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
+        self,
+        max_gamma: int,
+        repeats: int,
+        progress: Progress,
+        *,
+        context_len: int | None,
+        acceptance: GivenAcceptance,
     ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
         """`profile`: the costs, the workload's reply budgets and the target's description."""
         ...
@@ -182,7 +196,7 @@ class SearchHooks(Protocol):
         """Before measuring: what the study's workers agree on (our engine's `--engine auto`)."""
         ...
 
-    def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
+    def with_trial_acceptance(self, costs: Costs, result: TuneResult, max_gamma: int) -> Costs:
         """`costs` with each draft's acceptance from the trials of `result` (search.results.TuneResult)."""
         ...
 
@@ -203,7 +217,7 @@ class SearchHooks(Protocol):
         """The cost model's best predicted speedup at `settings.batch_size`, planned on by the budget."""
         ...
 
-    def batch_model(self, costs: Costs | None) -> Any:
+    def batch_model(self, costs: Costs | None) -> CostModel | None:
         """The cost model (search.costmodel.CostModel) the batch table's predictions come from, or None."""
         ...
 
@@ -222,6 +236,8 @@ class Schedules(Protocol):
     `num_speculative_tokens_per_batch_size`): a session that implements it writes the schedule from
     the measured rows and measures it as a config of its own; others leave the rows as the answer."""
 
-    def batch_schedule(self, results: dict[int, Any], case: Any, repeats: int) -> dict[str, Any] | None:
+    def batch_schedule(
+        self, results: dict[int, TuneResult], case: Case, repeats: int
+    ) -> dict[str, Any] | None:
         """The schedule and its measured rows (BackendInfo.schedule), or None: nothing to schedule."""
         ...

@@ -5,7 +5,7 @@ may disagree; a study mixing modes compares configs under different engines)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import DraftSpec
 from ..runtime.caches.auto import resolve_auto
@@ -14,8 +14,13 @@ from ..search.space import TuneSettings
 from ..search.study import agree_engine_mode, default_storage
 from ..search.tuner import study_name
 
+if TYPE_CHECKING:
+    from ..runtime.session import Session
 
-def settle_auto(s: Any, specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any]) -> None:
+
+def settle_auto(
+    s: Session, specs: list[DraftSpec], settings: TuneSettings, study_key: dict[str, Any]
+) -> None:
     """Give session `s` (opened without resolving `auto`) the study's engine mode: recorded by an
     earlier worker, else resolved here (`runtime.caches.auto`) and recorded for the others."""
     name = study_name(specs, settings, study_key)

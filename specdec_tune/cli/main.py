@@ -20,6 +20,7 @@ from ..errors import SpecDecError
 from ..output.benchmark_action import benchmark_action_entries
 from ..output.categories import bench_categories_table, per_source_table
 from ..output.reports import bench_table, check_plan_text, check_table, costs_report
+from ..output.verdicts import CheckReport
 from ..store.yamlio import profile_to_dict
 from .gguf import gguf_app
 from .options import (
@@ -355,22 +356,27 @@ def check(
                 server=llama_server,
                 allow_other_build=allow_other_build,
             )
-        if output_format == "benchmark-action":
-            print_json(benchmark_action_entries(report))
-        elif json_out:
-            print_json(report.as_dict())
-        else:
-            console().print(check_table(report))
-        if not report.passed:
-            bad = ", ".join(
-                f"{i.metric} (stored {i.stored}, measured {i.measured})" for i in report.items if not i.ok
-            )
-            error_line("regression", bad)
-            raise typer.Exit(1)
-        if report.inconclusive:
-            vague = ", ".join(i.metric for i in report.items if i.inconclusive)
-            error_line("inconclusive: too noisy to tell", vague, style="yellow")
-            raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
+        _render_check(report, output_format, json_out)
+
+
+def _render_check(report: CheckReport, output_format: str, json_out: bool) -> None:
+    """The report in the asked format; exit 1 on a regression, 6 when too noisy to tell."""
+    if output_format == "benchmark-action":
+        print_json(benchmark_action_entries(report))
+    elif json_out:
+        print_json(report.as_dict())
+    else:
+        console().print(check_table(report))
+    if not report.passed:
+        bad = ", ".join(
+            f"{i.metric} (stored {i.stored}, measured {i.measured})" for i in report.items if not i.ok
+        )
+        error_line("regression", bad)
+        raise typer.Exit(1)
+    if report.inconclusive:
+        vague = ", ".join(i.metric for i in report.items if i.inconclusive)
+        error_line("inconclusive: too noisy to tell", vague, style="yellow")
+        raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 
 app.command()(export)

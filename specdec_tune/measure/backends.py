@@ -8,15 +8,22 @@ processes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Config
 from ..measurement import Measurement
+from ..runtime.workloads import Case
 from . import batched, bench
 from .batched import BatchEntry
 from .bench import Entry
 from .decode_anchor import DecodeAnchor
 from .seam import MeasuringBackend, Screen
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..backends.native_pool import DrafterPool
+    from ..runtime.drafting.rows import BatchDrafter
 
 __all__ = ["MeasuringBackend", "NativeBackend"]
 
@@ -31,12 +38,12 @@ class NativeBackend:
     # screen would need its parts merged (not built); its trials stop after their first repeat.
     screens = False
 
-    def __init__(self, pool: Any, anchor: DecodeAnchor | None = None) -> None:
+    def __init__(self, pool: DrafterPool, anchor: DecodeAnchor | None = None) -> None:
         self.pool = pool
         self.anchor = anchor
 
     @property
-    def target(self) -> Any:
+    def target(self) -> PreTrainedModel:
         return self.pool.target
 
     def info(self) -> dict[str, Any]:
@@ -45,7 +52,7 @@ class NativeBackend:
     def measure(
         self,
         configs: list[Config],
-        case: Any,
+        case: Case,
         batch_size: int = 1,
         repeats: int = 3,
         seed: int = 0,
@@ -63,7 +70,13 @@ class NativeBackend:
             raise
 
     def _one(
-        self, c: Config, case: Any, batch_size: int, repeats: int, seed: int, on_repeat: Any
+        self,
+        c: Config,
+        case: Case,
+        batch_size: int,
+        repeats: int,
+        seed: int,
+        on_repeat: Callable[[int, float], None] | None,
     ) -> Measurement:
         """One config against plain decoding (`bench.measure`, `batched.measure_batched`)."""
         pool = self.pool
@@ -79,7 +92,7 @@ class NativeBackend:
         )  # fmt: skip
 
     def _many(
-        self, configs: list[Config], case: Any, batch_size: int, repeats: int, seed: int
+        self, configs: list[Config], case: Case, batch_size: int, repeats: int, seed: int
     ) -> list[Measurement]:
         """Several configs and plain decoding in one interleaved run (a final round's finalists)."""
         pool = self.pool
@@ -96,5 +109,5 @@ class NativeBackend:
         )
 
 
-def _maker(pool: Any, config: Config, batch_size: int) -> Callable[[], Any]:
+def _maker(pool: DrafterPool, config: Config, batch_size: int) -> Callable[[], BatchDrafter]:
     return lambda: pool.for_config(config, batch_size)

@@ -16,11 +16,10 @@ import resource
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..measurement import Measurement
 from ..runtime.batch import BatchDrafter, BatchRun, batch_generate
@@ -29,7 +28,11 @@ from ..runtime.decode import SpecStats
 from ..runtime.drafting.hybrid import reset_sources, source_stats
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
-from .timing import interleaved, median, spread
+from .paired import RepeatRatios, mismatches, paired_metrics
+from .timing import interleaved, median
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -111,7 +114,7 @@ class BatchEntry:
 
 
 def measure_batched(
-    target: Any,
+    target: PreTrainedModel,
     make_drafter: Callable[[], BatchDrafter | None],
     gamma: int,
     threshold: float,
@@ -130,7 +133,7 @@ def measure_batched(
 
 
 def measure_batched_many(
-    target: Any,
+    target: PreTrainedModel,
     entries: list[BatchEntry],
     case: Case,
     batch_size: int,
@@ -167,6 +170,61 @@ def measure_batched_many(
         if d is not None:
             runs[i] = side(i, d, e.gamma, e.threshold)
     build = GraphBuild()
+    _warm_up(target, entries, drafters, case, batch_size, warmup, seed, ctx, build)
+    ratios = RepeatRatios(speculative, _rate, on_repeat)
+
+    def timing() -> dict[int, list[tuple[float, BatchRun]]]:
+        ratios.clear()
+        for m in memory.values():
+            m.clear()
+        for d in drafters:
+            reset_sources(d)  # a hybrid counts its timed passes only (not the warm-up's)
+        return interleaved(runs, repeats, device, ratios)
+
+    compiled = ctx is not None and ctx.compiled
+    timings = timed_without_compiles(timing, build) if compiled else timing()
+    plain_rates = [_rate(x) for x in timings[-1]]
+    plain = _side(timings[-1], plain_rates, memory[-1])
+    plain_out = timings[-1][-1][1].outputs
+    result = []
+    for i in range(len(entries)):
+        own = timings[i] if speculative[i] else timings[-1]
+        rates = [_rate(x) for x in own]
+        stats = SpecStats()
+        if speculative[i]:
+            for _, run in own:
+                stats.add(run.stats)
+        out = own[-1][1].outputs
+        metrics = paired_metrics(
+            rates, plain_rates, ratios.ratios[i], stats, speculative[i], repeats, source_stats(drafters[i])
+        )
+        m = BatchMeasurement(
+            metrics, sum(map(len, out)), mismatches(plain_out, out, case.temperature), ratios.ratios[i],
+            stats=stats, outputs=out, build=build, batch_size=batch_size,
+            speculative=_side(own, rates, memory[i]) if speculative[i] else plain, plain=plain,
+        )  # fmt: skip
+        result.append(m)
+    return result
+
+
+def _rate(sec_run: tuple[float, BatchRun]) -> float:
+    # Steady state: B requests in flight (the drain at the end of the queue is left out).
+    return sec_run[1].steady_tokens_per_s
+
+
+def _warm_up(
+    target: PreTrainedModel,
+    entries: list[BatchEntry],
+    drafters: list[BatchDrafter | None],
+    case: Case,
+    batch_size: int,
+    warmup: int,
+    seed: int,
+    ctx: ExecutionContext | None,
+    build: GraphBuild,
+) -> None:
+    """Untimed: plain and each config on the first B prompts, then every graph the whole workload
+    can reach (other draft widths near a request's end)."""
     warm = case.head(min(len(case.prompts), batch_size))
     with Untimed(build):
         for _ in range(warmup):
@@ -174,75 +232,7 @@ def measure_batched_many(
             for e, d in zip(entries, drafters, strict=True):
                 if d is not None:
                     batch_generate(target, d, warm, batch_size, e.gamma, e.threshold, seed, ctx)
-        # Every graph the whole workload can reach (other draft widths near a request's end).
         prebuild(ctx, target, [e.gamma for e, d in zip(entries, drafters, strict=True) if d is not None])
-
-    def rate(sec_run: tuple[float, BatchRun]) -> float:
-        # Steady state: B requests in flight (the drain at the end of the queue is left out).
-        return sec_run[1].steady_tokens_per_s
-
-    ratios: list[list[float]] = [[] for _ in entries]
-
-    def after_repeat(r: int, last: dict[int, tuple[float, BatchRun]]) -> None:
-        base = rate(last[-1])
-        for i, spec in enumerate(speculative):
-            ratios[i].append(rate(last[i]) / base if spec else 1.0)
-        if on_repeat is not None:
-            on_repeat(r, [median(x) for x in ratios])
-
-    def timing() -> dict[int, list[tuple[float, BatchRun]]]:
-        for x in ratios:
-            x.clear()  # a round re-timed after a compile starts over
-        for m in memory.values():
-            m.clear()
-        for d in drafters:
-            reset_sources(d)  # a hybrid counts its timed passes only (not the warm-up's)
-        return interleaved(runs, repeats, device, after_repeat)
-
-    compiled = ctx is not None and ctx.compiled
-    timings = timed_without_compiles(timing, build) if compiled else timing()
-    plain_rates = [rate(x) for x in timings[-1]]
-    plain = _side(timings[-1], plain_rates, memory[-1])
-    plain_out = timings[-1][-1][1].outputs
-    result = []
-    for i in range(len(entries)):
-        own = timings[i] if speculative[i] else timings[-1]
-        rates = [rate(x) for x in own]
-        stats = SpecStats()
-        if speculative[i]:
-            for _, run in own:
-                stats.add(run.stats)
-        out = own[-1][1].outputs
-        mismatches = 0
-        if case.temperature == 0:
-            mismatches = sum(a != b for a, b in zip(out, plain_out, strict=True))
-        metrics = Metrics(
-            tokens_per_s=median(rates),
-            baseline_tokens_per_s=median(plain_rates),
-            speedup=median(ratios[i]),
-            speedup_spread=spread(ratios[i]),
-            acceptance_rate=stats.acceptance_rate,
-            mean_accepted_len=stats.mean_accepted_len if speculative[i] else 1.0,
-            per_position_acceptance=stats.per_position_acceptance,
-            repeats=repeats,
-            per_source=source_stats(drafters[i]),
-        )
-        mine = _side(own, rates, memory[i]) if speculative[i] else plain
-        result.append(
-            BatchMeasurement(
-                metrics,
-                sum(map(len, out)),
-                mismatches,
-                ratios[i],
-                stats=stats,
-                outputs=out,
-                build=build,
-                batch_size=batch_size,
-                speculative=mine,
-                plain=plain,
-            )
-        )
-    return result
 
 
 def _side(

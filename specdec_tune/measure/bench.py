@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..measurement import Measurement
 from ..runtime.caches.modes import ExecutionContext
@@ -23,7 +22,11 @@ from ..runtime.drafting.hybrid import SourceCounts, counts_setter, reset_sources
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
-from .timing import interleaved_parts, median, spread
+from .paired import RepeatRatios, mismatches, paired_metrics
+from .timing import interleaved_parts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Entry:
 
 
 def run_pass(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -60,7 +63,7 @@ def run_pass(
 
 
 def run_prompt(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -80,14 +83,14 @@ def run_prompt(
     return gen.tokens, gen.stats
 
 
-def _generator(target: Any, case: Case, seed: int) -> torch.Generator | None:
+def _generator(target: PreTrainedModel, case: Case, seed: int) -> torch.Generator | None:
     if case.temperature <= 0:
         return None
     return torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
 
 
 def measure(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     gamma: int,
     threshold: float,
@@ -110,7 +113,7 @@ def measure(
 
 
 def measure_many(
-    target: Any,
+    target: PreTrainedModel,
     entries: list[Entry],
     case: Case,
     repeats: int = 3,
@@ -137,73 +140,22 @@ def measure_many(
     for e in entries:
         reset_sources(e.drafter)
     build = GraphBuild()
-    warm = case.head(1)
-    with Untimed(build):
-        for _ in range(warmup):
-            run_pass(target, None, 0, 0.0, warm, seed, ctx)
-            for e in entries:
-                if e.speculative:
-                    run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed, ctx)
-        # Every graph another prompt can reach (other draft widths near a request's end).
-        prebuild(ctx, target, [e.gamma for e in entries if e.speculative])
-        if anchor is not None:
-            anchor.run(1)
-
-    # Key -1 is the baseline; the entries follow by index. The passes alternate prompt by prompt
-    # (timing.interleaved_parts); a pass's generator lives from its first prompt to its last.
-    generators: dict[tuple[int, int], torch.Generator | None] = {}
-    # A hybrid's per-source counts, per entry: entries may share one drafter object (gamma 7 and 8
-    # of one hybrid), and the warm-up above is not theirs.
-    setters = {i: counts_setter(e.drafter) for i, e in enumerate(entries) if e.speculative}
-    setters = {i: into for i, into in setters.items() if into is not None}
-    counts: dict[int, SourceCounts] = {}
-
-    def part(k: int, e: Entry | None) -> Callable[[int, int], Any]:
-        into = setters.get(k)
-
-        def run(r: int, p: int) -> tuple[list[int], SpecStats]:
-            if p == 0:
-                generators[(k, r)] = _generator(target, case, seed + r)
-            if e is None:
-                return run_prompt(target, None, 0, 0.0, case, p, generators[(k, r)], ctx)
-            if into is not None:
-                into(counts[k])
-            return run_prompt(target, e.drafter, e.gamma, e.threshold, case, p, generators[(k, r)], ctx)
-
-        return run
-
-    runs: dict[int, Callable[[int, int], Any]] = {-1: part(-1, None)}
-    for i, e in enumerate(entries):
-        if e.speculative:
-            runs[i] = part(i, e)
+    _warm_up(target, entries, case, warmup, seed, ctx, anchor, build)
+    parts = _Parts(target, entries, case, seed, ctx)
+    runs = parts.runs()
     if anchor is not None:  # key -2: the decode anchor, a part's steps (its result) per prompt
         steps = steps_for(case.max_new_tokens)
         runs[-2] = lambda r, p: anchor.run(steps[p])
-
-    def rate(sec_parts: tuple[float, list[Any]]) -> float:
-        sec, parts = sec_parts
-        return sum(len(tokens) for tokens, _ in parts) / sec
-
-    ratios: list[list[float]] = [[] for _ in entries]
-
-    def after_repeat(r: int, last: dict[int, tuple[float, list[Any]]]) -> None:
-        base = rate(last[-1])
-        for i, e in enumerate(entries):
-            ratios[i].append(rate(last[i]) / base if e.speculative else 1.0)
-        if on_repeat is not None:
-            on_repeat(r, [median(x) for x in ratios])
+    ratios = RepeatRatios([e.speculative for e in entries], _rate, on_repeat)
 
     def timing() -> dict[int, list[tuple[float, list[Any]]]]:
-        for x in ratios:
-            x.clear()  # a round re-timed after a compile starts over
-        generators.clear()
-        counts.clear()
-        counts.update({i: SourceCounts() for i in setters})  # made here, not per timed prompt
-        return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat)
+        ratios.clear()
+        parts.clear()
+        return interleaved_parts(runs, repeats, len(case.prompts), device, ratios)
 
     compiled = ctx is not None and ctx.compiled
     timings = timed_without_compiles(timing, build) if compiled else timing()
-    base_rates = [rate(t) for t in timings[-1]]
+    base_rates = [_rate(t) for t in timings[-1]]
     anchor_rates = [sum(parts) / sec for sec, parts in timings.get(-2, [])]
     per_anchor = [b / a for b, a in zip(base_rates, anchor_rates, strict=False)]
     base_out = [tokens for tokens, _ in timings[-1][-1][1]]
@@ -213,41 +165,105 @@ def measure_many(
         stats = SpecStats()
         per_source = {}
         if e.speculative:
-            for _, parts in own:
-                for _, s in parts:
+            for _, passed in own:
+                for _, s in passed:
                     stats.add(s)
-            if i in setters:
-                setters[i](counts[i])
-                per_source = source_stats(e.drafter)
+            per_source = parts.per_source(i)
         outs = [tokens for tokens, _ in own[-1][1]]
-        mismatches = 0
-        if case.temperature == 0.0:
-            mismatches = sum(a != b for a, b in zip(base_out, outs, strict=True))
-        own_rates = [rate(t) for t in own]
-        metrics = Metrics(
-            tokens_per_s=median(own_rates),
-            baseline_tokens_per_s=median(base_rates),
-            speedup=median(ratios[i]),
-            speedup_spread=spread(ratios[i]),
-            acceptance_rate=stats.acceptance_rate,
-            mean_accepted_len=stats.mean_accepted_len if e.speculative else 1.0,
-            per_position_acceptance=stats.per_position_acceptance,
-            repeats=repeats,
-            per_source=per_source,
+        own_rates = [_rate(t) for t in own]
+        metrics = paired_metrics(
+            own_rates, base_rates, ratios.ratios[i], stats, e.speculative, repeats, per_source
         )
-        result.append(
-            Measurement(
-                metrics,
-                sum(map(len, outs)),
-                mismatches,
-                ratios[i],
-                own_rates,
-                base_rates,
-                stats=stats,
-                outputs=outs,
-                build=build,
-                anchor_rates=list(anchor_rates),
-                plain_per_anchor=list(per_anchor),
-            )
-        )
+        m = Measurement(
+            metrics, sum(map(len, outs)), mismatches(base_out, outs, case.temperature), ratios.ratios[i],
+            own_rates, base_rates, stats=stats, outputs=outs, build=build, anchor_rates=list(anchor_rates),
+            plain_per_anchor=list(per_anchor),
+        )  # fmt: skip
+        result.append(m)
     return result
+
+
+def _rate(sec_parts: tuple[float, list[Any]]) -> float:
+    """Tokens per second of one timed pass (its prompts' parts)."""
+    sec, parts = sec_parts
+    return sum(len(tokens) for tokens, _ in parts) / sec
+
+
+def _warm_up(
+    target: PreTrainedModel,
+    entries: list[Entry],
+    case: Case,
+    warmup: int,
+    seed: int,
+    ctx: ExecutionContext | None,
+    anchor: DecodeAnchor | None,
+    build: GraphBuild,
+) -> None:
+    """Untimed: the baseline and each config on the first prompt, then every graph another prompt
+    can reach (other draft widths near a request's end), and the anchor once."""
+    warm = case.head(1)
+    with Untimed(build):
+        for _ in range(warmup):
+            run_pass(target, None, 0, 0.0, warm, seed, ctx)
+            for e in entries:
+                if e.speculative:
+                    run_pass(target, e.drafter, e.gamma, e.threshold, warm, seed, ctx)
+        prebuild(ctx, target, [e.gamma for e in entries if e.speculative])
+        if anchor is not None:
+            anchor.run(1)
+
+
+class _Parts:
+    """The timed parts of one interleaved run, a prompt each: key -1 is the baseline, the entries
+    follow by index (timing.interleaved_parts); a pass's generator lives from its first prompt to
+    its last. A hybrid's per-source counts are kept per entry: entries may share one drafter object
+    (gamma 7 and 8 of one hybrid), and the warm-up is not theirs."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        entries: list[Entry],
+        case: Case,
+        seed: int,
+        ctx: ExecutionContext | None,
+    ) -> None:
+        self.target, self.entries, self.case, self.seed, self.ctx = target, entries, case, seed, ctx
+        self.generators: dict[tuple[int, int], torch.Generator | None] = {}
+        setters = {i: counts_setter(e.drafter) for i, e in enumerate(entries) if e.speculative}
+        self.setters = {i: into for i, into in setters.items() if into is not None}
+        self.counts: dict[int, SourceCounts] = {}
+
+    def clear(self) -> None:
+        """Before a timed round: new generators, and new counts (made here, not per timed prompt)."""
+        self.generators.clear()
+        self.counts.clear()
+        self.counts.update({i: SourceCounts() for i in self.setters})
+
+    def runs(self) -> dict[int, Callable[[int, int], Any]]:
+        runs: dict[int, Callable[[int, int], Any]] = {-1: self._part(-1, None)}
+        for i, e in enumerate(self.entries):
+            if e.speculative:
+                runs[i] = self._part(i, e)
+        return runs
+
+    def _part(self, k: int, e: Entry | None) -> Callable[[int, int], Any]:
+        into = self.setters.get(k)
+        target, case, ctx, generators = self.target, self.case, self.ctx, self.generators
+
+        def run(r: int, p: int) -> tuple[list[int], SpecStats]:
+            if p == 0:
+                generators[(k, r)] = _generator(target, case, self.seed + r)
+            if e is None:
+                return run_prompt(target, None, 0, 0.0, case, p, generators[(k, r)], ctx)
+            if into is not None:
+                into(self.counts[k])
+            return run_prompt(target, e.drafter, e.gamma, e.threshold, case, p, generators[(k, r)], ctx)
+
+        return run
+
+    def per_source(self, i: int) -> dict[str, dict[str, float]]:
+        """Entry i's per-source counters over its timed passes ({} for a single-source drafter)."""
+        if i not in self.setters:
+            return {}
+        self.setters[i](self.counts[i])
+        return source_stats(self.entries[i].drafter)

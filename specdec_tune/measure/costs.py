@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Collection
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +38,9 @@ from .forward import (
 )
 from .overheads import LoopClock, measure_loop_overheads_ms
 from .timing import median, spread, time_repeated
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # The acceptance pass at an envelope's longer lengths (`carry`): enough verifications for the
 # cost model's prediction there; the races at that length measure the acceptance of what they race.
@@ -82,7 +86,7 @@ def _pad(values: list[float], length: int) -> list[float]:
 
 @torch.inference_mode()
 def acceptance_vector(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter,
     case: Case,
     max_gamma: int,
@@ -130,7 +134,7 @@ def default_context_len(case: Case) -> int:
 
 @torch.inference_mode()
 def measure_costs(
-    target: Any,
+    target: PreTrainedModel,
     drafters: dict[str, Drafter],
     case: Case | None,
     device: str,
@@ -166,56 +170,24 @@ def measure_costs(
     check_count(acceptance_tokens, "acceptance_tokens")
     if acceptance_steps is not None:
         check_count(acceptance_steps, "acceptance_steps")
-    measured = [n for n in drafters if measure_acceptance is None or n in measure_acceptance]
-    if case is None:  # no prompts: nothing to measure acceptance on, nor to take a context length from
-        measured = []
-        if context_len is None:
-            raise SpecDecError("without prompts the context length must be given (--context-len)")
-    if context_len is None:
-        context_len = default_context_len(case)
-    check_count(context_len, "context_len")
+    measured, context_len = _measured_and_context(drafters, case, context_len, measure_acceptance)
     check_context_fits(target, context_len, max_gamma + 1)
 
     if carry is not None:
         with_bandwidth = False
         if acceptance_steps is not None:
             acceptance_steps = min(acceptance_steps, CARRIED_ACCEPTANCE_STEPS)
-    stages: list[tuple[str, float]] = []  # (label, rough share of the time)
-    if with_bandwidth:
-        stages += [("memory bandwidth", 1.0), ("matmul throughput", 1.0)]
-    stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
-    if carry is None:
-        stages.append(("decoding-loop overheads", 2.0))
-    for name in drafters:
-        stages.append((f"draft cost: {name}", 1.0))
-        if name in measured:
-            stages.append((f"acceptance: {name}", 4.0))
-    total = sum(w for _, w in stages)
-    done = 0.0
-    step = iter(stages)
-
-    def next_stage() -> None:
-        nonlocal done
-        label, weight = next(step)
-        if progress is not None:
-            progress(label, done / total)
-        done += weight
-
+    stages = _Stages(progress, drafters, measured, max_gamma, with_bandwidth, carry is None)
     copy_gbps, tflops = (carry.copy_bandwidth_gbps, carry.matmul_tflops) if carry else (None, None)
     if with_bandwidth:
-        next_stage()
-        copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
-        next_stage()
-        tflops = measure_matmul_tflops(device, next(target.parameters()).dtype, repeats=repeats)
+        copy_gbps, tflops = _machine_rates(stages, device, next(target.parameters()).dtype, repeats)
 
-    next_stage()
+    stages.next()
     # T_target (1 token) and C_ver (gamma + 1 tokens) in one interleaved loop: same drift for all.
     samples = forward_curve_ms(target, context_len, list(range(1, max_gamma + 2)), repeats, ctx)
-    t_target_ms, t_target_spread = median(samples[0]), spread(samples[0])
-    verify_ms = [median(s) for s in samples[1:]]
-    verify_spread = max(spread(s) for s in samples[1:])
+    t_target_ms = median(samples[0])
     if carry is None:
-        next_stage()
+        stages.next()
         loop_overhead_ms, step_overhead_ms = measure_loop_overheads_ms(
             target, context_len, min(4, max_gamma), repeats, ctx=ctx
         )
@@ -225,52 +197,30 @@ def measure_costs(
     vocab = min(
         [vocab_size(target)] + [vocab_size(d.model) for d in drafters.values() if hasattr(d, "model")]
     )
-    context = context_ids(vocab, context_len)
+    timing = _DraftTiming(
+        target, context_ids(vocab, context_len), repeats, max_gamma, t_target_ms, ctx, device
+    )
     capped = None
     if case is not None:
         budgets = [min(m, acceptance_tokens) for m in case.max_new_tokens]
         capped = Case(case.prompts, budgets, case.eos, case.temperature)
     draft_costs = []
     for name, drafter in drafters.items():
-        next_stage()
-        hybrid = getattr(drafter, "kind", None) == "hybrid"
-        if hybrid:  # per source: the lookup's tokens cost next to nothing, the model's T_draft each
-            t_model = measure_t_draft_ms(drafter.drafter, context, repeats, gamma=min(4, max_gamma))
-            t_lookup = measure_t_draft_ms(drafter.lookup, context, repeats, gamma=min(4, max_gamma))
-        else:
-            t_draft_ms = measure_t_draft_ms(drafter, context, repeats, gamma=min(4, max_gamma))
+        stages.next()
         if name not in measured:
-            # No acceptance pass, so no share of the lookup's steps: a hybrid is charged its model's
-            # T_draft per token, an upper bound.
-            t_draft_ms = t_model if hybrid else t_draft_ms
-            unknown = DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, 0.0, [])
-            unknown.acceptance_source = "unknown"
-            draft_costs.append(unknown)
+            draft_costs.append(_unknown_acceptance(timing, name, drafter))
             continue
-        next_stage()
-        reset_sources(drafter)
-        # The graphs this pass reaches (verification at max_gamma + 1, every draft width up to it)
-        # are built first: the loop clocks below never time a compile.
-        prebuild(ctx, target, [max_gamma], only=[target, *_models_of(drafter)])
-        with LoopClock(target, drafter, device, ctx is not None and ctx.compiled) as clock:
-            vector, alpha, _ = acceptance_vector(target, drafter, capped, max_gamma, acceptance_steps, ctx)
-        if hybrid:
-            share = source_stats(drafter)[drafter.drafter.name]["share"]
-            t_draft_ms = share * t_model + (1.0 - share) * t_lookup
-        dc = DraftCosts(name, t_draft_ms, t_draft_ms / t_target_ms, alpha, vector)
-        dc.loop_t_draft_ms = clock.draft_ms_per_token
-        dc.loop_verify_ms = clock.mean_verify_ms
-        dc.loop_verify_tokens = clock.mean_verify_tokens
-        draft_costs.append(dc)
+        stages.next()
+        draft_costs.append(_draft_costs(timing, name, drafter, capped, acceptance_steps))
 
     decode_gbps = decode_weight_bytes(target) * (1000.0 / t_target_ms) / 1e9
     if progress is not None:
         progress("done", 1.0)
     return Costs(
         t_target_ms=t_target_ms,
-        t_target_spread=t_target_spread,
-        verify_ms=verify_ms,
-        verify_spread=verify_spread,
+        t_target_spread=spread(samples[0]),
+        verify_ms=[median(s) for s in samples[1:]],
+        verify_spread=max(spread(s) for s in samples[1:]),
         context_len=context_len,
         drafts=draft_costs,
         copy_bandwidth_gbps=copy_gbps,
@@ -280,3 +230,124 @@ def measure_costs(
         loop_overhead_ms=loop_overhead_ms,
         step_overhead_ms=step_overhead_ms,
     )
+
+
+def _measured_and_context(
+    drafters: dict[str, Drafter],
+    case: Case | None,
+    context_len: int | None,
+    measure_acceptance: Collection[str] | None,
+) -> tuple[list[str], int]:
+    """The drafters whose acceptance is measured (none without prompts), and the context length the
+    costs are measured at (given, else the workload's typical mid-generation context)."""
+    measured = [n for n in drafters if measure_acceptance is None or n in measure_acceptance]
+    if case is None:  # no prompts: nothing to measure acceptance on, nor to take a context length from
+        measured = []
+        if context_len is None:
+            raise SpecDecError("without prompts the context length must be given (--context-len)")
+    if context_len is None:
+        context_len = default_context_len(case)
+    check_count(context_len, "context_len")
+    return measured, context_len
+
+
+def _machine_rates(stages: _Stages, device: str, dtype: torch.dtype, repeats: int) -> tuple[float, float]:
+    """The synthetic micro-benchmarks: copy bandwidth (GB/s) and matmul throughput (TFLOP/s)."""
+    stages.next()
+    copy_gbps, _ = measure_copy_bandwidth_gbps(device, repeats=repeats)
+    stages.next()
+    return copy_gbps, measure_matmul_tflops(device, dtype, repeats=repeats)
+
+
+class _Stages:
+    """The stages of a costs profile with their rough shares of the time: `next()` reports the one
+    starting and how much of the whole is done before it."""
+
+    def __init__(
+        self,
+        progress: Callable[[str, float], None] | None,
+        drafters: dict[str, Drafter],
+        measured: list[str],
+        max_gamma: int,
+        with_bandwidth: bool,
+        with_overheads: bool,
+    ) -> None:
+        stages: list[tuple[str, float]] = []  # (label, rough share of the time)
+        if with_bandwidth:
+            stages += [("memory bandwidth", 1.0), ("matmul throughput", 1.0)]
+        stages.append((f"target forward + verification curve (γ 1..{max_gamma})", 3.0))
+        if with_overheads:
+            stages.append(("decoding-loop overheads", 2.0))
+        for name in drafters:
+            stages.append((f"draft cost: {name}", 1.0))
+            if name in measured:
+                stages.append((f"acceptance: {name}", 4.0))
+        self.progress, self.total, self.done, self._step = (
+            progress,
+            sum(w for _, w in stages),
+            0.0,
+            iter(stages),
+        )
+
+    def next(self) -> None:
+        label, weight = next(self._step)
+        if self.progress is not None:
+            self.progress(label, self.done / self.total)
+        self.done += weight
+
+
+@dataclass(frozen=True)
+class _DraftTiming:
+    """What every drafter's costs are measured against: the target, a random context, T_target."""
+
+    target: PreTrainedModel
+    context: list[int]
+    repeats: int
+    max_gamma: int
+    t_target_ms: float
+    ctx: ExecutionContext | None
+    device: str
+
+    def t_draft_ms(self, drafter: Drafter) -> float:
+        return measure_t_draft_ms(drafter, self.context, self.repeats, gamma=min(4, self.max_gamma))
+
+
+def _unknown_acceptance(timing: _DraftTiming, name: str, drafter: Drafter) -> DraftCosts:
+    """A drafter whose acceptance is not measured: its T_draft alone. No acceptance pass, so no share
+    of the lookup's steps: a hybrid is charged its model's T_draft per token, an upper bound."""
+    if getattr(drafter, "kind", None) == "hybrid":
+        t_draft_ms = timing.t_draft_ms(drafter.drafter)
+        timing.t_draft_ms(drafter.lookup)  # its lookup is timed too, as for a measured hybrid
+    else:
+        t_draft_ms = timing.t_draft_ms(drafter)
+    unknown = DraftCosts(name, t_draft_ms, t_draft_ms / timing.t_target_ms, 0.0, [])
+    unknown.acceptance_source = "unknown"
+    return unknown
+
+
+def _draft_costs(
+    timing: _DraftTiming, name: str, drafter: Drafter, capped: Case | None, acceptance_steps: int | None
+) -> DraftCosts:
+    """A drafter's T_draft, its acceptance vector from one greedy pass, and the loop's own timings
+    of that pass. A hybrid's T_draft is per source: the lookup's tokens cost next to nothing, the
+    model's T_draft each, weighted by the model's share of the drafted tokens."""
+    target, ctx = timing.target, timing.ctx
+    hybrid = getattr(drafter, "kind", None) == "hybrid"
+    if hybrid:
+        t_model, t_lookup = timing.t_draft_ms(drafter.drafter), timing.t_draft_ms(drafter.lookup)
+    else:
+        t_draft_ms = timing.t_draft_ms(drafter)
+    reset_sources(drafter)
+    # The graphs this pass reaches (verification at max_gamma + 1, every draft width up to it)
+    # are built first: the loop clocks below never time a compile.
+    prebuild(ctx, target, [timing.max_gamma], only=[target, *_models_of(drafter)])
+    with LoopClock(target, drafter, timing.device, ctx is not None and ctx.compiled) as clock:
+        vector, alpha, _ = acceptance_vector(target, drafter, capped, timing.max_gamma, acceptance_steps, ctx)
+    if hybrid:
+        share = source_stats(drafter)[drafter.drafter.name]["share"]
+        t_draft_ms = share * t_model + (1.0 - share) * t_lookup
+    dc = DraftCosts(name, t_draft_ms, t_draft_ms / timing.t_target_ms, alpha, vector)
+    dc.loop_t_draft_ms = clock.draft_ms_per_token
+    dc.loop_verify_ms = clock.mean_verify_ms
+    dc.loop_verify_tokens = clock.mean_verify_tokens
+    return dc

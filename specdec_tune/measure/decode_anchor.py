@@ -25,9 +25,12 @@ transformers release shows in the ratio while the host's speed cancels.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import DecodeAnchorSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Above this many bytes of distinct weights the anchor cycles through the ones it has: a model this
 # large streams from memory whatever it reads, and the anchor must not double a large model's memory.
@@ -37,7 +40,7 @@ STEPS_PER_TOKEN = 0.5
 EPS = 1e-6
 
 
-def spec_of(model: Any) -> DecodeAnchorSpec:
+def spec_of(model: PreTrainedModel) -> DecodeAnchorSpec:
     """The matrix shapes of `model`'s weights, in order of first appearance, with counts, and its
     dtype. An embedding table is read one row per token, so it counts only where an output layer
     multiplies by it too (tied), and then once."""

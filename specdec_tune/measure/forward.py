@@ -11,7 +11,7 @@ import contextlib
 import gc
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from ..errors import SpecDecError
 from ..limits import check_count
 from ..runtime.caches.modes import ExecutionContext, SeqCache
 from .timing import interleaved, median, spread, time_repeated
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MIN_BLOCK_MS = 25.0
 MAX_CALLS_PER_BLOCK = 1000
@@ -49,11 +52,11 @@ def repeat_block(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
     return block
 
 
-def model_device(model: Any) -> str:
+def model_device(model: PreTrainedModel) -> str:
     return str(next(model.parameters()).device)
 
 
-def vocab_size(model: Any) -> int:
+def vocab_size(model: PreTrainedModel) -> int:
     return int(model.get_input_embeddings().weight.shape[0])
 
 
@@ -63,7 +66,7 @@ def context_ids(vocab: int, n: int, seed: int = CONTEXT_SEED) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
-def check_context_fits(model: Any, context_len: int, new_tokens: int) -> None:
+def check_context_fits(model: PreTrainedModel, context_len: int, new_tokens: int) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and context_len + new_tokens > limit:
         raise SpecDecError(
@@ -73,7 +76,7 @@ def check_context_fits(model: Any, context_len: int, new_tokens: int) -> None:
 
 
 def warm_cache(
-    model: Any, context_len: int, extra: int, ctx: ExecutionContext | None = None
+    model: PreTrainedModel, context_len: int, extra: int, ctx: ExecutionContext | None = None
 ) -> tuple[SeqCache, list[int]]:
     """A KV cache (under `ctx`'s engine mode, default eager) prefilled with `context_len` seeded random tokens,
     and `extra` further ids to feed."""
@@ -86,7 +89,7 @@ def warm_cache(
 
 
 def forward_samples_ms(
-    model: Any, cache: SeqCache, new_ids: list[int], sizes: list[int], repeats: int
+    model: PreTrainedModel, cache: SeqCache, new_ids: list[int], sizes: list[int], repeats: int
 ) -> list[list[float]]:
     """Per-forward ms of one forward over n new tokens on the warm `cache`, `repeats` samples per n.
 
@@ -114,7 +117,11 @@ def forward_samples_ms(
 
 @torch.inference_mode()
 def forward_curve_ms(
-    model: Any, context_len: int, sizes: list[int], repeats: int, ctx: ExecutionContext | None = None
+    model: PreTrainedModel,
+    context_len: int,
+    sizes: list[int],
+    repeats: int,
+    ctx: ExecutionContext | None = None,
 ) -> list[list[float]]:
     """Per-forward ms of one forward over n new tokens after `context_len` cached tokens, for each
     n in `sizes` (interleaved), `repeats` samples each: T_target is n = 1, C_ver(gamma) is n = gamma + 1."""
@@ -124,7 +131,7 @@ def forward_curve_ms(
         return forward_samples_ms(model, cache, new_ids, sizes, repeats)
 
 
-def decode_weight_bytes(model: Any) -> int:
+def decode_weight_bytes(model: PreTrainedModel) -> int:
     """Bytes of weights one decode step reads: all of them, except the input embedding table (one
     row is gathered) unless it is tied to the LM head, which reads it whole."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -155,7 +162,7 @@ def measure_copy_bandwidth_gbps(device: str, mib: int = 256, repeats: int = 5) -
 
 
 @torch.inference_mode()
-def measure_matmul_tflops(device: str, dtype: Any, n: int | None = None, repeats: int = 5) -> float:
+def measure_matmul_tflops(device: str, dtype: torch.dtype, n: int | None = None, repeats: int = 5) -> float:
     """Dense matmul throughput 2n³ / time in TFLOP/s (n: 1024 on CPU, 8192 on CUDA by default)."""
     check_count(repeats, "repeats")
     if n is None:

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from ..runtime.drafting.drafters import Drafter
 from ..runtime.workloads import Case
 from .bench import run_pass
 from .timing import interleaved, median, spread
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # transformers (5.x) reads these from the generation_config of the model that DRAFTS (the assistant, or
 # the target itself for early exit); passed to generate() they are silently ignored.
@@ -50,7 +53,7 @@ class HFConfig:
     kind: str
     gamma: int
     threshold: float = 0.0
-    draft_model: Any = None
+    draft_model: PreTrainedModel | None = None
     ngram_max: int = 3
     layers: int | None = None
 
@@ -87,13 +90,13 @@ class HFConfig:
             return {"prompt_lookup_num_tokens": self.gamma, "max_matching_ngram_size": self.ngram_max}
         return {"assistant_early_exit": int(self.layers or 1), **drafting}
 
-    def drafter(self, target: Any, ctx: ExecutionContext | None = None) -> Drafter | None:
+    def drafter(self, target: PreTrainedModel, ctx: ExecutionContext | None = None) -> Drafter | None:
         """Our drafter for the same config (None for plain decoding), its cache under `ctx`."""
         spec = DraftSpec("draft", self.kind, ngram_min=1, ngram_max=self.ngram_max, layers=self.layers)
         return build_drafter(spec, target, {"draft": self.draft_model}, ctx)
 
 
-def check_hf_layer_skip(target: Any, layers: int) -> None:
+def check_hf_layer_skip(target: PreTrainedModel, layers: int) -> None:
     """HF's early exit lowers config.num_hidden_layers while drafting; only decoders that loop over
     `self.layers[: self.config.num_hidden_layers]` (Llama, Qwen2, Mistral ...) then really skip layers."""
     base = getattr(target, getattr(target, "base_model_prefix", ""), None)
@@ -114,7 +117,7 @@ def check_hf_layer_skip(target: Any, layers: int) -> None:
 
 
 @contextmanager
-def _drafting_config(model: Any, settings: dict[str, Any]) -> Iterator[None]:
+def _drafting_config(model: PreTrainedModel, settings: dict[str, Any]) -> Iterator[None]:
     """Put `settings` on `model.generation_config` for the duration, and pin HF's threshold.
 
     With scikit-learn installed, HF re-tunes assistant_confidence_threshold from an ROC curve after
@@ -147,7 +150,7 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def run_hf_pass(target: Any, case: Case, cfg: HFConfig, seed: int = 0) -> list[list[int]]:
+def run_hf_pass(target: PreTrainedModel, case: Case, cfg: HFConfig, seed: int = 0) -> list[list[int]]:
     """Generate every prompt of `case` with transformers' generate(); the new tokens per prompt.
 
     Sampling draws from torch's global generator (HF takes no generator), seeded with `seed` here.
@@ -189,7 +192,7 @@ def run_hf_pass(target: Any, case: Case, cfg: HFConfig, seed: int = 0) -> list[l
 
 
 def measure_hf(
-    target: Any,
+    target: PreTrainedModel,
     case: Case,
     cfg: HFConfig,
     repeats: int = 3,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from .forward import (
 )
 from .timing import interleaved, median
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class OracleDrafter(Drafter):
     """Proposes a known continuation at no cost: with the target's own greedy output every token
@@ -33,7 +36,7 @@ class OracleDrafter(Drafter):
 
     name = kind = "oracle"
 
-    def __init__(self, full: list[int], device: Any = "cpu"):
+    def __init__(self, full: list[int], device: torch.device | str = "cpu"):
         self.full = torch.tensor(full, dtype=torch.long, device=device)
 
     def propose(
@@ -54,7 +57,9 @@ class SlotClock:
     the timed region (and breaking the graph at the clock). `on_call(ms, tokens, prefill)` after
     each call (as `surface._BatchLoopClock` does at B > 1)."""
 
-    def __init__(self, model: Any, device: str, on_call: Callable[[float, int, bool], None]) -> None:
+    def __init__(
+        self, model: PreTrainedModel, device: str, on_call: Callable[[float, int, bool], None]
+    ) -> None:
         self.model, self.device, self.on_call = model, device, on_call
 
     def __enter__(self) -> SlotClock:
@@ -69,12 +74,12 @@ class SlotClock:
             on_call((time.perf_counter() - t0) * 1e3, tokens, is_prefill)
             return out
 
-        def clocked_forward(kv: Any, tokens: Any, counts: Any) -> Any:
+        def clocked_forward(kv: SlotCache, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             if kv.model is not model:
                 return forward(kv, tokens, counts)
             return timed(lambda: forward(kv, tokens, counts), int(tokens.shape[-1]), False)
 
-        def clocked_prefill(kv: Any, row: int, ids: list[int]) -> Any:
+        def clocked_prefill(kv: SlotCache, row: int, ids: list[int]) -> torch.Tensor:
             if kv.model is not model:
                 return prefill(kv, row, ids)
             return timed(lambda: prefill(kv, row, ids), len(ids), True)
@@ -90,7 +95,7 @@ class ForwardClock:
     """Wraps `model.forward` to add up the wall time spent inside it (device synchronised); with
     `compiled`, the model's calls of its slot caches (`SlotClock`)."""
 
-    def __init__(self, model: Any, device: str, compiled: bool = False):
+    def __init__(self, model: PreTrainedModel, device: str, compiled: bool = False):
         self.model, self.device, self.ms, self.calls = model, device, 0.0, 0
         self.slots = SlotClock(model, device, self._count) if compiled else None
 
@@ -131,7 +136,9 @@ class LoopClock:
     they cost more than in a micro-benchmark that calls one of them hot and repeatedly.
     """
 
-    def __init__(self, target: Any, drafter: Any, device: str, compiled: bool = False) -> None:
+    def __init__(
+        self, target: PreTrainedModel, drafter: Drafter, device: str, compiled: bool = False
+    ) -> None:
         self.target, self.drafter, self.device = target, drafter, device
         self.verify_ms = self.draft_ms = 0.0
         self.verifies = self.verify_tokens = self.proposed = 0
@@ -197,7 +204,7 @@ class LoopClock:
 
 @torch.inference_mode()
 def measure_loop_overheads_ms(
-    target: Any,
+    target: PreTrainedModel,
     context_len: int,
     gamma: int,
     repeats: int,

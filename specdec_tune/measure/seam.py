@@ -5,7 +5,7 @@ llama-server; `backends.protocols.Measures` extends it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +25,26 @@ class Screen:
     report: Callable[[int, float], None]
 
 
+class Case(Protocol):
+    """What one pass sends, as every backend's own type has it (`runtime.workloads.Case`: token
+    ids; `measure.llamacpp.cases.TextCase`: text): prompts with their budgets and a temperature."""
+
+    @property
+    def prompts(self) -> Sequence[object]: ...
+    @property
+    def max_new_tokens(self) -> list[int]: ...
+    @property
+    def temperature(self) -> float: ...
+
+    def head(self, n: int) -> Case:
+        """The first n prompts."""
+        ...
+
+    def pick(self, indices: list[int], max_new_tokens: int | None = None) -> Case:
+        """The prompts at `indices`, in that order; their budgets at most `max_new_tokens`."""
+        ...
+
+
 class MeasuringBackend(Protocol):
     """What the tuner and the final round measure through (backends.protocols.Measures is one)."""
 
@@ -36,7 +56,7 @@ class MeasuringBackend(Protocol):
     def measure(
         self,
         configs: list[Config],
-        case: Any,
+        case: Case,
         batch_size: int = 1,
         repeats: int = 3,
         seed: int = 0,

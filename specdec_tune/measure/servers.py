@@ -22,6 +22,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from .children import die_with_parent
@@ -208,7 +209,7 @@ def servers_die_with_us() -> Any:
     server still up at its end is stopped."""
     previous = None
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     with contextlib.suppress(ValueError):  # not the main thread: no handler, close_all still runs

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,17 +32,22 @@ from .batched import fill_slots
 from .forward import calls_per_block, context_ids, no_gc, repeat_block, vocab_size
 from .timing import interleaved, median, time_repeated
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..runtime.caches.rowcache import RowCache
+
 MEMORY_BOUND_RATIO = 1.15
 
 
-def _prefill_rows(kv: Any, vocab: int, context_len: int) -> None:
+def _prefill_rows(kv: SlotCache | RowCache, vocab: int, context_len: int) -> None:
     for r in range(kv.rows):
         kv.prefill(r, context_ids(vocab, context_len, seed=1234 + r))
 
 
 @torch.inference_mode()
 def verify_surface_ms(
-    target: Any,
+    target: PreTrainedModel,
     batch_size: int,
     context_len: int,
     max_gamma: int,
@@ -107,7 +112,7 @@ class _BatchLoopClock:
     """Wall time of a real batched loop, and inside it the target's decode forwards and the
     drafter's proposals (one-row prefills, called with `logits_to_keep`, are left out)."""
 
-    def __init__(self, target: Any, drafter: BatchDrafter | None, static: bool) -> None:
+    def __init__(self, target: PreTrainedModel, drafter: BatchDrafter | None, static: bool) -> None:
         self.target, self.drafter, self.static = target, drafter, static
         self.forward_ms = self.draft_ms = 0.0
         self.forwards = self.tokens = self.positions = 0
@@ -119,7 +124,7 @@ class _BatchLoopClock:
             self._slot_forward = slot_forward = SlotCache.forward
             target = self.target
 
-            def clocked_slots(kv: Any, tokens: Any, counts: Any) -> Any:
+            def clocked_slots(kv: SlotCache, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
                 if kv.model is not target:
                     return slot_forward(kv, tokens, counts)
                 t0 = time.perf_counter()
@@ -168,7 +173,7 @@ class _BatchLoopClock:
 
 
 def loop_costs(
-    target: Any,
+    target: PreTrainedModel,
     make_drafters: dict[str, Callable[[int], BatchDrafter]],
     case: Case,
     batch_size: int,
@@ -229,7 +234,7 @@ def loop_costs(
 
 
 def measure_surface(
-    target: Any,
+    target: PreTrainedModel,
     make_drafters: dict[str, Callable[[int], BatchDrafter]],
     batch_sizes: list[int],
     context_len: int,

@@ -12,11 +12,15 @@ hardware, and tokens/s stays information only (a slower target reads as other ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..measure.stats import geometric_mean
 from ..store.schema import Profile
+
+if TYPE_CHECKING:
+    from ..measure.anchors import MachineSpeed
 
 MACHINE_ANCHORS = {"copy_bandwidth_gbps": "copy", "matmul_gflops": "matmul"}
 
@@ -89,7 +93,7 @@ def beyond(slowdown: float, tolerance: float) -> bool:
     return slowdown > 1 + tolerance or slowdown < 1 / (1 + tolerance)
 
 
-def machine_slowdown(profile: Profile, machine: Any) -> tuple[float | None, dict[str, list[float]]]:
+def machine_slowdown(profile: Profile, machine: MachineSpeed) -> tuple[float | None, dict[str, list[float]]]:
     """Stored / measured of the deciding machine anchor (matmul; copy where it is the only one),
     and every pair both have."""
     a = profile.anchors
@@ -110,7 +114,7 @@ def machine_slowdown(profile: Profile, machine: Any) -> tuple[float | None, dict
     return slowdown, {k: [stored, round(now, 3)] for k, (stored, now) in pairs.items()}
 
 
-def deciding_spread(machine: Any, pairs: dict[str, list[float]]) -> float:
+def deciding_spread(machine: MachineSpeed, pairs: dict[str, list[float]]) -> float:
     """The own spread of the anchor that decided (`machine_slowdown`): the matmul's where both
     anchors were compared. Not the larger of the two: the copy bandwidth of one quiet VM moved
     between 43 and 78 GB/s from one check to the next, and a tolerance that wide let a machine
@@ -120,7 +124,7 @@ def deciding_spread(machine: Any, pairs: dict[str, list[float]]) -> float:
     return float(getattr(machine, "spread", 0.0) or 0.0)
 
 
-def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: Any) -> float:
+def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: MachineSpeed) -> float:
     """What `check` multiplies measured tokens/s by: `verdict.rate_scale`, except that rates judged
     against the reference processes (app.reference) are put at the speed those processes measured
     (their own matmul rate), not the run's: the reference and the check are both fresh processes,
@@ -136,7 +140,7 @@ def rate_scale_for(profile: Profile, verdict: AnchorVerdict, machine: Any) -> fl
 def anchor_verdict(
     profile: Profile,
     plain_tokens_per_s: float,
-    machine: Any,
+    machine: MachineSpeed,
     machine_busy: bool,
     policy: CheckPolicy = CHECK_POLICY,
 ) -> AnchorVerdict:
@@ -166,7 +170,7 @@ def anchor_verdict(
     )
 
 
-def other_hardware_message(path: Any, verdict: AnchorVerdict, rerun: str = "specdec-tune run") -> str:
+def other_hardware_message(path: str | Path, verdict: AnchorVerdict, rerun: str = "specdec-tune run") -> str:
     """The one line of exit 3: how many times slower (or faster) this machine measured, and on what."""
     n = verdict.slowdown or 1.0
     words = f"{n:.2f}× slower" if n >= 1 else f"{1 / n:.2f}× faster"

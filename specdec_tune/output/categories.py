@@ -11,10 +11,11 @@ from rich.table import Table
 
 from ..atomic import atomic_write_bytes
 from ..domain import Metrics
+from ..store.schema import Profile
 from .fmt import num, times
 
 
-def category_table(profile: Any) -> Table | None:
+def category_table(profile: Profile) -> Table | None:
     """Best config per category, measured, beside the overall best measured on the same prompts."""
     if not profile.category_table:
         return None

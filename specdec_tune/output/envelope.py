@@ -5,12 +5,15 @@ batch size. Reads data, never measures."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from ..store.schema import BatchRow, ContextRow, Profile
 from .fmt import add_columns, interval, times
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # The plots' files (output.plots.PLOT_FILES takes them in).
 ENVELOPE_PLOTS = {"context": "speedup_vs_context_length.png", "gamma_context": "gamma_vs_context_length.png"}
@@ -104,7 +107,7 @@ def envelope_words(p: Profile) -> list[str]:
     return words
 
 
-def plot_context(ax: Any, p: Profile) -> tuple[str, str, str] | None:
+def plot_context(ax: Axes, p: Profile) -> tuple[str, str, str] | None:
     """Speedup of each cell's best against L, one line per batch size, with L* marked."""
     by_b = _by_batch(p)
     if not by_b or max(len(rows) for rows in by_b.values()) < 2:
@@ -129,7 +132,7 @@ def plot_context(ax: Any, p: Profile) -> tuple[str, str, str] | None:
     return "context length L (prompt tokens)", "speedup over plain decoding", "Speedup vs context length"
 
 
-def plot_gamma_context(ax: Any, p: Profile) -> tuple[str, str, str] | None:
+def plot_gamma_context(ax: Axes, p: Profile) -> tuple[str, str, str] | None:
     """γ* of each cell's best against L, one line per batch size."""
     by_b = _by_batch(p)
     if not by_b or max(len(rows) for rows in by_b.values()) < 2:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+
+from ..domain import CompileTime, Noise
 
 # C0 controls but tab and newline, DEL and C1: an ESC from a profile could move the cursor or
 # retitle the terminal, so it is shown as \x1b instead.
@@ -80,7 +81,7 @@ def final_verdict(search: object) -> str:
     return words
 
 
-def noise_words(n: Any) -> str:
+def noise_words(n: Noise) -> str:
     """A profile's `noise` (domain.Noise) in one line."""
     parts = [f"plain passes vary {n.plain_pass_cv:.1%} over {n.plain_passes}"]
     if n.load_avg is not None:
@@ -97,7 +98,7 @@ def noise_words(n: Any) -> str:
     return words
 
 
-def compile_words(c: Any) -> str:
+def compile_words(c: CompileTime) -> str:
     """A profile's or costs file's `compile` (domain.CompileTime) in one line."""
     if not c.graphs:
         return "no graphs built (static engine)"

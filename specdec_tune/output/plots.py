@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..atomic import atomic_write_bytes
 from ..errors import SpecDecError
@@ -15,6 +15,9 @@ from ..search.costmodel import CostModel
 from ..store.schema import Profile
 from .envelope import ENVELOPE_PLOTS, plot_context, plot_gamma_context
 from .trials import completed_trials, read_trials
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # What a plot function returns when it drew something: x label, y label, title.
 Labels = tuple[str, str, str]
@@ -84,7 +87,7 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return {name: cmap(i % 10) for i, name in enumerate(dict.fromkeys(names))}
 
 
-def _plot_speedup(ax: Any, p: Profile, trials: list[dict[str, Any]]) -> Labels | None:
+def _plot_speedup(ax: Axes, p: Profile, trials: list[dict[str, Any]]) -> Labels | None:
     results = [r for r in [p.best, *p.alternatives] if r.config.gamma > 0]
     drafts = p.costs.drafts if p.costs else []
     names = [d.name for d in drafts] + [t["draft"] for t in trials] + [r.config.draft.name for r in results]
@@ -123,7 +126,7 @@ def _plot_speedup(ax: Any, p: Profile, trials: list[dict[str, Any]]) -> Labels |
     )
 
 
-def _plot_acceptance(ax: Any, p: Profile) -> Labels | None:
+def _plot_acceptance(ax: Axes, p: Profile) -> Labels | None:
     drawn = False
     drafts = p.costs.drafts if p.costs else []
     color = _colors([d.name for d in drafts] + [p.best.config.draft.name])
@@ -155,7 +158,7 @@ def _plot_acceptance(ax: Any, p: Profile) -> Labels | None:
     return "draft position i", "acceptance at position i", "Per-position acceptance"
 
 
-def _plot_costs(ax: Any, p: Profile) -> Labels | None:
+def _plot_costs(ax: Axes, p: Profile) -> Labels | None:
     c = p.costs
     if c is None or not c.verify_ms:
         return None
@@ -170,7 +173,7 @@ def _plot_costs(ax: Any, p: Profile) -> Labels | None:
     return "γ", "ms per step", "Cost curve: verification vs drafting"
 
 
-def _plot_predicted(ax: Any, p: Profile) -> Labels | None:
+def _plot_predicted(ax: Axes, p: Profile) -> Labels | None:
     points = [
         (r.metrics.predicted_speedup, r.metrics.speedup, r.config.label, r is p.best)
         for r in [p.best, *p.alternatives]
@@ -201,7 +204,7 @@ def _plot_predicted(ax: Any, p: Profile) -> Labels | None:
     return "predicted speedup (cost model)", "measured speedup", "Cost model: predicted vs measured"
 
 
-def _plot_batch(ax: Any, p: Profile) -> Labels | None:
+def _plot_batch(ax: Axes, p: Profile) -> Labels | None:
     rows = p.batch_table
     if len(rows) < 2:
         return None
@@ -229,7 +232,7 @@ def _plot_batch(ax: Any, p: Profile) -> Labels | None:
     return "batch size B (requests in flight)", "speedup over plain batched decoding", "Speedup vs batch size"
 
 
-def _plot_gamma_batch(ax: Any, p: Profile) -> Labels | None:
+def _plot_gamma_batch(ax: Axes, p: Profile) -> Labels | None:
     rows = p.batch_table
     if len(rows) < 2:
         return None

@@ -4,7 +4,7 @@ end of a run, a check report. Reads data, never measures.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -15,6 +15,11 @@ from ..domain import Costs
 from ..store.schema import Profile
 from .fmt import compile_words, final_verdict, kv_table, num, styled, times, unit, vec
 from .tables import batch_table
+from .verdicts import CheckReport
+
+if TYPE_CHECKING:
+    from ..app.check_plan import CheckPlan
+    from ..search.results import TuneResult
 
 
 def bench_table(r: dict[str, Any]) -> Table:
@@ -173,7 +178,7 @@ def drafts_table(costs: Costs, per_draft: dict[str, tuple[int, float]]) -> Table
     return t
 
 
-def run_summary(console: Console, p: Profile, result: Any) -> None:
+def run_summary(console: Console, p: Profile, result: TuneResult) -> None:
     """The end of `specdec-tune run`: best, runner-up, baseline, predicted vs measured."""
     t = Table(
         title=f"{p.target.name} on {p.hardware.get('slug')}: {p.workload.name}, T={p.workload.temperature}"
@@ -240,7 +245,7 @@ def run_summary(console: Console, p: Profile, result: Any) -> None:
         )
 
 
-def check_table(report: Any) -> Table:
+def check_table(report: CheckReport) -> Table:
     """A `check` report (output.check.CheckReport): one row per compared metric."""
     t = Table(title=f"check {report.profile}: {report.config}")
     for col in ("metric", "stored", "measured", "result", "note"):
@@ -255,7 +260,7 @@ def _fallbacks(lines: list[str]) -> str:
     return f" (compile failed, ran static: {'; '.join(lines)})" if lines else ""
 
 
-def check_plan_text(plan: Any) -> str:
+def check_plan_text(plan: CheckPlan) -> str:
     """`check --dry-run` (app.check_plan.CheckPlan) as a few plain lines."""
     lines = [
         f"{plan.profile}: valid; `check` would re-measure in {plan.backend} (measured on {plan.measured_on}, "

@@ -5,13 +5,16 @@ for the plots, and the analyses `show --trials` prints as tables (best per draft
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from ..errors import SpecDecError
 from ..limits import MAX_GAMMA
 from .fmt import times
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REQUIRED = ("draft", "gamma", "speedup")
 MAX_CSV_BYTES = 64 * 1024 * 1024  # a million trials fit; a crafted file must not fill memory
@@ -39,13 +42,13 @@ def read_trials(path: str | Path) -> Any:
     return df
 
 
-def completed_trials(df: Any) -> list[dict[str, Any]]:
+def completed_trials(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Search trials that finished with a speedup: [{draft, gamma, threshold, speedup}] (final-round
     rows and failed or pruned trials are left out)."""
     return _completed(df).to_dict("records")
 
 
-def _completed(df: Any) -> Any:
+def _completed(df: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     if "state" in df.columns:
@@ -67,7 +70,7 @@ def _completed(df: Any) -> Any:
     return out.fillna({"threshold": 0.0}).astype({"gamma": int})
 
 
-def best_per(df: Any, by: str) -> Any:
+def best_per(df: pd.DataFrame, by: str) -> pd.DataFrame:
     """Per value of `by` ("draft" or "gamma"): the best completed search trial (its config and
     speedup), the median speedup and the number of trials; best first."""
     done = _completed(df)
@@ -80,7 +83,7 @@ def best_per(df: Any, by: str) -> Any:
     return best.sort_values("speedup", ascending=False).reset_index()
 
 
-def trials_tables(trials: Any) -> list[Table]:
+def trials_tables(trials: pd.DataFrame) -> list[Table]:
     """The search's trials (a DataFrame of the trials CSV): the best trial per draft and per γ."""
     tables = []
     for by, title in (("draft", "Trials: best per draft"), ("gamma", "Trials: best per γ")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..domain import Result
 from ..measurement import Measurement
 from .environment import Environment
 
@@ -21,7 +22,7 @@ class Evidence:
     (output.anchors.rate_scale_for); `reference`: the profile's fresh-process reference
     (output.check.reference_of, {} for older profiles); `where`: the items' suffix (" @ B=4")."""
 
-    stored: Any
+    stored: Result
     measured: Measurement
     again: Measurement | None = None
     temperature: float = 0.0

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,13 +29,19 @@ from .drafting.leandraft import LeanLlamaRows, runs_lean
 from .drafting.rows import BatchDrafter
 from .workloads import Case
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from .caches.rowcache import RowCache
+    from .caches.slots import SlotCache
+
 
 class BatchModelDrafter(BatchDrafter):
     """A causal LM drafting for all rows at once: one batched forward per draft position."""
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         rows: int,
         name: str = "draft",
         lean: bool = True,
@@ -170,7 +176,7 @@ def schedule_of(gamma_by_rows: Mapping[int, int] | None, gamma: int) -> dict[int
 
 @torch.inference_mode()
 def batch_generate(
-    target: Any,
+    target: PreTrainedModel,
     drafter: BatchDrafter | None,
     case: Case,
     batch_size: int,
@@ -197,38 +203,15 @@ def batch_generate(
     kv = ctx.row_kv(target, batch_size, longest + gamma + 2)
     # A compiled engine verifies gamma + 1 slots in every step: one graph per (B, gamma).
     fixed_width = gamma + 1 if speculate and ctx.compiled else 0
-    queue = deque(range(len(case.prompts)))
-    rows: list[_Row | None] = [None] * batch_size
-    outputs: list[list[int]] = [[] for _ in case.prompts]
-    latencies = [0.0] * len(case.prompts)
-    stats = SpecStats()
+    slots = _Slots(case, kv, drafter if speculate else None, batch_size)
     steps = 0
     per_step: list[tuple[int, int, int, int]] = []
-
-    def admit(r: int) -> None:
-        i = queue.popleft()
-        prompt = case.prompts[i]
-        kv.prefill(r, prompt[:-1])
-        if speculate:
-            drafter.start(r, prompt)
-        rows[r] = _Row(i, list(prompt), [], case.max_new_tokens[i], time.perf_counter())
-
-    def finish(r: int, row: _Row) -> None:
-        outputs[row.index] = row.out
-        latencies[row.index] = time.perf_counter() - row.started
-        stats.add(SpecStats.from_steps(row.steps, len(row.steps), len(row.out)))
-        rows[r] = None
-        if queue:
-            admit(r)
-
-    for r in range(min(batch_size, len(queue))):
-        admit(r)
     started = time.perf_counter()
     full = len(case.prompts) >= batch_size  # fewer requests than slots: never a steady state
     emitted = 0
     steady: tuple[int, float] | None = None  # (tokens, seconds) when a slot first went idle
-    while any(rows):
-        active = {r: row for r, row in enumerate(rows) if row is not None}
+    while any(slots.rows):
+        active = {r: row for r, row in enumerate(slots.rows) if row is not None}
         g = schedule.get(len(active), gamma)
         # Never draft past a row's budget: k drafts emit at most k + 1 tokens.
         allowed = {r: max(0, min(g, row.budget - len(row.out) - 1)) for r, row in active.items()}
@@ -237,21 +220,10 @@ def batch_generate(
             drafts = drafter.propose(
                 {r: row.seq for r, row in active.items()}, allowed, threshold, temperature, generator
             )
-        # The step's input built in Python and sent once: per-row tensor writes cost more than
-        # the rows' whole bookkeeping.
         proposed = {r: d.tolist() for r, (d, _) in drafts.items()}
-        width = max(fixed_width, 1 + max(map(len, proposed.values()), default=0))
-        rows_in = [[0] * width for _ in range(batch_size)]
-        sizes = [0] * batch_size
-        for r, row in active.items():
-            d = proposed.get(r, [])
-            rows_in[r][0] = row.seq[-1]
-            rows_in[r][1 : 1 + len(d)] = d
-            sizes[r] = len(d) + 1
-        tokens = torch.tensor(rows_in, dtype=torch.long, device=device)
-        counts = torch.tensor(sizes, dtype=torch.long, device=device)
+        tokens, sizes = _step_input(active, proposed, fixed_width, batch_size, device)
         held = kv.lengths.tolist()  # each row's length before this step
-        logits = kv.forward(tokens, counts)
+        logits = kv.forward(tokens, torch.tensor(sizes, dtype=torch.long, device=device))
         steps += 1
         if temperature == 0.0:
             greedy = accept_greedy(logits, [proposed.get(r, []) for r in range(batch_size)])
@@ -264,26 +236,94 @@ def batch_generate(
                 draft, q = drafts[r] if speculate else (tokens[r, 1:1], None)
                 n, new = verify_sampling(logits[r, : k + 1], draft, q, temperature, generator)
             row.steps.append((allowed[r], k, n))
-            emitted_before = len(row.out)
             keep[r] = held[r] + n + 1  # last + the accepted drafts; the new last token is not cached
-            before = len(row.seq)
-            done = append_tokens(row.out, new, eos, row.budget)
-            row.seq.extend(new)
-            emitted += len(row.out) - emitted_before
-            if done:
-                finish(r, row)
-            elif speculate:
-                drafter.commit(r, before + n)
-        # Refilled rows were prefilled after `held` was read: leave their fresh length alone.
-        lengths = kv.lengths.tolist()
-        for r, row in enumerate(rows):
-            if row is None or not row.out:
-                keep[r] = lengths[r]
-        kv.truncate(torch.tensor(keep, dtype=torch.long, device=device))
+            emitted += slots.accept(r, row, n, new, eos)
+        _truncate(kv, keep, slots.rows, device)
         accepted = sum(row.steps[-1][2] for row in active.values())
         per_step.append((len(active), g, sum(map(len, proposed.values())), accepted))
-        if steady is None and full and not all(rows) and any(rows):
+        if steady is None and full and not all(slots.rows) and any(slots.rows):
             steady = (emitted, time.perf_counter() - started)
     if steady is None or steady[0] == 0:
         steady = (emitted, time.perf_counter() - started)
-    return BatchRun(outputs, stats, latencies, steps, *steady, per_step=per_step)
+    return BatchRun(slots.outputs, slots.stats, slots.latencies, steps, *steady, per_step=per_step)
+
+
+class _Slots:
+    """The B slots of the closed loop: a request admitted from the queue into a free slot (its
+    prompt prefilled, the drafter started on it), its accepted tokens appended, and when it is done
+    its output kept and the slot refilled."""
+
+    def __init__(
+        self, case: Case, kv: RowCache | SlotCache, drafter: BatchDrafter | None, batch_size: int
+    ) -> None:
+        self.case, self.kv, self.drafter = case, kv, drafter
+        self.queue = deque(range(len(case.prompts)))
+        self.rows: list[_Row | None] = [None] * batch_size
+        self.outputs: list[list[int]] = [[] for _ in case.prompts]
+        self.latencies = [0.0] * len(case.prompts)
+        self.stats = SpecStats()
+        for r in range(min(batch_size, len(self.queue))):
+            self.admit(r)
+
+    def admit(self, r: int) -> None:
+        i = self.queue.popleft()
+        prompt = self.case.prompts[i]
+        self.kv.prefill(r, prompt[:-1])
+        if self.drafter is not None:
+            self.drafter.start(r, prompt)
+        self.rows[r] = _Row(i, list(prompt), [], self.case.max_new_tokens[i], time.perf_counter())
+
+    def accept(self, r: int, row: _Row, n: int, new: list[int], eos: set[int]) -> int:
+        """Row r's new tokens (n drafts accepted) appended; returns how many it emitted. A finished
+        request leaves its slot to the next; the drafter of a running one rolls back to what holds."""
+        emitted_before = len(row.out)
+        before = len(row.seq)
+        done = append_tokens(row.out, new, eos, row.budget)
+        row.seq.extend(new)
+        emitted = len(row.out) - emitted_before
+        if done:
+            self._finish(r, row)
+        elif self.drafter is not None:
+            self.drafter.commit(r, before + n)
+        return emitted
+
+    def _finish(self, r: int, row: _Row) -> None:
+        self.outputs[row.index] = row.out
+        self.latencies[row.index] = time.perf_counter() - row.started
+        self.stats.add(SpecStats.from_steps(row.steps, len(row.steps), len(row.out)))
+        self.rows[r] = None
+        if self.queue:
+            self.admit(r)
+
+
+def _step_input(
+    active: dict[int, _Row],
+    proposed: dict[int, list[int]],
+    fixed_width: int,
+    batch_size: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, list[int]]:
+    """A step's input: each row's last token and its drafts, padded to one width, and each row's
+    count. Built in Python and sent once: per-row tensor writes cost more than the rows' whole
+    bookkeeping."""
+    width = max(fixed_width, 1 + max(map(len, proposed.values()), default=0))
+    rows_in = [[0] * width for _ in range(batch_size)]
+    sizes = [0] * batch_size
+    for r, row in active.items():
+        d = proposed.get(r, [])
+        rows_in[r][0] = row.seq[-1]
+        rows_in[r][1 : 1 + len(d)] = d
+        sizes[r] = len(d) + 1
+    return torch.tensor(rows_in, dtype=torch.long, device=device), sizes
+
+
+def _truncate(
+    kv: RowCache | SlotCache, keep: list[int], rows: list[_Row | None], device: torch.device
+) -> None:
+    """Each row's cache cut to what it holds; refilled rows were prefilled after the step's lengths
+    were read: their fresh length is left alone."""
+    lengths = kv.lengths.tolist()
+    for r, row in enumerate(rows):
+        if row is None or not row.out:
+            keep[r] = lengths[r]
+    kv.truncate(torch.tensor(keep, dtype=torch.long, device=device))

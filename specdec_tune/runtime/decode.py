@@ -10,7 +10,7 @@ At temperature 0 the output equals the target's own greedy decoding token for to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +19,9 @@ from ..limits import check_decoding
 from ..measurement import SpecStats
 from .caches.modes import ExecutionContext, SeqCache
 from .drafting.drafters import Drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -33,7 +36,9 @@ def _eos_set(eos: int | list[int] | None) -> set[int]:
     return {eos} if isinstance(eos, int) else set(eos)
 
 
-def _start(target: Any, prompt_ids: list[int], capacity: int, ctx: ExecutionContext | None) -> SeqCache:
+def _start(
+    target: PreTrainedModel, prompt_ids: list[int], capacity: int, ctx: ExecutionContext | None
+) -> SeqCache:
     # Everything but the last prompt token goes into the cache; the last one is fed by the first
     # decode step, so baseline and speculation start from the same state.
     if not prompt_ids:
@@ -54,7 +59,7 @@ def append_tokens(out: list[int], new: list[int], eos: set[int], limit: int) -> 
 
 @torch.inference_mode()
 def autoregressive_generate(
-    target: Any,
+    target: PreTrainedModel,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -88,7 +93,7 @@ def autoregressive_generate(
 
 @torch.inference_mode()
 def speculative_generate(
-    target: Any,
+    target: PreTrainedModel,
     drafter: Drafter,
     prompt_ids: list[int],
     gamma: int,

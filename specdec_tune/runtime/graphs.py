@@ -18,11 +18,17 @@ profile and a costs file record them apart from the measurements.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, TypeVar
 
 from ..measurement import GraphBuild
 from .caches.modes import ExecutionContext
 from .caches.slots import compile_events
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+T = TypeVar("T")
 
 
 def widths_for(is_target: bool, gammas: list[int]) -> list[int]:
@@ -33,7 +39,12 @@ def widths_for(is_target: bool, gammas: list[int]) -> list[int]:
     return list(range(1, top + 2))
 
 
-def prebuild(ctx: ExecutionContext | None, target: Any, gammas: list[int], only: Any = None) -> int:
+def prebuild(
+    ctx: ExecutionContext | None,
+    target: PreTrainedModel,
+    gammas: list[int],
+    only: Collection[PreTrainedModel] | None = None,
+) -> int:
     """Build every graph the compiled caches of `ctx` can need at `gammas` (with `only`, a
     collection of models: only theirs); returns how many were built. Every row of those caches is
     emptied (call it between passes, never inside one)."""
@@ -64,7 +75,7 @@ class Untimed:
         self.build.seconds += time.perf_counter() - self._t0
 
 
-def timed_without_compiles(run: Any, build: GraphBuild, attempts: int = 3) -> Any:
+def timed_without_compiles(run: Callable[[], T], build: GraphBuild, attempts: int = 3) -> T | None:
     """`run()` (a whole interleaved timing), repeated while a graph was built inside it (the
     count recorded in `build`), at most `attempts` times; the last attempt's result is kept."""
     result = None

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..domain import DraftSpec
 from ..errors import SpecDecError
@@ -31,6 +31,9 @@ from .models.loading import (
 )
 from .models.shapes import SHAPE_PREFIX, is_shape_ref, shape_name
 from .workloads import Case, Prompt, Workload, encode_prompts, load_workload, stratified
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LOOKUP_RE = re.compile(r"^(?:prompt-lookup|lookup|ngram)(?::(\d+)-(\d+))?$")
 LAYER_SKIP_RE = re.compile(r"^layer-skip:(\d+)$")
@@ -231,12 +234,12 @@ def load_models(
     return session
 
 
-def token_counter(tokenizer: Any) -> Callable[[str], int]:
+def token_counter(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], int]:
     """How many tokens `tokenizer` makes of a text (no special tokens: a template writes its own)."""
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def positions_of(model: Any) -> int | None:
+def positions_of(model: PreTrainedModel) -> int | None:
     """The positions the model was trained for (None when its config does not say)."""
     return getattr(getattr(model, "config", None), "max_position_embeddings", None)
 

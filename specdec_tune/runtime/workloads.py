@@ -14,9 +14,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecDecError
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+    from transformers import PreTrainedTokenizerBase
 
 _BUILTIN_PACKAGE = "specdec_tune"
 _BUILTIN_DIR = "data/workloads"
@@ -69,7 +74,7 @@ def _builtin_root() -> Any:
     return resources.files(_BUILTIN_PACKAGE).joinpath(*_BUILTIN_DIR.split("/"))
 
 
-def contexts_root() -> Any:
+def contexts_root() -> Traversable:
     """The shipped context texts (data/contexts): what built-ins' `context_file` names."""
     return resources.files(_BUILTIN_PACKAGE).joinpath(*_CONTEXTS_DIR.split("/"))
 
@@ -78,7 +83,7 @@ def contexts_root() -> Any:
 _ContextReader = Callable[[str, str], str]
 
 
-def _context_reader(root: Any, builtin: bool) -> _ContextReader:
+def _context_reader(root: Path | Traversable, builtin: bool) -> _ContextReader:
     """Reads `context_file`s under `root` (a folder or the package's contexts), each file once."""
     cache: dict[str, str] = {}
 
@@ -243,7 +248,7 @@ def load_workload(name_or_path: str) -> Workload:
     return Workload(name=name, prompts=prompts, source=source)
 
 
-def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
+def prompt_text(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     """The text the model sees: the chat template applied to `messages` when the tokenizer has one."""
     if prompt.messages is None:
         return prompt.text
@@ -259,7 +264,7 @@ def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
         ) from exc
 
 
-def encode_prompts(workload: Workload, tokenizer: Any) -> list[list[int]]:
+def encode_prompts(workload: Workload, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     """Token ids per prompt. No special tokens are added: a chat template already writes its own."""
     encoded = []
     for i, prompt in enumerate(workload.prompts, start=1):

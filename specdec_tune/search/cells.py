@@ -4,9 +4,12 @@ against plain (app.session_search, app.envelope). Which configs, decided once, h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..domain import FIXED_GAMMA, Config
+from ..domain import FIXED_GAMMA, Config, DraftSpec
+
+if TYPE_CHECKING:
+    from .results import TuneResult
 
 CONFIRM_TOP = 3  # how many configs of the searched cell a confirming cell races (one per draft first)
 # At a raced length (its B = 1 cell itself a race of every draft, `every_draft`, not a search) a
@@ -15,7 +18,7 @@ CONFIRM_TOP = 3  # how many configs of the searched cell a confirming cell races
 CONFIRM_RACED = 2
 
 
-def later_candidates(result: Any, first_raced: bool) -> list[Config]:
+def later_candidates(result: TuneResult, first_raced: bool) -> list[Config]:
     """What a later batch size races: `confirm_candidates` of a searched first batch size, or the
     CONFIRM_RACED fastest of a raced one (its ranking alone: each draft was raced there)."""
     if first_raced:
@@ -23,7 +26,7 @@ def later_candidates(result: Any, first_raced: bool) -> list[Config]:
     return confirm_candidates(result, CONFIRM_TOP)
 
 
-def confirm_candidates(result: Any, k: int) -> list[Config]:
+def confirm_candidates(result: TuneResult, k: int) -> list[Config]:
     """What a confirming cell races against plain: up to `k` speculative configs of a finished
     search, the best of each draft first (best first: the final round's ranking, then the
     search's), then the next best. One per draft because the best draft kind changes with the
@@ -38,7 +41,7 @@ def confirm_candidates(result: Any, k: int) -> list[Config]:
     return out[:k]
 
 
-def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
+def every_draft(result: TuneResult, specs: list[DraftSpec], max_gamma: int) -> list[Config]:
     """What a longer context length races instead of searching: `confirm_candidates` of the
     shortest length's search, then every other draft of the space at its own best config there,
     and a draft it holds no finished trial of (all pruned there) at that search's best gamma:
@@ -57,7 +60,7 @@ def every_draft(result: Any, specs: list[Any], max_gamma: int) -> list[Config]:
     return out
 
 
-def _speculative(result: Any) -> list[Config]:
+def _speculative(result: TuneResult) -> list[Config]:
     """A finished search's speculative configs, best first."""
     return [r.config for r in result.results if r.config.gamma > 0]
 

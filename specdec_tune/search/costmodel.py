@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
 
-from ..domain import Costs
+from ..domain import Costs, DraftCosts
 from ..errors import SpecDecError
 from ..limits import check_gamma
 from .formulas import expected_tokens, predicted_speedup, verify_cost_ms
@@ -19,7 +18,7 @@ from .loopterms import budget_steps, budget_tokens_per_step, loop_verify_growth
 from .policymodel import predict_policy
 
 
-def in_loop(costs: Costs, d: Any) -> tuple[float, list[float]]:
+def in_loop(costs: Costs, d: DraftCosts) -> tuple[float, list[float]]:
     """T_draft and the C_ver curve as the real loop sees them (batch size 1).
 
     The micro-benchmarks time one model hot; in the loop the draft and the target evict each

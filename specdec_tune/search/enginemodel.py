@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..domain import Config
+from ..measurement import Measurement
 from .enginefit import expected_accepted, fit_alpha, identified, nnls, ranked
 
 MODEL_KINDS = ("model", "layer_skip", "hybrid")  # a draft model runs: t_draft per draft forward
@@ -110,7 +111,7 @@ class Observation:
     plain: list[RequestCounters] = field(default_factory=list)
 
     @classmethod
-    def from_measurement(cls, config: Config, measurement: Any) -> Observation:
+    def from_measurement(cls, config: Config, measurement: Measurement) -> Observation:
         """From a `Measurement` (its `requests`, each with a `side`); requests that ran
         with other requests in flight (batch_size > 1) are left out: their ms are not one row's."""
         obs = cls(config)

@@ -41,6 +41,7 @@ of its predictions then shows.
 from __future__ import annotations
 
 import copy
+from typing import Protocol
 
 from ..domain import Config, Costs
 from ..measurement import Measurement
@@ -181,3 +182,13 @@ class BatchedPredictor:
             f"{config.label}: {out[0]:.2f}x predicted at B={self.batch_size} (plain {self.t_batch_ms:.1f} ms "
             f"a token there, verification as at B=1)"
         )
+
+
+class Predictor(Protocol):
+    """What the tuner asks of an engine's fitted cost model (`EnginePredictor`, `BatchedPredictor`):
+    a prediction before a trial is measured, the measurement after."""
+
+    def observe(self, config: Config, m: Measurement) -> None: ...
+    def predict(self, config: Config) -> float | None: ...
+    def rank(self, configs: list[Config]) -> list[tuple[Config, float]]: ...
+    def explain(self, config: Config) -> str: ...

@@ -21,15 +21,21 @@ back to the same search ranking.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Config, Metrics, Result
+from ..measure.seam import Case, MeasuringBackend
 from ..measure.stats import speedup_interval
 from ..measure.timing import median, spread
 from .racing import BASELINE, race
 from .results import TuneResult, csv_row
 from .space import TuneSettings
 from .study import WORKER
+
+if TYPE_CHECKING:
+    import optuna
+
+    from .storage import StorageLock
 
 # A search trial above the cost model's ceiling (every draft token accepted) by more than this
 # factor, or whose repeats spread more than OUTLIER_SPREAD, is not believed until re-measured.
@@ -87,13 +93,13 @@ def demote_outliers(results: list[Result], ceiling: Ceiling | None) -> list[Resu
 
 
 def final_round(
-    study: Any,
+    study: optuna.Study,
     result: TuneResult,
-    backend: Any,
-    case: Any,
+    backend: MeasuringBackend,
+    case: Case,
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None = None,
-    claim: Any = None,
+    claim: StorageLock | None = None,
     ceiling: Ceiling | None = None,
     pinned: list[Config] | None = None,
 ) -> None:
@@ -163,15 +169,15 @@ def _label(final: list[Result], i: int) -> str:
     return "no speculation" if i == BASELINE else final[i].config.label
 
 
-def _stored(study: Any, key: dict[str, Any]) -> dict[str, Any] | None:
+def _stored(study: optuna.Study, key: dict[str, Any]) -> dict[str, Any] | None:
     stored = study.user_attrs.get("final_round")
     return stored if isinstance(stored, dict) and stored.get("key") == key else None
 
 
 def _measure(
     finalists: list[Result],
-    backend: Any,
-    case: Any,
+    backend: MeasuringBackend,
+    case: Case,
     settings: TuneSettings,
     on_start: Callable[[list[str]], None] | None,
 ) -> dict[str, Any]:

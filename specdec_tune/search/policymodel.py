@@ -5,15 +5,20 @@ seed them. Pure Python, like costmodel.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.drafting.policies import make_policy, with_policy
 from .formulas import expected_tokens, expected_tokens_iid, verify_cost_ms
 
+if TYPE_CHECKING:
+    from ..domain import Config, Costs
+    from ..runtime.drafting.drafters import Drafter
+    from ..runtime.drafting.rows import BatchDrafter
+
 ALPHA_STEPS = 100  # the table has one gamma per alpha = 0, 0.01, ..., 1
 
 
-def _costs_at(costs: Any, draft: str, batch_size: int) -> tuple[float, float, list[float]] | None:
+def _costs_at(costs: Costs, draft: str, batch_size: int) -> tuple[float, float, list[float]] | None:
     """(T_target, T_draft per token, C_ver curve) of `draft` at `batch_size` (B = 1 when the surface
     lacks it); None when the draft was not measured."""
     d = costs.draft(draft)
@@ -25,7 +30,7 @@ def _costs_at(costs: Any, draft: str, batch_size: int) -> tuple[float, float, li
     return costs.t_target_ms, d.t_draft_ms, list(costs.verify_ms)
 
 
-def gamma_table(costs: Any, draft: str, gamma_max: int, batch_size: int = 1) -> list[int] | None:
+def gamma_table(costs: Costs, draft: str, gamma_max: int, batch_size: int = 1) -> list[int] | None:
     """For each alpha on the grid, the gamma in 1..gamma_max maximising
     E[tokens](alpha, gamma) / (gamma * T_draft + C_ver(gamma) + step overhead)."""
     at = _costs_at(costs, draft, batch_size)
@@ -63,7 +68,13 @@ def heuristic_distribution(vector: list[float], gamma_max: int, steps: int = 400
     return dist
 
 
-def predict_policy(model: Any, draft: str, gamma_max: int, policy: str, batch_size: int = 1) -> float | None:
+def predict_policy(
+    model: Any,
+    draft: str,
+    gamma_max: int,
+    policy: str,
+    batch_size: int = 1,  # a costmodel.CostModel
+) -> float | None:
     """Predicted speedup of `draft` with `policy` drafting at most `gamma_max` per step."""
     if policy == "fixed":
         return model.predict(draft, gamma_max, batch_size)
@@ -85,7 +96,12 @@ def predict_policy(model: Any, draft: str, gamma_max: int, policy: str, batch_si
     return (t_target + float(costs.loop_overhead_ms or 0.0)) * tokens / ms
 
 
-def policy_drafter(drafter: Any, config: Any, costs: Any = None, batch_size: int | None = None) -> Any:
+def policy_drafter(
+    drafter: Drafter | BatchDrafter | None,
+    config: Config,
+    costs: Costs | None = None,
+    batch_size: int | None = None,
+) -> Drafter | BatchDrafter | None:
     """`drafter` wrapped in `config`'s gamma policy (itself for "fixed"); the costmodel policy's
     table comes from `costs` (batch 1 when `batch_size` is None)."""
     if config.gamma_policy == "fixed" or drafter is None:

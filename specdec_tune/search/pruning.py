@@ -15,7 +15,11 @@ other, never with a whole-workload speedup (the first prompts of a workload may 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 SCREEN_SHARE = 1 / 3  # the share of a workload's prompts a trial screens first (auto)
 MIN_SCREEN_PROMPTS = 3  # fewer prompts than this: no screen, every trial measures them all
@@ -50,7 +54,7 @@ def make_pruner(reduction_factor: int = 3, margin: float = 0.05) -> Any:
         def __init__(self) -> None:
             self.reduction_factor, self.margin = reduction_factor, margin
 
-        def prune(self, study: Any, trial: Any) -> bool:
+        def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
             step = trial.last_step
             if step is None:
                 return False

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Config, DraftSpec, Metrics, Result
 from ..errors import SpecDecError
 from .space import config_of_params
 from .study import SURPLUS
+
+if TYPE_CHECKING:
+    import optuna
 
 # The trials CSV: these columns first, then the metrics below.
 CSV_HEAD = ("number", "state", "draft", "gamma", "threshold", "speedup")
@@ -62,7 +65,7 @@ def _present(value: Any) -> bool:
     return not (value is None or (isinstance(value, float) and math.isnan(value)))
 
 
-def trial_records(study: Any) -> list[dict[str, Any]]:
+def trial_records(study: optuna.Study) -> list[dict[str, Any]]:
     """Every trial as {number, state, value, params, attrs}, from `study.trials_dataframe()`."""
     df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs"))
     records = []
@@ -83,7 +86,7 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
 
 
 def summarise(
-    study: Any, specs: list[DraftSpec], name: str, storage: str, space: dict[str, Any]
+    study: optuna.Study, specs: list[DraftSpec], name: str, storage: str, space: dict[str, Any]
 ) -> TuneResult:
     """Finished trials -> Results (best first, one per distinct config), baseline, trial rows."""
     by_name = {s.name: s for s in specs}

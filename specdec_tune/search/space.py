@@ -6,13 +6,16 @@ Optuna trial turns into a `Config`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..domain import FIXED_GAMMA, GAMMA_POLICIES, NO_DRAFT, Config, DraftSpec
 from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, MAX_REPEATS, MAX_TRIALS, check_count, check_gamma, threshold_ok
 from ..serving.capabilities import engine_info, gamma_policies_for, tunes_threshold
 from .costmodel import CostModel
+
+if TYPE_CHECKING:
+    import optuna
 
 THRESHOLD_STEP = 0.05
 DEFAULT_TRIALS = 20
@@ -198,7 +201,7 @@ def _policy_seeds(
     return seeds
 
 
-def suggest(trial: Any, specs: dict[str, DraftSpec], space: dict[str, Any]) -> Config:
+def suggest(trial: optuna.Trial, specs: dict[str, DraftSpec], space: dict[str, Any]) -> Config:
     """The config an Optuna trial asks for (the threshold only where the draft has a confidence)."""
     draft = trial.suggest_categorical("draft", space["drafts"])
     if draft == "none":

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecDecError
 from ..urls import redact_url, scrub
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 URL_HELP = "use sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST[:PORT]/DB"
 # The driver each backend's extra installs, and how to get it.
@@ -82,7 +87,10 @@ RETRY_S = 0.25
 
 
 def open_storage(
-    url: str, heartbeat_s: int | None = None, grace_s: int | None = None, on_lost: Any = None
+    url: str,
+    heartbeat_s: int | None = None,
+    grace_s: int | None = None,
+    on_lost: Callable[[optuna.Study, FrozenTrial], None] | None = None,
 ) -> Any:
     """An Optuna RDBStorage (creating its tables), or one SpecDecError line saying why not."""
     import inspect

@@ -16,11 +16,15 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecDecError
 from ..paths import cache_dir
 from .storage import StorageLock, open_storage, redact
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"  # who ran a trial, in its user attrs
 
@@ -46,7 +50,7 @@ def study_name_for(key: dict[str, Any]) -> str:
     return f"specdec-{key.get('target_slug', 'target')}-{digest}"
 
 
-def on_lost_trial(study: Any, trial: Any) -> None:
+def on_lost_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     """Optuna's heartbeat failed `trial`: its worker stopped (killed, out of memory, host gone).
     The trial is not counted, so another one takes its place; the study records the loss where
     `studies show` and optuna-dashboard see it."""
@@ -59,10 +63,10 @@ def on_lost_trial(study: Any, trial: Any) -> None:
 def open_study(
     name: str,
     storage_url: str,
-    sampler: Any,
+    sampler: optuna.samplers.BaseSampler,
     heartbeat_s: int | None,
     grace_s: int | None,
-    pruner: Any = None,
+    pruner: optuna.pruners.BasePruner | None = None,
 ) -> Any:
     """Create or load the study on a storage with Optuna's heartbeat; retried because workers
     starting together race on a new database. `pruner`: what `trial.should_prune()` asks
@@ -117,7 +121,9 @@ def agree_engine_mode(name: str, storage_url: str, resolve: Callable[[], str], w
         lock.close()
 
 
-def claim_identity(study: Any, identity: dict[str, Any], seeds: list[dict[str, Any]], where: str) -> None:
+def claim_identity(
+    study: optuna.Study, identity: dict[str, Any], seeds: list[dict[str, Any]], where: str
+) -> None:
     """The study remembers what it measures; the first worker enqueues the seed configs, and a
     worker with other settings is refused instead of mixing its numbers in."""
     identity = json.loads(json.dumps(identity, default=str))
@@ -137,13 +143,13 @@ def claim_identity(study: Any, identity: dict[str, Any], seeds: list[dict[str, A
         )
 
 
-def counted(study: Any) -> int:
+def counted(study: optuna.Study) -> int:
     """Finished trials that count toward the requested number: completed, pruned, or failed with
     an error of their own (not interrupted, not surplus, not lost with a dead worker)."""
     return _counted(study.get_trials(deepcopy=False))
 
 
-def _counted(trials: Any) -> int:
+def _counted(trials: list[FrozenTrial]) -> int:
     from optuna.trial import TrialState
 
     n = 0
@@ -156,7 +162,7 @@ def _counted(trials: Any) -> int:
     return n
 
 
-def slot_counts(study: Any) -> tuple[int, int]:
+def slot_counts(study: optuna.Study) -> tuple[int, int]:
     """(counted, running) from ONE read of the trials: two reads could miss a trial that finished
     in between (running in neither, finished in neither), and a worker would start a surplus one."""
     from optuna.trial import TrialState
@@ -166,7 +172,7 @@ def slot_counts(study: Any) -> tuple[int, int]:
     return _counted(trials), busy
 
 
-def running(study: Any, before: int | None = None) -> int:
+def running(study: optuna.Study, before: int | None = None) -> int:
     """Trials running now (numbered below `before`, when given)."""
     from optuna.trial import TrialState
 
@@ -174,7 +180,7 @@ def running(study: Any, before: int | None = None) -> int:
     return sum(1 for t in trials if before is None or t.number < before)
 
 
-def fail_stale(study: Any) -> None:
+def fail_stale(study: optuna.Study) -> None:
     """Fail the running trials whose worker stopped sending heartbeats."""
     import warnings
 
@@ -185,7 +191,7 @@ def fail_stale(study: Any) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def fail_interrupted(study: Any, storage_url: str, number: int | None, first_new: int) -> None:
+def fail_interrupted(study: optuna.Study, storage_url: str, number: int | None, first_new: int) -> None:
     """Fail, as interrupted, this worker's trial that a Ctrl-C or SIGTERM left RUNNING. The objective
     marks and fails the trials it catches the interrupt in itself; this is for one caught outside
     it: after Optuna created the trial but before the objective started, or inside Optuna's own write
@@ -211,7 +217,7 @@ def fail_interrupted(study: Any, storage_url: str, number: int | None, first_new
             study.tell(n, state=TrialState.FAIL)
 
 
-def best_value(study: Any) -> float | None:
+def best_value(study: optuna.Study) -> float | None:
     try:
         return study.best_value
     except ValueError:

@@ -16,11 +16,11 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..domain import Costs, DraftSpec
+from ..domain import Config, Costs, DraftSpec
 from ..errors import SpecDecError
-from ..measure.seam import MeasuringBackend, Screen
+from ..measure.seam import Case, MeasuringBackend, Screen
 from ..measure.stats import speedup_interval
 from .costmodel import CostModel
 from .final import final_round
@@ -45,21 +45,26 @@ from .study import (
     study_name_for,
 )
 
+if TYPE_CHECKING:
+    import optuna
+
+    from .enginepredictor import Predictor
+
 POLL_S = 1.0  # how often a worker looks again while others hold the study's last slots
 
 
 def tune(
     backend: MeasuringBackend,
     specs: list[DraftSpec],
-    case: Any,
+    case: Case,
     settings: TuneSettings,
     costs: Costs | None = None,
     study_key: dict[str, Any] | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
     on_final: Callable[[list[str]], None] | None = None,
     extra_seeds: list[dict[str, Any]] | None = None,
-    pinned: list[Any] | None = None,
-    predictor: Any = None,
+    pinned: list[Config] | None = None,
+    predictor: Predictor | None = None,
 ) -> TuneResult:
     """Run (or resume) the study until it holds `settings.trials` finished trials; summarise it.
 
@@ -72,12 +77,6 @@ def tune(
     fitted from the trials, backends) predicts each trial before it is measured, in place of the
     closed-form model, and observes its measurement after (`predict(config)`, `observe(config, m)`).
     """
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    logging.getLogger("optuna").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage")
     by_name = {s.name: s for s in specs}
     if "none" in by_name:
         raise SpecDecError("'none' is reserved for the no-speculation baseline; rename that draft")
@@ -86,12 +85,7 @@ def tune(
     model = CostModel(costs, case.max_new_tokens) if costs is not None else None
     storage_url = settings.storage or default_storage()
     name = study_name(specs, settings, study_key)
-    sampler = (
-        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
-        if settings.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=settings.seed)
-    )
-    study = open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s, make_pruner())
+    study = _open(name, storage_url, settings)
     identity = {"space": space, "key": study_key or {}}
     seeds = seed_configs(specs, model, settings)
     seeds += [p for p in extra_seeds or [] if p not in seeds and p.get("draft") in space["drafts"]]
@@ -100,49 +94,7 @@ def tune(
     total = trial_count(specs, settings)
     objective = _Objective(study, backend, by_name, space, case, model, settings, total)
     objective.predictor = predictor
-    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
-    # Counting the free slots and creating the trial happen under one lock shared by all workers,
-    # so two workers never take the last slot together; the trial releases it once it exists.
-    slots = StorageLock(storage_url, f"{name}:trials")
-    lost: list[int] = []
-    try:
-        while True:
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            # A holder that hangs without dying must not stall the others for ever.
-            slots.acquire(timeout_s=3 * settings.grace_s)
-            try:
-                done, busy = slot_counts(study)
-                if done >= total:
-                    break
-                if done + busy >= total:
-                    # Other workers hold the last slots: wait for them, or for their heartbeat to
-                    # go stale.
-                    slots.release()
-                    fail_stale(study)
-                    time.sleep(POLL_S)
-                    continue
-                objective.on_start, objective.number = slots.release, None
-                first_new = len(study.get_trials(deepcopy=False))  # the number the next trial gets
-                try:
-                    study.optimize(objective, n_trials=1, catch=(Exception,))
-                except KeyboardInterrupt:
-                    fail_interrupted(study, storage_url, objective.number, first_new)
-                    raise
-                except Exception:
-                    # Paused past the grace period (SIGSTOP, a long lock wait), this worker had its
-                    # trial failed by a peer: recording its result raises. The trial is lost (not
-                    # counted, another takes its place); anything else is a real error.
-                    number = objective.number
-                    if number is None or not _lost_to_peer(study, number):
-                        raise
-                    lost.append(number)
-            finally:
-                slots.release()
-            if on_trial is not None:
-                on_trial(counted(study), total, best_value(study))
-    finally:
-        slots.close()
+    lost = _trials(study, objective, storage_url, name, settings, total, on_trial)
     result = summarise(study, specs, name, storage_url, space)
     result.lost = lost
     if settings.finalists > 0:
@@ -165,8 +117,90 @@ def tune(
     return result
 
 
+def _open(name: str, storage_url: str, settings: TuneSettings) -> optuna.Study:
+    """The study `name` in `storage_url` (created or resumed) with the settings' sampler, the
+    pruner and the heartbeat; Optuna's own logging and warnings quieted."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")
+    sampler = (
+        optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=4, multivariate=True, group=True)
+        if settings.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=settings.seed)
+    )
+    return open_study(name, storage_url, sampler, settings.heartbeat_s, settings.grace_s, make_pruner())
+
+
+def _trials(
+    study: optuna.Study,
+    objective: _Objective,
+    storage_url: str,
+    name: str,
+    settings: TuneSettings,
+    total: int,
+    on_trial: Callable[[int, int, float | None], None] | None,
+) -> list[int]:
+    """Run trials until the study holds `total` finished ones (or the timeout); returns the numbers
+    of the trials this worker lost to a peer while it was paused.
+
+    Counting the free slots and creating the trial happen under one lock shared by all workers, so
+    two workers never take the last slot together; the trial releases it once it exists."""
+    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
+    slots = StorageLock(storage_url, f"{name}:trials")
+    lost: list[int] = []
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            # A holder that hangs without dying must not stall the others for ever.
+            slots.acquire(timeout_s=3 * settings.grace_s)
+            try:
+                done, busy = slot_counts(study)
+                if done >= total:
+                    break
+                if done + busy >= total:
+                    # Other workers hold the last slots: wait for them, or for their heartbeat to
+                    # go stale.
+                    slots.release()
+                    fail_stale(study)
+                    time.sleep(POLL_S)
+                    continue
+                _one_trial(study, objective, storage_url, slots, lost)
+            finally:
+                slots.release()
+            if on_trial is not None:
+                on_trial(counted(study), total, best_value(study))
+    finally:
+        slots.close()
+    return lost
+
+
+def _one_trial(
+    study: optuna.Study, objective: _Objective, storage_url: str, slots: StorageLock, lost: list[int]
+) -> None:
+    """One trial, the slot lock released once it exists. Paused past the grace period (SIGSTOP, a
+    long lock wait), this worker had its trial failed by a peer: recording its result raises. The
+    trial is lost (added to `lost`, not counted, another takes its place); anything else is a real
+    error. Ctrl-C fails the trial it interrupted."""
+    objective.on_start, objective.number = slots.release, None
+    first_new = len(study.get_trials(deepcopy=False))  # the number the next trial gets
+    try:
+        study.optimize(objective, n_trials=1, catch=(Exception,))
+    except KeyboardInterrupt:
+        fail_interrupted(study, storage_url, objective.number, first_new)
+        raise
+    except Exception:
+        number = objective.number
+        if number is None or not _lost_to_peer(study, number):
+            raise
+        lost.append(number)
+
+
 def _predict_unpredicted(
-    result: TuneResult, model: CostModel | None, predictor: Any, batch_size: int
+    result: TuneResult, model: CostModel | None, predictor: Predictor | None, batch_size: int
 ) -> None:
     """A finalist no trial measured (a pinned default, a config raced from another cell) gets the
     prediction a trial of it would have had: the engine's fitted model or the closed-form one. The
@@ -176,7 +210,9 @@ def _predict_unpredicted(
             r.metrics.predicted_speedup = predict_config(r.config, model, predictor, batch_size)
 
 
-def predict_config(config: Any, model: CostModel | None, predictor: Any, batch_size: int) -> float | None:
+def predict_config(
+    config: Config, model: CostModel | None, predictor: Predictor | None, batch_size: int
+) -> float | None:
     """`config`'s predicted speedup at `batch_size`: the engine's model fitted from the trials
     (`predictor`) where there is one, else the closed-form model over the costs, else None."""
     if predictor is not None:
@@ -193,7 +229,7 @@ def study_name(specs: list[DraftSpec], settings: TuneSettings, study_key: dict[s
     return settings.study_name or study_name_for(key)
 
 
-def _lost_to_peer(study: Any, number: int) -> bool:
+def _lost_to_peer(study: optuna.Study, number: int) -> bool:
     """Whether trial `number` (this worker's) was finished by another worker: failed by its
     heartbeat check while this one was paused."""
     from optuna.trial import TrialState
@@ -202,7 +238,7 @@ def _lost_to_peer(study: Any, number: int) -> bool:
     return trial is not None and trial.state != TrialState.RUNNING
 
 
-def _note(trial: Any, key: str, value: Any) -> None:
+def _note(trial: optuna.Trial, key: str, value: object) -> None:
     """`trial.set_user_attr` where failing must not hide the error being handled: a trial that a
     peer already finished takes no more attributes."""
     import optuna
@@ -227,9 +263,9 @@ class _Objective:
         self.case, self.model, self.settings, self.total = case, model, settings, total
         self.on_start: Callable[[], None] = lambda: None
         self.number: int | None = None  # the trial this worker runs now
-        self.predictor: Any = None  # an engine cost model fitted as trials come in
+        self.predictor: Predictor | None = None  # an engine cost model fitted as trials come in
 
-    def __call__(self, trial: Any) -> float:
+    def __call__(self, trial: optuna.Trial) -> float:
         import optuna
 
         self.number = trial.number
@@ -308,7 +344,7 @@ class _Objective:
         finally:
             _note(trial, "duration_s", time.monotonic() - started)
 
-    def _reuse_baseline(self, trial: Any) -> bool:
+    def _reuse_baseline(self, trial: optuna.Trial) -> bool:
         """The sampler asked for the baseline again: its speedup is 1.0 by definition, so the
         finished baseline trial's numbers are copied instead of spending a measurement on it."""
         from optuna.trial import TrialState

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..domain import Result
+from ..store.schema import Profile
 
-def context_notes(profile: Any, exported: Any) -> list[str]:
+
+def context_notes(profile: Profile, exported: Result) -> list[str]:
     """Lines for an export of `exported` (a Result) from `profile`: the L range it was measured
     best for at the smallest batch size, the other ranges' bests, and L*. [] without the axis.
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..domain import Anchors, CompileTime, Costs, Noise
+from ..domain import Anchors, CompileTime, Costs, Noise, Result
 from .refs import storage_for_record
 from .schema import (
     BackendInfo,
@@ -21,6 +21,13 @@ from .schema import (
     WorkloadInfo,
     created_now,
 )
+
+if TYPE_CHECKING:
+    from ..measure.seam import Case
+    from ..runtime.workloads import Workload
+    from ..search.costmodel import CostModel
+    from ..search.results import TuneResult
+    from ..search.space import TuneSettings
 
 
 @dataclass
@@ -36,7 +43,7 @@ class EngineFields:
     compile: CompileTime | None = None
 
 
-def workload_info(workload: Any, case: Any) -> WorkloadInfo:
+def workload_info(workload: Workload, case: Case) -> WorkloadInfo:
     """The profile's workload section (a file workload is stored by path so `check` loads it again)."""
     return WorkloadInfo(
         name=workload.source if not workload.source.startswith("builtin:") else workload.name,
@@ -47,7 +54,7 @@ def workload_info(workload: Any, case: Any) -> WorkloadInfo:
     )
 
 
-def search_info(result: Any, settings: Any) -> SearchInfo:
+def search_info(result: TuneResult, settings: TuneSettings) -> SearchInfo:
     """The profile's search section of a finished search (search.results.TuneResult)."""
     return SearchInfo(
         sampler=settings.sampler,
@@ -68,7 +75,9 @@ def search_info(result: Any, settings: Any) -> SearchInfo:
     )
 
 
-def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 0) -> BatchRow:
+def batch_row(
+    batch_size: int, result: TuneResult, model: CostModel | None = None, max_gamma: int = 0
+) -> BatchRow:
     """The batch table row of one batch size's search: its best, each draft's best, and the cost
     model's best prediction there (`model`: search.costmodel.CostModel); without one, what an
     engine's model fitted from trials predicted for the best before it was measured (None: no
@@ -88,8 +97,8 @@ def batch_row(batch_size: int, result: Any, model: Any = None, max_gamma: int = 
 
 
 def build_profile(
-    result: Any,
-    settings: Any,
+    result: TuneResult,
+    settings: TuneSettings,
     hardware: dict[str, Any],
     engine: EngineFields,
     *,
@@ -134,7 +143,7 @@ def with_batch_table(profile: Profile, rows: list[BatchRow], predicted_b_star: i
 def context_row(
     context_length: int,
     batch_size: int,
-    result: Any,
+    result: TuneResult,
     prompt_tokens: int,
     predicted: float | None = None,
     measured: WorkloadInfo | None = None,
@@ -182,7 +191,7 @@ def envelope_lines(rows: list[ContextRow]) -> list[EnvelopeLine]:
     return lines
 
 
-def draft_family(result: Any) -> str:
+def draft_family(result: Result) -> str:
     """A result's kind of draft as a person names it: the draft's name without its parameters
     ("ngram-simple:4" -> "ngram-simple", "hybrid:prompt-lookup+draft-1l" -> "hybrid"); "none" for plain."""
     return "none" if result.config.gamma == 0 else result.config.draft.name.split(":")[0]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +213,7 @@ class LlamaCppBackend(ExactnessChecks):
         batch_size: int = 1,
         repeats: int = 3,
         seed: int = 0,
-        on_repeat: Any = None,
+        on_repeat: Callable[[int, float], None] | None = None,
         screen: Screen | None = None,
     ) -> list[Measurement]:
         """The configs against one plain side, interleaved (`_measure_together`); a config whose
@@ -233,7 +234,7 @@ class LlamaCppBackend(ExactnessChecks):
         case: TextCase,
         batch_size: int,
         repeats: int,
-        on_repeat: Any = None,
+        on_repeat: Callable[[int, float], None] | None = None,
         screen: Screen | None = None,
     ) -> list[Measurement]:
         """Speculative `configs` against one plain side: per repeat a plain pass and each config's

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .args import DRAFT_MODEL_FLAG
-from .cases import _Reply
+from .cases import TextCase, _Reply
 from .server import LlamaServer
 from .states import PromptStates, state_name
 
@@ -29,7 +29,7 @@ def slot_lanes(jobs: list[Job], batch_size: int) -> list[list[Job]]:
     return [requests[k::batch_size] for k in range(batch_size)]
 
 
-def sent_tokens(case: Any, batch_size: int) -> int:
+def sent_tokens(case: TextCase, batch_size: int) -> int:
     """The new tokens a pass over `case` (a TextCase) asks for: B = 1 each prompt once, B > 1 every
     request of its slots' lanes."""
     jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +19,9 @@ from ...atomic import atomic_write_text, locked
 from ...errors import SpecDecError
 from ..models.devices import cache_dir
 from .modes import AutoChoice, ExecutionContext
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Static must win clearly: a tie on a noisy machine should not flip the mode between runs.
 STATIC_MARGIN = 0.97
@@ -28,7 +31,9 @@ def default_auto_path() -> Path:
     return cache_dir() / "engine-auto.json"
 
 
-def resolve_auto(device: str, probe: Any | None = None, remember_at: str | Path | None = None) -> AutoChoice:
+def resolve_auto(
+    device: str, probe: PreTrainedModel | None = None, remember_at: str | Path | None = None
+) -> AutoChoice:
     """`auto` -> compiled on CUDA; on CPU the faster of eager and static per decode step of
     `probe` (a model) when given, else eager. `remember_at` is the JSON file that keeps CPU
     decisions (default `default_auto_path()`)."""
@@ -69,7 +74,7 @@ def _remember(path: Path, key: str, choice: str) -> None:
         pass  # an unwritable cache folder only costs a re-measurement next time
 
 
-def _decode_step_ms(name: str, model: Any) -> float:
+def _decode_step_ms(name: str, model: PreTrainedModel) -> float:
     """Median ms of one decode step of `model` after 128 tokens under engine mode `name`."""
     seq = ExecutionContext(name, 256).seq_cache(model)
     seq.prefill([1] * 128)

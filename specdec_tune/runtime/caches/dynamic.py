@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
-def cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: PreTrainedModel) -> str:
     """transformers >= 5.x (recent) calls the KV cache argument `cache`, earlier `past_key_values`."""
     return _cache_kwarg_of(type(model))
 
@@ -22,7 +25,7 @@ def _cache_kwarg_of(cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def new_cache(model: Any) -> Any:
+def new_cache(model: PreTrainedModel) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
@@ -29,6 +29,9 @@ from ...errors import SpecDecError
 from .dynamic import cache_kwarg, new_cache
 from .rowcache import RowCache
 from .slots import SlotCache, round_up
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # `--engine`: how forwards run (not a serving engine of `run --for`, which is `serving/`)
 EngineMode = Literal["auto", "eager", "static", "compiled"]
@@ -132,7 +135,7 @@ class ExecutionContext:
         self.graphs_built += 1
         self.compile_s += seconds
 
-    def row_kv(self, model: Any, rows: int, capacity: int | None = None) -> Any:
+    def row_kv(self, model: PreTrainedModel, rows: int, capacity: int | None = None) -> RowCache | SlotCache:
         """The batch cache of `model` for `rows` rows under this mode, every row emptied."""
         if not self.static:
             return RowCache(model, rows)
@@ -149,7 +152,7 @@ class ExecutionContext:
         kv.reset()
         return kv
 
-    def seq_cache(self, model: Any, capacity: int | None = None) -> SeqCache:
+    def seq_cache(self, model: PreTrainedModel, capacity: int | None = None) -> SeqCache:
         """One sequence's cache of `model` under this mode."""
         return SeqCache(model, self, capacity)
 
@@ -161,7 +164,7 @@ class SeqCache:
     `width` pads a compiled forward to a fixed number of input slots (verification: gamma + 1).
     """
 
-    def __init__(self, model: Any, ctx: ExecutionContext, capacity: int | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, ctx: ExecutionContext, capacity: int | None = None) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.slots = None
@@ -180,7 +183,7 @@ class SeqCache:
             x = torch.tensor([ids], dtype=torch.long, device=self.device)
             self.model(input_ids=x, logits_to_keep=1, **self.kw)
 
-    def forward(self, x: Any, width: int | None = None) -> Any:
+    def forward(self, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
         """Logits (T, vocab) of the T new tokens `x` (1, T), which the cache then holds."""
         if self.slots is None:
             return self.model(input_ids=x, **self.kw).logits[0]

@@ -11,18 +11,21 @@ they make up most of the cache.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...errors import SpecDecError
 from .dynamic import cache_kwarg, new_cache
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class RowCache:
     """The batch's cache of one model: `prefill` a row, `forward` new tokens, `truncate` rows."""
 
-    def __init__(self, model: Any, rows: int) -> None:
+    def __init__(self, model: PreTrainedModel, rows: int) -> None:
         if rows < 1:
             raise SpecDecError(f"batch size must be >= 1, got {rows}")
         self.model, self.rows = model, rows
@@ -66,7 +69,7 @@ class RowCache:
             big.values[row, :, cols] = small.values[0]
         self.pos_at[row, cols] = torch.arange(n, device=self.device)
 
-    def _grow_left(self, n: int, like: Any) -> None:
+    def _grow_left(self, n: int, like: torch.Tensor) -> None:
         """Prepend n empty columns to every row (the shapes come from a one-row cache `like`)."""
         for big, small in zip(self._layers(), like.layers, strict=True):
             _, heads, _, dim = small.keys.shape

@@ -31,7 +31,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,13 +39,16 @@ from ...errors import SpecDecError
 from ..models.devices import cache_dir
 from .dynamic import cache_kwarg
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _text_config(model: Any) -> Any:
+
+def _text_config(model: PreTrainedModel) -> Any:
     cfg = model.config
     return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
 
 
-def check_static(model: Any, capacity: int) -> None:
+def check_static(model: PreTrainedModel, capacity: int) -> None:
     """Refuse, with a message naming `--engine eager`, a model this cache cannot serve exactly."""
     cfg = _text_config(model)
     name = type(model).__name__
@@ -131,7 +134,7 @@ class SlotCache:
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         rows: int,
         capacity: int,
         compiled: bool = False,
@@ -261,7 +264,7 @@ class SlotCache:
                 self.reset()
 
 
-def _compile(fn: Any, device: torch.device) -> Any:
+def _compile(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
     """torch.compile at fixed shapes; the inductor cache is kept between runs (on disk)."""
     import torch._dynamo.config as dynamo_config
 

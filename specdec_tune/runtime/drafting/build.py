@@ -7,7 +7,7 @@ factory, the factory imports them all), and every drafter is built under the con
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...domain import DraftSpec
 from ...errors import SpecDecError
@@ -17,10 +17,13 @@ from .drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, trunc
 from .hybrid import BatchHybridDrafter, HybridDrafter, hybrid_parts
 from .rows import PerRow
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 def build_drafter(
     spec: DraftSpec,
-    target: Any,
+    target: PreTrainedModel,
     draft_models: dict[str, Any],
     ctx: ExecutionContext | None = None,
     rows: int | None = None,
@@ -47,7 +50,7 @@ def build_drafter(
 
 def _part(
     spec: DraftSpec,
-    target: Any,
+    target: PreTrainedModel,
     draft_models: dict[str, Any],
     ctx: ExecutionContext | None,
     rows: int | None,

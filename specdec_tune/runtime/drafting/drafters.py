@@ -11,14 +11,17 @@ batched engine and the adapters between the two.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...domain import LOOKUP_MATCHES, THRESHOLD_MODES
 from ...errors import SpecDecError
-from ..caches.modes import ExecutionContext
+from ..caches.modes import ExecutionContext, SeqCache
 from .leandraft import LeanLlama, runs_lean
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class Drafter:
@@ -56,7 +59,7 @@ class ModelDrafter(Drafter):
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         name: str = "draft",
         lean: bool = True,
         threshold_mode: str | None = None,
@@ -73,7 +76,7 @@ class ModelDrafter(Drafter):
         self.threshold_mode = threshold_mode or "hf"
         self.device = next(model.parameters()).device
         self.ctx = ctx or ExecutionContext()  # the engine mode its cache runs under
-        self.cache: Any = None  # a modes.SeqCache under `ctx`
+        self.cache: SeqCache | None = None  # under `ctx`
         self.cached = 0  # tokens of seq (+ proposals) whose keys/values the cache holds
         # Llama-family drafts skip transformers' per-call machinery (leandraft.runs_lean).
         self.lean = LeanLlama(model) if runs_lean(model, self.ctx, lean) else None
@@ -163,7 +166,7 @@ class PromptLookupDrafter(Drafter):
         self,
         ngram_min: int = 1,
         ngram_max: int = 3,
-        device: Any = "cpu",
+        device: torch.device | str = "cpu",
         name: str = "prompt-lookup",
         match: str | None = None,
     ):
@@ -202,7 +205,7 @@ class PromptLookupDrafter(Drafter):
         return self._empty, None
 
 
-def _decoder_layers_owner(model: Any) -> Any:
+def _decoder_layers_owner(model: PreTrainedModel) -> Any:
     inner = getattr(model, "model", None)
     if inner is not None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):
         return inner
@@ -212,7 +215,7 @@ def _decoder_layers_owner(model: Any) -> Any:
     )
 
 
-def truncated_view(model: Any, layers: int) -> Any:
+def truncated_view(model: PreTrainedModel, layers: int) -> Any:
     """The target's first `layers` decoder layers + its final norm and LM head, sharing weights."""
     inner = _decoder_layers_owner(model)
     total = len(inner.layers)
@@ -244,7 +247,7 @@ class LayerSkipDrafter(ModelDrafter):
 
     def __init__(
         self,
-        target: Any,
+        target: PreTrainedModel,
         layers: int,
         name: str | None = None,
         threshold_mode: str | None = None,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ...domain import DraftSpec
-from .drafters import ModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .rows import BatchDrafter, OneRow, PerRow
 
 LOOKUP = "prompt-lookup"
@@ -153,7 +153,7 @@ class HybridDrafter(OneRow):
         self.lookup, self.drafter = lookup, drafter  # the parts (measure.costs times each alone)
 
 
-def _inner_with(drafter: Any, method: str) -> Any:
+def _inner_with(drafter: object, method: str) -> Callable[..., Any] | None:
     """`drafter`'s own `method`, or that of the first drafter it wraps (policies, row adapters)."""
     while drafter is not None:
         found = getattr(drafter, method, None)
@@ -163,19 +163,19 @@ def _inner_with(drafter: Any, method: str) -> Any:
     return None
 
 
-def source_stats(drafter: Any) -> dict[str, dict[str, float]]:
+def source_stats(drafter: Drafter | BatchDrafter) -> dict[str, dict[str, float]]:
     """Per-source counters of a drafter (through its wrappers); {} for single-source ones."""
     get = _inner_with(drafter, "source_stats")
     return get() if get is not None else {}
 
 
-def reset_sources(drafter: Any) -> None:
+def reset_sources(drafter: Drafter | BatchDrafter) -> None:
     reset = _inner_with(drafter, "reset_sources")
     if reset is not None:
         reset()
 
 
-def counts_setter(drafter: Any) -> Callable[[SourceCounts], None] | None:
+def counts_setter(drafter: Drafter | BatchDrafter) -> Callable[[SourceCounts], None] | None:
     """What points `drafter`'s per-source counters (through its wrappers) at a SourceCounts of the
     caller's, so that configs sharing one drafter object count apart; None for single-source ones."""
     return _inner_with(drafter, "count_into")

@@ -9,18 +9,20 @@ Models it does not recognise keep transformers' forward.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from ..caches.modes import ExecutionContext
 
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
-def supports(model: Any) -> bool:
+def supports(model: PreTrainedModel) -> bool:
     """Plain Llama decoders: RMSNorm, rotary embeddings of a static kind, SiLU-gated MLP, no biases."""
     cfg = getattr(model, "config", None)
     inner = getattr(model, "model", None)
@@ -37,7 +39,7 @@ def supports(model: Any) -> bool:
     )
 
 
-def runs_lean(model: Any, ctx: ExecutionContext, lean: bool = True) -> bool:
+def runs_lean(model: PreTrainedModel, ctx: ExecutionContext, lean: bool = True) -> bool:
     """Whether a draft runs the lean forward: asked for, supported, and not in compiled mode on a
     GPU. There the draft's forward is captured in CUDA graphs like the target's; the lean forward is
     eager and launch-bound (an H200 ran a 1B-shaped draft at 5.15 ms a token lean, 2.10 ms in
@@ -49,7 +51,7 @@ def runs_lean(model: Any, ctx: ExecutionContext, lean: bool = True) -> bool:
 class LeanLlama:
     """Decode-only forward over a Llama model's weights (shared, not copied) with its own KV cache."""
 
-    def __init__(self, model: Any, capacity: int = 512) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int = 512) -> None:
         cfg = model.config
         inner = model.model
         self.model = model
@@ -143,7 +145,7 @@ class LeanLlamaRows(LeanLlama):
     cache is preallocated per row, so rollback and refill only move a row's length.
     """
 
-    def __init__(self, model: Any, rows: int, capacity: int = 512) -> None:
+    def __init__(self, model: PreTrainedModel, rows: int, capacity: int = 512) -> None:
         self.rows = rows
         self.lengths = torch.zeros(rows, dtype=torch.long, device=next(model.parameters()).device)
         super().__init__(model, capacity)

@@ -14,11 +14,14 @@ current step's drafts, every policy keeps the engine exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...domain import GAMMA_POLICIES
 from ...errors import SpecDecError
 from .rows import BatchDrafter, OneRow, as_rows
+
+if TYPE_CHECKING:
+    from .drafters import Drafter
 
 
 class GammaPolicy:
@@ -99,7 +102,7 @@ class BatchPolicyDrafter(BatchDrafter):
     """A row-keyed drafter whose per-step gamma a policy per row caps (the engine's gamma is the
     maximum): the one policy bookkeeping, batch 1 included (`PolicyDrafter` is its row 0)."""
 
-    def __init__(self, inner: Any, make: Callable[[], GammaPolicy], rows: int | None = None) -> None:
+    def __init__(self, inner: BatchDrafter, make: Callable[[], GammaPolicy], rows: int | None = None) -> None:
         self.inner, self.name = inner, inner.name
         self.rows = rows or inner.rows
         self.device = getattr(inner, "device", "cpu")
@@ -129,11 +132,13 @@ class BatchPolicyDrafter(BatchDrafter):
 class PolicyDrafter(OneRow):
     """A batch-1 drafter under a gamma policy: `BatchPolicyDrafter` at row 0."""
 
-    def __init__(self, inner: Any, make: Callable[[], GammaPolicy]) -> None:
+    def __init__(self, inner: Drafter, make: Callable[[], GammaPolicy]) -> None:
         super().__init__(BatchPolicyDrafter(as_rows(inner), make, 1), inner.kind)
 
 
-def with_policy(inner: Any, make: Callable[[], GammaPolicy], rows: int | None = None) -> Any:
+def with_policy(
+    inner: Drafter | BatchDrafter, make: Callable[[], GammaPolicy], rows: int | None = None
+) -> PolicyDrafter | BatchPolicyDrafter:
     """`inner` under the gamma policies `make` builds, keyed by rows like `build.build_drafter`: a
     batch-1 `PolicyDrafter` when `rows` is None, else a `BatchPolicyDrafter` for `rows` rows."""
     return PolicyDrafter(inner, make) if rows is None else BatchPolicyDrafter(inner, make, rows)

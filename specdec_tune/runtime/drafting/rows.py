@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from .drafters import Drafter
+
 
 class BatchDrafter:
     """Interface: `start` a row on a new prompt, `propose` for several rows, `commit` a row.
@@ -87,6 +89,6 @@ class OneRow:
         self.inner.commit(0, valid_len)
 
 
-def as_rows(drafter: Any) -> BatchDrafter:
+def as_rows(drafter: Drafter | OneRow) -> BatchDrafter:
     """A batch-1 drafter as one row of a row-keyed drafter (a `OneRow` gives back what it drives)."""
     return drafter.inner if isinstance(drafter, OneRow) else PerRow([drafter])

@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...atomic import atomic_path
 from ...errors import SpecDecError
 from ...paths import cache_dir
 from .loading import content_hash, demo_path, file_sha256
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 # Which shipped model each demo GGUF holds; "draft" is the default bench draft.
 DEMO_GGUFS = {"target": "demo", "draft": "draft-1l", "draft-1l": "draft-1l", "draft-2l": "draft-2l"}
@@ -101,12 +105,12 @@ def cut_layers(src: Path, dst: Path, layers: int) -> Path:
     return dst
 
 
-def _permute_rope(w: Any, n_head: int) -> Any:
+def _permute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     # HF rotates the two halves of each head; llama.cpp's Llama rotates interleaved pairs.
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _vocab(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
+def _vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> tuple[list[str], list[int]]:
     """Token strings and types, id by id, as llama.cpp's convert_hf_to_gguf.py writes a BPE vocab."""
     gguf = _gguf()
     by_id = {i: tok for tok, i in tokenizer.get_vocab().items()}

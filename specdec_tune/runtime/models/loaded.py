@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import SpecDecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -19,8 +22,10 @@ class LoadedModel:
     name: str  # what the user passed, or the demo name
     path: str
     revision: str | None  # the HF snapshot commit when loaded from the cache
-    model: Any  # transformers PreTrainedModel
-    tokenizer: Any  # transformers tokenizer; None for a shape (random weights, runtime.models.shapes)
+    model: PreTrainedModel  # transformers PreTrainedModel
+    tokenizer: (
+        PreTrainedTokenizerBase | None
+    )  # transformers tokenizer; None for a shape (random weights, runtime.models.shapes)
     dtype: str
     device: str
     weights: str = "trained"  # "random": built from a shape's config, for timing only

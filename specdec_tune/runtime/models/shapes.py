@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...domain import slugify
 from ...errors import SpecDecError
 from .loaded import LoadedModel, choose_dtype
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "data" / "shapes"
 SHAPE_PREFIX = "shape:"
@@ -83,7 +87,7 @@ def shape_config(ref: str) -> Any:
         raise SpecDecError(f"shape config {path} is not a config transformers knows: {first}") from None
 
 
-def _build(config: Any, dtype: Any) -> Any:
+def _build(config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
