@@ -155,8 +155,8 @@ def test_the_trial_is_cut_for_the_slowest_batch_size_before_any_search(tmp_path,
 def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_engine):
     r, _ = _run(tmp_path, "--trials", "6")
     assert r.exit_code == 0, r.output
-    bad = invoke("bench", "--backend", "vllm", "--draft", "copy")
-    assert bad.exit_code == 2 and "unknown backend 'vllm': use native or llamacpp or fake" in bad.output
+    bad = invoke("bench", "--backend", "sglang", "--draft", "copy")
+    assert bad.exit_code == 2 and "unknown backend 'sglang': use native or llamacpp or vllm or fake" in bad.output
 
 
 @pytest.mark.slow  # the CLI end to end

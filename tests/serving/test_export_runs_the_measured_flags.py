@@ -12,6 +12,7 @@ from specdec_tune.domain import Config
 from specdec_tune.errors import SpecDecError
 from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft, server_args
 from specdec_tune.serving.export import export
+from specdec_tune.store.schema import BackendInfo
 
 # (--draft as `run --backend llamacpp` takes it, γ, threshold); GGUF stands for a draft GGUF file
 DRAFTS = [
@@ -51,7 +52,7 @@ def test_the_exported_command_runs_what_the_measured_server_ran(
     p = make_sample_profile()
     p.best.config = config
     # measured there, no flags stored (before, export then emitted no speculative flag at all)
-    p.backend = {"name": "llamacpp", "build": {"number": 11434}}
+    p.backend = BackendInfo("llamacpp", {"number": 11434})
     assert p.best.backend_args == []
     # The measured server loads the target GGUF the backend found; export names the profile's target
     # path, so the measured side is given that same string as its model.
@@ -79,7 +80,7 @@ def test_an_ngram_range_exports_as_the_one_length_llamacpp_runs_and_says_so():
 def test_a_kind_an_older_build_has_no_flags_for_is_one_clear_error():
     p = make_sample_profile()
     p.best.config = Config(parse_llamacpp_draft("ngram-mod:12"), 8)
-    p.backend = {"name": "llamacpp", "build": {"number": 11434}}
+    p.backend = BackendInfo("llamacpp", {"number": 11434})
     assert "--spec-ngram-mod-n-max" in export(p, "llamacpp").settings
     with pytest.raises(SpecDecError, match="flag set b8955 cannot run ngram-mod:12"):
         export(p, "llamacpp", "b8955")
