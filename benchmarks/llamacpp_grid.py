@@ -100,6 +100,37 @@ def model_check(observed: list[Observation], intervals: dict[str, list[float] | 
     }
 
 
+def measure_rows(
+    s: Any, todo: list[tuple[str, Config]], repeats: int, seed: int, measured: dict[str, list[dict[str, Any]]]
+) -> list[Observation]:
+    """Each (what, config) of `todo` against the plain server, one at a time: its row under `what`
+    in `measured`, and the grid rows as the engine model's observations."""
+    observed: list[Observation] = []
+    for what, c in todo:
+        (m,) = s.backend.measure([c], s.case, 1, repeats, seed=seed)
+        measured.setdefault(what, []).append(row(c, m, seed))
+        if what == "grid":
+            observed.append(Observation.from_measurement(c, m))
+        print(
+            f"{what:8s} {c.label:30s} {m.metrics.speedup:6.3f}x  α {m.metrics.acceptance_rate:.3f}",
+            flush=True,
+        )
+    return observed
+
+
+def write_and_print(out: dict[str, Any], path: Path) -> None:
+    """The grid's JSON written to `path`, its best and the confirming round's printed."""
+    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
+    print(f"best {out['best']['config']} {out['best']['speedup']}x; wrote {path} ({out['seconds']} s)")
+    again = out.get("confirm", {})
+    if again:
+        mine = again.get("chosen")
+        vs = f"; the run's {mine['config']}: {mine['ratio_to_best']} {mine['interval']} of it" if mine else ""
+        print(
+            f"raced again ({again['repeats']} repeats): best {again['best']['config']} {again['best']['speedup']}x{vs}"
+        )
+
+
 def confirm(
     s: Any,
     rows: list[dict[str, Any]],
@@ -203,16 +234,7 @@ def main() -> None:
             in_grid = chosen is not None and any(c.key == chosen.key for c in configs + defaults)
             if chosen is not None and chosen.gamma > 0 and not in_grid:
                 todo.append(("chosen", chosen))  # else its grid row is its measurement
-            observed: list[Observation] = []
-            for what, c in todo:
-                (m,) = s.backend.measure([c], s.case, 1, args.repeats, seed=args.seed)
-                measured.setdefault(what, []).append(row(c, m, args.seed))
-                if what == "grid":
-                    observed.append(Observation.from_measurement(c, m))
-                print(
-                    f"{what:8s} {c.label:28s} {m.metrics.speedup:6.3f}x  α {m.metrics.acceptance_rate:.3f}",
-                    flush=True,
-                )
+            observed = measure_rows(s, todo, args.repeats, args.seed, measured)
             if args.confirm > 0:
                 rows = measured.get("grid", []) + measured.get("default", [])
                 labels = {c.label: c for _, c in todo}
@@ -244,15 +266,7 @@ def main() -> None:
     out["seconds"] = round(time.monotonic() - t0, 1)
     at = f"_L{args.context_length}" if args.context_length else ""
     path = args.out or Path(__file__).parent / "results" / f"llamacpp_grid_{args.workload}{at}.json"
-    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
-    print(f"best {best['config']} {best['speedup']}x; wrote {path} ({out['seconds']} s)")
-    again = out.get("confirm", {})
-    if again:
-        mine = again.get("chosen")
-        vs = f"; the run's {mine['config']}: {mine['ratio_to_best']} {mine['interval']} of it" if mine else ""
-        print(
-            f"raced again ({again['repeats']} repeats): best {again['best']['config']} {again['best']['speedup']}x{vs}"
-        )
+    write_and_print(out, path)
 
 
 if __name__ == "__main__":

@@ -17,21 +17,18 @@ Writes JSON (benchmarks/results/vllm_grid_<target>_<workload>.json) in llamacpp_
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from llamacpp_grid import confirm, model_check, row
+from llamacpp_grid import confirm, measure_rows, model_check, write_and_print
 
 from specdec_tune import app
-from specdec_tune.atomic import atomic_write_text
 from specdec_tune.backends.base import Purpose
 from specdec_tune.backends.vllm.args import parse_vllm_draft
 from specdec_tune.backends.vllm.session import VllmSession
 from specdec_tune.domain import Config
 from specdec_tune.measure.servers import servers_die_with_us
-from specdec_tune.search.enginemodel import Observation
 from specdec_tune.store.yamlio import load_profile
 
 
@@ -73,16 +70,7 @@ def main() -> None:
             if chosen is not None and chosen.gamma > 0 and all(c.key != chosen.key for _, c in todo):
                 todo.append(("chosen", chosen))
             measured: dict[str, list[dict[str, Any]]] = {}
-            observed: list[Observation] = []
-            for what, c in todo:
-                (m,) = s.backend.measure([c], s.case, 1, args.repeats, seed=args.seed)
-                measured.setdefault(what, []).append(row(c, m, args.seed))
-                if what == "grid":
-                    observed.append(Observation.from_measurement(c, m))
-                print(
-                    f"{what:8s} {c.label:30s} {m.metrics.speedup:6.3f}x  α {m.metrics.acceptance_rate:.3f}",
-                    flush=True,
-                )
+            observed = measure_rows(s, todo, args.repeats, args.seed, measured)
             out["plain_tok_s"] = measured["grid"][0]["plain_tok_s"]
             if args.confirm > 0:
                 rows = measured.get("grid", []) + measured.get("default", [])
@@ -102,13 +90,7 @@ def main() -> None:
     out["best"] = max(everything, key=lambda r: r["speedup"])
     out["seconds"] = round(time.monotonic() - t0, 1)
     path = args.out or Path(__file__).parent / "results" / f"vllm_grid_{args.target}_{args.workload}.json"
-    atomic_write_text(path, json.dumps(out, indent=1) + "\n")
-    print(f"best {out['best']['config']} {out['best']['speedup']}x; wrote {path} ({out['seconds']} s)")
-    again = out.get("confirm", {})
-    if again:
-        mine = again.get("chosen")
-        vs = f"; the run's {mine['config']}: {mine['ratio_to_best']} {mine['interval']} of it" if mine else ""
-        print(f"raced again: best {again['best']['config']} {again['best']['speedup']}x{vs}")
+    write_and_print(out, path)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ their passes alternating (ABBA), every server kept for all it can measure.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +74,8 @@ class VllmBackend:
         self.start_seconds: list[float] = []  # every server start's wall time (the budget plans on it)
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
 
-    # -- lifecycle
-    def __enter__(self) -> VllmBackend:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def close(self) -> None:
+        """Stop every server it started (the session calls it at its end)."""
         for server in self._servers.values():
             server.stop()
         self._servers.clear()
@@ -227,16 +221,8 @@ class VllmBackend:
         )
 
     # -- measuring
-    def measure(
-        self,
-        configs: list[Config],
-        case: TextCase,
-        batch_size: int = 1,
-        repeats: int = 3,
-        seed: int = 0,
-        on_repeat: Callable[[int, float], None] | None = None,
-        screen: Screen | None = None,
-    ) -> list[Measurement]:
+    def measure(self, configs: list[Config], case: TextCase, batch_size: int = 1, repeats: int = 3, seed: int = 0,
+                on_repeat: Callable[[int, float], None] | None = None, screen: Screen | None = None) -> list[Measurement]:  # fmt: skip
         """The configs against one plain side, interleaved; a config whose server fails raises
         `ServerError` (the caller fails that trial alone). `screen` is not supported (the whole
         workload is measured): `screens` is False."""
@@ -372,28 +358,10 @@ def closed_loop(
     server: VllmServer, lanes: list[list[tuple[Any, int]]], temperature: float
 ) -> list[dict[str, Any]]:
     """Client k sends lane k's requests one after another (a finished request is replaced at once):
-    B requests in flight until the lanes run out."""
-    done: list[dict[str, Any]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
+    B requests in flight until the lanes run out. A failed request fails the pass."""
 
-    def client(lane: list[tuple[Any, int]]) -> None:
-        for prompt, n in lane:
-            if errors:
-                return
-            try:
-                reply = server.complete(prompt, n, temperature)
-            except BaseException as exc:
-                errors.append(exc)
-                return
-            with lock:
-                done.append(reply)
+    def client(lane: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+        return [server.complete(prompt, n, temperature) for prompt, n in lane]
 
-    threads = [threading.Thread(target=client, args=(lane,), daemon=True) for lane in lanes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return done
+    with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+        return [reply for replies in pool.map(client, lanes) for reply in replies]

@@ -37,17 +37,15 @@ _COUNTER = re.compile(r"^(vllm:[a-z_]+)(?:\{([^}]*)\})? ([-+0-9.eE]+|NaN)$")
 
 def find_python(given: str | os.PathLike[str] | None = None) -> Path:
     """vLLM's Python: `given`, else $SPECDEC_VLLM_PYTHON, else this interpreter when it imports vLLM."""
-    path = given or os.environ.get(PYTHON_ENV)
-    if path:
-        p = Path(path).expanduser()
-        if not p.is_file() or not os.access(p, os.X_OK):
-            raise SpecDecError(f"vLLM's Python not found or not executable at {p}: {INSTALL_HINT}")
-        return p
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is not None:
-        return Path(sys.executable)
-    raise SpecDecError(f"vLLM is not installed: {INSTALL_HINT}")
+    named = given or os.environ.get(PYTHON_ENV)
+    python = Path(named).expanduser() if named else Path(sys.executable)
+    if named is None and importlib.util.find_spec("vllm") is None:
+        raise SpecDecError(f"vLLM is not installed: {INSTALL_HINT}")
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise SpecDecError(f"vLLM's Python not found or not executable at {python}: {INSTALL_HINT}")
+    return python
 
 
 def extra_args(given: list[str] | None = None) -> list[str]:

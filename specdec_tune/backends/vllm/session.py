@@ -12,34 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ... import __version__
 from ...checkpolicy import LLAMACPP_CHECK_POLICY
-from ...domain import Anchors, Config, Costs, DraftSpec, Noise
+from ...domain import Config, Costs
 from ...errors import SpecDecError
 from ...limits import check_context, check_count, check_temperature
-from ...measure.anchors import measure_twice
 from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import sent_tokens
-from ...measure.llamacpp.costs import with_acceptance
-from ...measure.noise import measure_noise
 from ...measure.servers import ServerError
 from ...measure.timing import median
-from ...measurement import Measurement
 from ...runtime.contexts import workload_as_sent
 from ...runtime.workloads import prompt_text
 from ...search.budget import TrialShape
-from ...search.enginepredictor import EnginePredictor
 from ...search.space import TuneSettings
 from ...store.build import EngineFields
 from ...store.refs import portable_ref, profile_file_slug
 from ...store.schema import BackendInfo, Profile, TargetInfo
 from ..base import Models, Progress, Purpose
 from ..llamacpp_open import engine_context, engine_workload
+from ..server_session import ServerSession
 from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
 from .costs import measure_costs
 from .measuring import VllmBackend
@@ -52,10 +47,11 @@ SERVER_MEMORY_GIB = 2.0  # the CPU build's share of memory a server takes (its K
 CONTEXT_ROOM = 64  # tokens beside the longest prompt and reply
 
 
-class VllmSession:
+class VllmSession(ServerSession):
     """The vLLM session (backends.base.MeasuringSession)."""
 
     name = "vllm"
+    title = "vLLM"
     device = "cpu"
     policy = LLAMACPP_CHECK_POLICY  # an engine server: other work on its cores slows it at every step
     fits_costs_from_trials = True  # acceptance comes from the search's first trials
@@ -70,6 +66,7 @@ class VllmSession:
         check_temperature(models.temperature)
         self.models = models
         self.target = resolve_target(models.target)
+        self.target_dtype = models.dtype
         self.specs = engine_drafts(models.drafts, self.target)
         self.workload = engine_workload(models)
         python = find_python(models.server)
@@ -127,18 +124,6 @@ class VllmSession:
             )
         return TextCase(ids, budgets, models.temperature)
 
-    # -- lifecycle
-    def __enter__(self) -> VllmSession:
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        self.close()
-        stack, self._stack = self._stack, None
-        return stack.__exit__(*exc) if stack is not None else None
-
-    def close(self) -> None:
-        self.backend.close()
-
     def info(self) -> dict[str, Any]:
         """Which engine measured: name, build (package, torch, fingerprint), extra engine arguments,
         and how long its servers took to start."""
@@ -156,34 +141,13 @@ class VllmSession:
             raise SpecDecError("vLLM drafts a fixed number of tokens: --gamma-policies must be fixed")
         return replace(settings, serving_engine="vllm")  # no confidence threshold in vLLM's drafts
 
-    def content_hash(self, like: str = "") -> str:
-        return self.target.content_hash
-
     def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
         slug = profile_file_slug(target_arg or self.target.name)
         return Path("profiles") / hardware_slug / f"{slug}.vllm.yaml"
 
-    def study_key(self, hardware_slug: str, settings: TuneSettings, batch_size: int) -> dict[str, Any]:
-        return {
-            "backend": {k: v for k, v in self.backend.info().items() if k != "build"}
-            | {"build": self.backend.build},
-            "hardware": hardware_slug,
-            "target": self.target.content_hash,
-            "workload": self.workload.sha256,
-            "prompts": len(self.case.prompts),
-            "max_new_tokens": max(self.case.max_new_tokens),
-            "temperature": self.case.temperature,
-            "repeats": settings.repeats,
-            "batch_size": batch_size,
-        }
-
-    def begin(self, settings: TuneSettings, study_key: dict[str, Any]) -> None:
-        """Nothing to agree on with other workers: each server is started with its flags."""
-
-    # -- measuring
-    def measure(self, configs: list[Config], case: Any, batch_size: int = 1, repeats: int = 3, seed: int = 0,
-                on_repeat: Any = None, screen: Any = None) -> list[Measurement]:  # fmt: skip
-        return self.backend.measure(configs, case, batch_size, repeats, seed, on_repeat, screen)
+    def study_backend(self) -> dict[str, Any]:
+        """The build as installed (the server's fingerprint, known after a reply, aside)."""
+        return {**self.backend.info(), "build": self.backend.build}
 
     def pass_seconds(self, batch_size: int) -> float:
         """One plain pass over the whole workload at `batch_size`, timed over its first two prompts
@@ -192,24 +156,8 @@ class VllmSession:
         elapsed = self.backend.plain_pass_s(share, batch_size)
         return elapsed * sent_tokens(self.case, batch_size) / max(1, sent_tokens(share, batch_size))
 
-    def noise_and_anchors(self) -> tuple[Noise, Anchors]:
-        """The plain server's passes (batch size 1) timed while watching the OS: the machine's noise
-        and anchors (the plain decode tokens/s; copy bandwidth and a small matmul rate)."""
-        share = self.case.head(min(2, max(1, -(-len(self.case.prompts) // NOISE_PASSES))))
-        plain = self.backend.server(None)
-        rates: list[float] = []
-
-        def plain_pass() -> float:
-            t0 = time.perf_counter()
-            rates.append(self.backend._pass(plain, share, 1, "plain")["tok_s"])
-            return time.perf_counter() - t0
-
-        plain_pass()  # untimed: the prompts' first prefill
-        rates.clear()
-        machine, noise = measure_twice("cpu", lambda: measure_noise(plain_pass, NOISE_PASSES))
-        full_s = noise.plain_pass_s * sum(self.case.max_new_tokens) / max(1, sum(share.max_new_tokens))
-        noise = replace(noise, plain_pass_s=round(full_s, 5))
-        return noise, Anchors(round(median(rates), 3), machine.copy_bandwidth_gbps, machine.matmul_gflops)
+    def _plain_pass(self, case: TextCase) -> float:
+        return self.backend._pass(self.backend.server(None), case, 1, "plain")["tok_s"]
 
     def costs(
         self, max_gamma: int, repeats: int, progress: Progress, batch_sizes: list[int] | None = None,
@@ -219,17 +167,6 @@ class VllmSession:
         T_draft come from the trials: `with_trial_acceptance`, the engine model)."""
         progress.stage("vLLM costs: T_target, C_ver(γ)", 0.0)
         return measure_costs(self.backend, self.case.head(2), self.specs, max_gamma, repeats)
-
-    def use_costs(self, costs: Costs) -> None:
-        raise SpecDecError("--costs-from holds costs of our own engine; vLLM measures its own")
-
-    def with_trial_acceptance(self, costs: Costs, result: Any, max_gamma: int) -> Costs:
-        measured: dict[str, tuple[float, float, float]] = {}
-        for r in result.results:
-            m = r.metrics
-            if r.config.gamma > 0 and r.config.draft.name not in measured and m.acceptance_rate > 0:
-                measured[r.config.draft.name] = (m.acceptance_rate, m.mean_accepted_len, m.tokens_per_s)
-        return with_acceptance(costs, measured, max_gamma)
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
         """Every draft once first (its acceptance in this engine feeds the cost model): vLLM's
@@ -244,10 +181,6 @@ class VllmSession:
             out.append({"draft": d.name, "gamma": min(max_gamma, gamma)})
         return out
 
-    def predictor(self) -> EnginePredictor:
-        """The engine's cost model (search.enginemodel), fitted from the trials' decode timings."""
-        return EnginePredictor()
-
     def default_configs(self) -> list[Config]:
         """vLLM's documented example configs, raced in the final round: n-gram γ 5 with
         prompt_lookup_max 4 (where the space has n-gram drafts), each draft model at γ 5."""
@@ -259,34 +192,10 @@ class VllmSession:
         out += [Config(d, EXAMPLE_MODEL_GAMMA) for d in self.specs if d.kind == "model"]
         return out
 
-    def flags(self, config: Config, batch_size: int) -> list[str] | None:
-        return self.backend.flags(config, batch_size)
-
-    def exactness(self, result: Any, case: Any = None) -> dict[str, Any]:
-        """At T = 0: the best speculative config's tokens against the plain server's, per prompt."""
-        case = case or self.case
-        best = next((r for r in result.results if r.config.gamma > 0), None)
-        if best is None or case.temperature != 0:
-            return {}
-        e = self.backend.exactness(best.config, case)
-        return {
-            "config": best.config.label,
-            "prompts": e["prompts"],
-            "identical": e["prompts"] - e["mismatches"],
-            "first_divergence": e["first_divergence"],
-            "token_exact": e["mismatches"] == 0,
-        }
-
     def batch_schedule(self, results: dict[int, Any], case: Any, repeats: int) -> dict[str, Any] | None:
         """vLLM's batch-size schedule from the measured rows, measured against each fixed γ it mixes
         (backends.vllm.schedule); None when one γ or plain decoding is the whole answer."""
         return measure_schedule(self.backend, results, case, repeats)
-
-    def expected_speedup(self, costs: Costs | None, settings: TuneSettings) -> float | None:
-        return None  # planned as plain until trials fit the model
-
-    def batch_model(self, costs: Costs | None) -> Any:
-        return None
 
     def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
         info = self.info()
@@ -304,41 +213,5 @@ class VllmSession:
     def portable(self, profile: Profile, out: Path, target_arg: str | None) -> Profile:
         return profile
 
-    # -- bench and profile
-    def check_bench(self, spec: DraftSpec, *, compare_hf: bool, save_outputs: bool) -> None:
-        if compare_hf or save_outputs:
-            raise SpecDecError("--compare-hf and --save-outputs are our own engine's: drop --backend vllm")
-
-    def compare_hf(self, config: Config, repeats: int) -> dict[str, Any]:
-        raise SpecDecError("--compare-hf compares our own engine with transformers: drop --backend vllm")
-
-    def outputs_jsonl(self, m: Any) -> str:
-        raise SpecDecError("--save-outputs writes our own engine's tokens: drop --backend vllm")
-
-    def target_name(self) -> str:
-        return self.target.name
-
     def describe(self) -> str:
         return f"vLLM ({self.backend.build['package']})"
-
-    def profile_costs(
-        self, max_gamma: int, repeats: int, progress: Progress, *, context_len: int | None, acceptance: Any
-    ) -> tuple[Costs, list[int] | None, dict[str, Any]]:
-        """`profile --backend vllm`: T_target and C_ver(γ) in the plain server, and each draft's
-        acceptance from one pass at its first trial's γ."""
-        costs = self.costs(max_gamma, repeats, progress)
-        measured = {}
-        for i, params in enumerate(self.first_trials(max_gamma)):
-            spec = next(d for d in self.specs if d.name == params["draft"])
-            progress.stage(f"acceptance of {spec.name}", (i + 1) / (len(self.specs) + 1))
-            (m,) = self.backend.measure([Config(spec, params["gamma"])], self.case, 1, 1)
-            if m.metrics.acceptance_rate > 0:
-                measured[spec.name] = (
-                    m.metrics.acceptance_rate,
-                    m.metrics.mean_accepted_len,
-                    m.metrics.tokens_per_s,
-                )
-        costs = with_acceptance(costs, measured, max_gamma)
-        target = {"name": self.target.name, "dtype": self.models.dtype, "num_params": 0, "weights": "trained"}
-        target["backend"] = self.info()
-        return costs, list(self.case.max_new_tokens), target
