@@ -111,8 +111,9 @@ def test_a_config_against_the_plain_server_exact_at_t0(session):
 def test_a_server_is_kept_for_all_it_measures(session):
     from specdec_tune.domain import Config
 
-    starts = len(session.backend.start_seconds)
     config = Config(session.specs[0], 4)
+    session.measure([config], session.case, 1, 1)  # started here, or by another test already
+    starts = len(session.backend.start_seconds)
     assert session.backend.held(config)
     (m,) = session.measure([config], session.case, 2, 1)  # B = 2: the same server, a closed loop
     assert len(session.backend.start_seconds) == starts and m.metrics.tokens_per_s > 0
