@@ -10,7 +10,7 @@
 # benchmarks/results/vllm/; each command's wall time is printed and logged.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${SPECDEC_VLLM_PYTHON:?set SPECDEC_VLLM_PYTHON to the Python of vLLM's environment}"
+: "${SPECDEC_VLLM_PYTHON:?set SPECDEC_VLLM_PYTHON to the Python of the vLLM environment}"
 OUT=benchmarks/results/vllm
 mkdir -p "$OUT"
 STEPS=",${1:-demo,smollm2,batch,check,grid,versus},"
