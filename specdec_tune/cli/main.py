@@ -368,8 +368,7 @@ def check(
             error_line("regression", bad)
             raise typer.Exit(1)
         if report.inconclusive:
-            vague = ", ".join(i.metric for i in report.items if i.inconclusive)
-            error_line("inconclusive: too noisy to tell", vague, style="yellow")
+            error_line("inconclusive", report.inconclusive_line, style="yellow")
             raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 

@@ -7,6 +7,7 @@ ratios to the same repeat's baseline, with the spread reported.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from ..domain import Metrics
 from ..limits import check_count, check_decoding
 from ..measurement import Measurement
+from ..measurepolicy import MEASURE_POLICY
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.drafting.drafters import Drafter
@@ -23,6 +25,8 @@ from ..runtime.drafting.hybrid import SourceCounts, counts_setter, reset_sources
 from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compiles
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
+from .planted import sleep_for, slower_spec_factor
+from .preemption import PartLog, accounted, clean_ratios
 from .timing import interleaved_parts, median, spread
 
 
@@ -73,10 +77,12 @@ def run_prompt(
     prompt, max_new = case.prompts[i], case.max_new_tokens[i]
     if drafter is None or gamma == 0:
         gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator, ctx)
-    else:
-        gen = speculative_generate(
-            target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
-        )
+        return gen.tokens, gen.stats
+    started = time.perf_counter()
+    gen = speculative_generate(
+        target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
+    )
+    sleep_for(time.perf_counter() - started, slower_spec_factor())  # a test-only hook (measure.planted)
     return gen.tokens, gen.stats
 
 
@@ -185,6 +191,7 @@ def measure_many(
         return sum(len(tokens) for tokens, _ in parts) / sec
 
     ratios: list[list[float]] = [[] for _ in entries]
+    log: dict[int, list[list[tuple[float, float]]]] = {}  # per part: seconds, waited for a CPU
 
     def after_repeat(r: int, last: dict[int, tuple[float, list[Any]]]) -> None:
         base = rate(last[-1])
@@ -199,7 +206,8 @@ def measure_many(
         generators.clear()
         counts.clear()
         counts.update({i: SourceCounts() for i in setters})  # made here, not per timed prompt
-        return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat)
+        log.clear()
+        return interleaved_parts(runs, repeats, len(case.prompts), device, after_repeat, log)
 
     compiled = ctx is not None and ctx.compiled
     timings = timed_without_compiles(timing, build) if compiled else timing()
@@ -237,12 +245,13 @@ def measure_many(
         )
         result.append(
             Measurement(
-                metrics,
-                sum(map(len, outs)),
-                mismatches,
-                ratios[i],
-                own_rates,
-                base_rates,
+                **preempted(log, timings, i if e.speculative else -1),
+                metrics=metrics,
+                tokens=sum(map(len, outs)),
+                mismatches=mismatches,
+                speedups=ratios[i],
+                rates=own_rates,
+                baseline_rates=base_rates,
                 stats=stats,
                 outputs=outs,
                 build=build,
@@ -251,3 +260,28 @@ def measure_many(
             )
         )
     return result
+
+
+def preempted(
+    log: dict[int, list[list[tuple[float, float]]]],
+    timings: dict[int, list[tuple[float, list[Any]]]],
+    key: int,
+) -> dict[str, Any]:
+    """Measurement's preemption fields for entry `key` (-1: plain) from interleaved_parts' `log`
+    (preemption.accounted, at the policy's `clean_wait_share`), and the plain rate per anchor step
+    of repeats rebuilt from unpreempted prompts."""
+    if not log:
+        return {}
+
+    def parts(k: int, units: Callable[[Any], float]) -> PartLog:
+        return [
+            [(sec, waited, units(res)) for (sec, waited), res in zip(rep_log, rep[1], strict=False)]
+            for rep_log, rep in zip(log.get(k, []), timings.get(k, []), strict=False)
+        ]
+
+    share = MEASURE_POLICY.clean_wait_share
+    plain = parts(-1, lambda r: len(r[0]))
+    out = accounted(parts(key, lambda r: len(r[0])), plain, share)
+    if out and -2 in log:
+        out["clean_plain_per_anchor"] = clean_ratios(plain, parts(-2, float), share)[0]
+    return out
