@@ -64,8 +64,8 @@ def waited_since(before: dict[int, float] | None, after: dict[int, float] | None
 
 def watched(work: Callable[[], T], pid: int | None = None) -> tuple[T, float]:
     """Run `work()`: its result and the largest run-queue wait any thread of process `pid` (default
-    this one) added meanwhile (0.0 where the kernel does not say)."""
-    before = thread_waits(pid=pid)
+    this one; 0: none, e.g. a server not started by us) added meanwhile (0.0 where none is told)."""
+    before = thread_waits(pid=pid) if pid != 0 else None
     result = work()
     return result, waited_since(before, thread_waits(pid=pid)) if before else 0.0
 

@@ -10,8 +10,7 @@ of the same build, side by side, their passes alternating.
   from the server's own `timings` (decode only). B > 1: `-np B` slots and a closed loop of B
   requests in flight, client k on slot k, each slot holding its prompt before the clock starts;
   wall-clock tokens/s of each side.
-- Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n / (predicted_n - draft_n_accepted).
-- Every timed request's counters are kept (`counters.RequestStats`, both sides), and how long the
+- Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n / (predicted_n - draft_n_accepted).- Every timed request's counters are kept (`counters.RequestStats`, both sides), and how long the
   servers' threads waited for a CPU per pass (measure.preemption: `check` judges under load on the
   pass pairs no other process preempted).
 - Exactness at temperature 0: the plain server's tokens and top-2 probabilities are taken once;
@@ -350,7 +349,7 @@ class LlamaCppBackend(ExactnessChecks):
 
     def _watched_pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
         """`_pass` and the seconds its server's threads waited for a CPU (`waited_s`, preemption)."""
-        p, waited = watched(lambda: self._pass(server, case, batch_size), getattr(server.proc, "pid", None))
+        p, waited = watched(lambda: self._pass(server, case, batch_size), getattr(server.proc, "pid", 0))
         p["waited_s"] = min(p["ms"] / 1000.0, waited)
         return planted_pass(p) if "--spec-type" in server.args else p
 
