@@ -282,6 +282,8 @@ def preempted(
     share = MEASURE_POLICY.clean_wait_share
     plain = parts(-1, lambda r: len(r[0]))
     out = accounted(parts(key, lambda r: len(r[0])), plain, share)
+    if out and key == -1:  # plain decoding against itself: 1.0 a repeat, whatever the load
+        out |= {"clean_speedups": [1.0] * len(plain), "clean_share": 1.0}
     if out and -2 in log:
         out["clean_plain_per_anchor"] = clean_ratios(plain, parts(-2, float), share)[0]
     return out

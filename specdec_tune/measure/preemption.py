@@ -13,9 +13,9 @@ holds one of our cores, the pool's thread there is descheduled for a time slice 
 every barrier it misses waits for it; the draft's many tiny operations miss more of them than the
 target's few large ones, so the load does not slow both sides alike and no tolerance separates it
 from a regression (one core of two kept busy: 0.63-0.89x the stored speedup). Nor can the wait be
-subtracted: on the shared 2-core VM a repeat whose threads waited 8.4 s of 14.7 s read a speedup of
-0.62, and 1.08 with the waits taken out, against 2.10 in a quiet repeat minutes later
-(/tmp experiment of this change, demo profile). What does hold: a prompt whose two sides' threads
+subtracted: on the shared 2-core VM (demo profile, stored speedup 2.14) a repeat whose threads
+waited 8.4 s of 14.7 s read a speedup of 0.62, and 1.08 with the waits taken out, while the same
+measurement's third repeat, which no load touched, read 2.10. What does hold: a prompt whose two sides' threads
 never waited was timed as on a quiet machine, and both sides of one prompt run a fraction of a
 second apart (timing.interleaved_parts). So `clean_ratios` keeps those pairs and rebuilds whole
 repeats from them. Linux only; elsewhere every reading is None and nothing is corrected.
