@@ -11,6 +11,7 @@ counted apart. Wanted: unchanged -> pass, quiet and loaded; planted -> regressio
     python benchmarks/check_under_load.py                           # N=5, the committed demo profile
     python benchmarks/check_under_load.py -n 2 --repeats 3 --json results/check_under_load.json
     python benchmarks/check_under_load.py PROFILE --factor 1.15 --core 1 --allow-other-hardware
+    python benchmarks/check_under_load.py -n 1 --batch-size 1 --quiet-only      # smoke test, no hog
 
 The conditions alternate (unchanged quiet, unchanged loaded, planted quiet, planted loaded, ...), so
 a slow drift of the machine lands on all four alike. A check's process is killed after --timeout s
@@ -53,6 +54,8 @@ def one_check(args: argparse.Namespace, planted: bool, loaded: bool) -> dict:
     cmd = [*CLI, "check", str(args.profile), "--repeats", str(args.repeats), "--json"]
     if args.allow_other_hardware:
         cmd.append("--allow-other-hardware")
+    if args.batch_size is not None:
+        cmd += ["--batch-size", str(args.batch_size)]
     load = hog(args.core) if loaded else None
     started = time.monotonic()
     try:
@@ -113,6 +116,8 @@ def main() -> None:
     ap.add_argument("--core", type=int, default=None, help="the core the hog spins on (default: the last)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a check is killed")
     ap.add_argument("--allow-other-hardware", action="store_true", help="pass it on to check")
+    ap.add_argument("--batch-size", type=int, default=None, help="check only this batch table row")
+    ap.add_argument("--quiet-only", action="store_true", help="no hog: the two quiet conditions only")
     ap.add_argument("--json", type=Path, default=None, help="also write every check's result here")
     args = ap.parse_args()
     if args.core is None:
@@ -120,7 +125,7 @@ def main() -> None:
     results = []
     for i in range(args.n):
         for planted in (False, True):
-            for loaded in (False, True):
+            for loaded in (False,) if args.quiet_only else (False, True):
                 r = one_check(args, planted, loaded)
                 results.append(r)
                 tag = f"{'planted' if planted else 'unchanged'}/{'loaded' if loaded else 'quiet'}"

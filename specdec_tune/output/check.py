@@ -184,19 +184,34 @@ def load_free(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float] | 
 
 
 def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> str:
-    """What would make an inconclusive speedup answer, in a few words: on a machine that was not
-    quiet, the repeats that would give `min_clean_repeats` unpreempted ones at the share of
-    unpreempted prompts seen (at most the policy's `max_repeats_asked`), else a quiet machine; on a quiet but noisy one,
-    the repeats its spread needs (`confirm_repeats`).
+    """What would make an inconclusive speedup answer, in a few words. Judged on all repeats (quiet)
+    or on enough unpreempted ones (`load_free`) but too noisy: the repeats their spread needs for an
+    interval narrower than `tolerance`, counted at the share of unpreempted prompts seen.
+    Beside other work with too few unpreempted repeats: the repeats that would give
+    `min_clean_repeats` of them at that share. Either beyond the policy's `max_repeats_asked`, or
+    no prompt unpreempted at all: a quiet machine.
 
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
-        shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48 % ...)"
-        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "more repeats (--repeats 12) or ..."
+        shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
+        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "a quiet machine (the speedup varied 33% ...)"
+        shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
+                                                               -> "about 8 more repeats (--repeats 11) or ..."
     """
     ran = len(samples_of(e.measured, e.again))
     share = e.measured.clean_share
-    if e.environment.quiet:
-        return f"more repeats (--repeats {max(ran + 1, confirm_repeats(e.measured, ran, policy))}) or a quieter machine"
+    free = load_free(e, policy)
+    if e.environment.quiet or free is not None:
+        xs = free or samples_of(e.measured, e.again)
+        mean = statistics.fmean(xs)
+        cv = statistics.stdev(xs) / mean if len(xs) > 1 and mean > 0 else 0.0
+        # an interval of the per-repeat ratios narrower than the tolerance decides (stats.judge_speedup)
+        needed = repeats_needed(cv / math.sqrt(2), tolerance)
+        needed = math.ceil(needed / share) if free is not None and share else needed
+        if needed > policy.max_repeats_asked:
+            return f"a quiet machine (the speedup varied {cv:.0%} from repeat to repeat)"
+        return (
+            f"about {max(1, needed - ran)} more repeats (--repeats {max(needed, ran + 1)}) or a quiet machine"
+        )
     if not share:
         waited = (
             f" (our threads waited {e.measured.waited_share:.0%} of the time for a CPU)" if share == 0 else ""

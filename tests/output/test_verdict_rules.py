@@ -481,3 +481,18 @@ def test_without_preemption_accounting_a_loaded_drop_stays_inconclusive():
 def test_on_a_quiet_machine_every_repeat_is_judged_not_only_the_unpreempted_ones():
     m = _measured([0.5, 0.6, 0.55], clean=[1.0, 1.0, 1.0], clean_share=1.0)
     assert _verdict(speedup_item(_evidence(measured=m), 0.10)) == "regression"
+
+
+def test_enough_unpreempted_repeats_but_too_noisy_asks_for_the_repeats_their_spread_needs():
+    # the smoke run's planted check: 4 unpreempted repeats (75 % of prompts) straddling the floor
+    m = _measured([0.75, 0.80, 0.82], clean=[0.80, 0.88, 0.96, 0.84, 0.92], clean_share=0.75)
+    item = speedup_item(_evidence(measured=m, load=SHARED_LOAD), 0.10)
+    assert _verdict(item) == "inconclusive" and "too noisy to tell" in item.note
+    # cv 7.2 %: 8 repeats give an interval narrower than the tolerance; at 0.75 of them unpreempted, 11
+    assert item.answer == "about 8 more repeats (--repeats 11) or a quiet machine"
+
+
+def test_a_quiet_check_too_noisy_to_resolve_asks_for_a_quiet_machine():
+    item = speedup_item(_evidence([0.6, 1.3, 0.85, 1.2, 0.7]), 0.10)
+    assert _verdict(item) == "inconclusive"
+    assert item.answer == "a quiet machine (the speedup varied 33% from repeat to repeat)"
