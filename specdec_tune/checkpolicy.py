@@ -49,6 +49,18 @@ class CheckPolicy:
     a planted 100 ms per drafting step measured 0.11x [0.10, 0.12] on a shared CI runner and was
     called inconclusive before this rule (tests/output/test_check.py, CI of 42f9c17)."""
 
+    min_clean_repeats: int = 3
+    """A speedup measured beside other work is judged as a quiet machine's when at least this many
+    whole repeats can be rebuilt from prompts no other process preempted (measure.preemption: their
+    threads never waited for a CPU); fewer is inconclusive, and the note says how many repeats would
+    give them. Three, as a first measurement's `--repeats` default: the bootstrap interval of fewer
+    is too wide to resolve the tolerance."""
+
+    max_repeats_asked: int = 30
+    """An inconclusive check names the `--repeats` that would give `min_clean_repeats` unpreempted
+    repeats only up to this many (a few minutes of the demo profile on 2 cores); beyond, it asks for
+    a quiet machine instead."""
+
     shared_steal_share: float = 0.05
     """Steal over this share of all CPU time, short of busy, is a shared machine too (the steal
     counterpart of `shared_others_share`, half the busy line as the others' share is)."""

@@ -333,6 +333,9 @@ class Anchors:
     # by prompt: the machine's own speed cancels in it, so `check` judges the plain rate by it.
     decode_anchor: DecodeAnchorSpec | None = None
     reference_plain_per_anchor: list[float] = field(default_factory=list)
+    # The machine itself (measure.hardware.machine_id; absent in older profiles): `check` judges
+    # absolute rates only on the same one, since two VMs of one slug differ in them.
+    machine: str | None = None
 
     @property
     def has_reference(self) -> bool:

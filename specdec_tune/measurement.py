@@ -149,6 +149,14 @@ class Measurement:
     # tokens/s divided by them (timed prompt by prompt between the plain passes)
     anchor_rates: list[float] = field(default_factory=list)
     plain_per_anchor: list[float] = field(default_factory=list)
+    # what other processes took from the measurement (measure.preemption): the speedups (and plain
+    # per anchor step) of the repeats rebuilt from prompts neither side was preempted in, the share
+    # of (repeat, prompt) pairs that were, and the share of the timed seconds our threads waited
+    # for a CPU; `clean_share` None: not accounted (no schedstat, or an engine that does not)
+    clean_speedups: list[float] = field(default_factory=list)
+    clean_plain_per_anchor: list[float] = field(default_factory=list)
+    clean_share: float | None = None
+    waited_share: float = 0.0
     # an in-process engine: the loop's counters, the outputs, and the compile work done before
     # timing (never inside it); None where the engine compiles nothing in this process
     stats: SpecStats = field(default_factory=SpecStats)

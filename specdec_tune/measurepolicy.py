@@ -52,6 +52,12 @@ class MeasurePolicy:
     (a test run, a compiler: 75126e8). A line for the user only: the busy rule counts it whatever
     its size."""
 
+    clean_wait_share: float = 0.03
+    """A timed prompt whose threads waited for a CPU (run queue, measure.preemption) at most this
+    share of its seconds counts as unpreempted; `check` judges a speedup measured beside other work
+    on the repeats rebuilt from such prompts (`preemption.clean_ratios`). Quiet prompts of the
+    shared 2-core VM waited 1.0-1.4 % (kernel threads, short-lived processes); loaded ones 25-75 %."""
+
     # -------------------------------------------------------- the machine anchors (measure.anchors)
     anchor_copy_mib: int = 256
     """The copy anchor's buffer (the costs profile's copy too): past any cache, so it reads memory.

@@ -156,7 +156,10 @@ def test_an_unknown_backend_is_one_line_naming_the_known_ones(tmp_path, fake_eng
     r, _ = _run(tmp_path, "--trials", "6")
     assert r.exit_code == 0, r.output
     bad = invoke("bench", "--backend", "sglang", "--draft", "copy")
-    assert bad.exit_code == 2 and "unknown backend 'sglang': use native or llamacpp or vllm or fake" in bad.output
+    assert (
+        bad.exit_code == 2
+        and "unknown backend 'sglang': use native or llamacpp or vllm or fake" in bad.output
+    )
 
 
 @pytest.mark.slow  # the CLI end to end

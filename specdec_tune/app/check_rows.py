@@ -30,6 +30,7 @@ class Judging:
     acceptance_tolerance: float | None
     repeats: int
     policy: CheckPolicy
+    same_machine: bool = True  # the profile's own machine (app.checking.same_machine): rates judged
 
 
 def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[int, Any]]:
@@ -67,8 +68,10 @@ def row_items(
     not clearly passing is measured again in the session."""
     m, os_noise, busy_seen = noise.busy_window(lambda: in_session(s, config, batch_size, j.repeats))
     env = classify(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
-    e = Evidence(stored, m, temperature=temperature, environment=env, where=where)
+    e = Evidence(
+        stored, m, temperature=temperature, environment=env, where=where, same_machine=j.same_machine
+    )
     if needs_confirmation(e, j.tolerance, j.policy):
-        n = confirm_repeats(m, j.repeats, j.policy)
+        n = confirm_repeats(m, j.repeats, j.policy, shared=not env.quiet)
         e = replace(e, again=in_session(s, config, batch_size, n, seed=1))
     return judge_config(e, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=j.policy)

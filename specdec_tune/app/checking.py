@@ -26,6 +26,7 @@ from ..limits import MAX_REPEATS, check_count
 from ..measure import anchors as machine_anchors
 from ..measure import noise
 from ..measure.anchors import faster, measure_twice
+from ..measure.hardware import machine_id
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for
 from ..output.check import (
     CheckItem,
@@ -98,7 +99,7 @@ def check(
         decode_anchor=p.anchors.decode_anchor if anchored else None,
     )
     with open_stored(p, path, models, purpose, allow_other_hardware=allow_other_hardware) as s:
-        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy)
+        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p))
         report = CheckReport(profile=str(path), config=p.best.config.label)
         report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
         judge_rows(
@@ -202,12 +203,15 @@ def first_row(
     first = Evidence(
         stored, m, temperature=p.workload.temperature, environment=env,
         judge_rates=verdict.judge_rates and b == 1 and bool(policy.judged_rates), rate_scale=scale,
-        reference=reference_of(p) if b == 1 else {}, where=where_of(b),
+        reference=reference_of(p) if b == 1 else {}, where=where_of(b), same_machine=j.same_machine,
     )  # fmt: skip
     again = None
+    # Beside other work, with what it took from each prompt accounted (measure.preemption): more
+    # repeats here give more unpreempted prompts; a fresh process keeps only its medians.
+    accounted = not env.quiet and m.clean_share is not None
     if needs_confirmation(first, j.tolerance, policy):
         fresh, fresh_busy = [], False
-        if s.fresh_reference and first.reference:  # a sample of the reference's kind
+        if s.fresh_reference and first.reference and not accounted:  # a sample of the reference's kind
             fresh, fresh_busy = confirm_in_fresh_processes(
                 path, s.device, models_root, machine, busy=env.busy, policy=policy, threads=s.threads
             )
@@ -218,7 +222,12 @@ def first_row(
         else:  # in this session
             # Busy: the load, not the noise, moved the result, and more repeats under it only
             # resolve the load's level; one more look at the same length is enough to pass.
-            again = once(j.repeats if env.busy else confirm_repeats(m, j.repeats, policy), seed=1)
+            n = (
+                j.repeats
+                if env.busy and not accounted
+                else confirm_repeats(m, j.repeats, policy, shared=accounted)
+            )
+            again = once(n, seed=1)
     # The machine's own speed moved while this check measured (a shared host's neighbours): a drop
     # of the absolute rates is then inconclusive; the plain rate per decode-anchor step, in which
     # the host's speed cancels, is still judged, and so is the speedup (output.environment).
@@ -237,6 +246,14 @@ def first_row(
             round(statistics.median(now), 5),
         ]
     return judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
+
+
+def same_machine(p: Any) -> bool:
+    """Whether this is the machine the profile was made on, not only one of its kind: the machine
+    id `run` stored with the reference (measure.hardware.machine_id). Older profiles have none, and
+    their absolute rates are then reported as another machine's (output.rates.unjudged)."""
+    stored = p.anchors.machine if p.anchors is not None else None
+    return stored is not None and stored == machine_id()
 
 
 def anchors_again(device: str, machine: Any, policy: CheckPolicy = CHECK_POLICY) -> tuple[Any, bool]:

@@ -13,6 +13,7 @@ from ..checkpolicy import CHECK_POLICY
 from ..domain import Noise
 from ..errors import SpecDecError
 from ..limits import check_count
+from ..measure.hardware import machine_id
 from ..measure.noise import busy
 from ..search.space import TuneSettings
 from ..store.runfiles import save_run
@@ -101,6 +102,7 @@ def _reference(
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
     profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
+    profile.anchors.machine = machine_id()  # absolute rates are judged on this machine only
     matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
     profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
     per_anchor = [k["plain_per_anchor"] for k in kept if k.get("plain_per_anchor")]

@@ -374,8 +374,7 @@ def _render_check(report: CheckReport, output_format: str, json_out: bool) -> No
         error_line("regression", bad)
         raise typer.Exit(1)
     if report.inconclusive:
-        vague = ", ".join(i.metric for i in report.items if i.inconclusive)
-        error_line("inconclusive: too noisy to tell", vague, style="yellow")
+        error_line("inconclusive", report.inconclusive_line, style="yellow")
         raise typer.Exit(6)  # documented in docs/cli.md: inconclusive, the machine was too noisy
 
 

@@ -7,6 +7,7 @@ ratios to the same repeat's baseline, with the spread reported.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import torch
 
 from ..limits import check_count, check_decoding
 from ..measurement import Measurement
+from ..measurepolicy import MEASURE_POLICY
 from ..runtime.caches.modes import ExecutionContext
 from ..runtime.decode import SpecStats, autoregressive_generate, speculative_generate
 from ..runtime.drafting.drafters import Drafter
@@ -23,6 +25,8 @@ from ..runtime.graphs import GraphBuild, Untimed, prebuild, timed_without_compil
 from ..runtime.workloads import Case
 from .decode_anchor import DecodeAnchor, steps_for
 from .paired import RepeatRatios, mismatches, paired_metrics
+from .planted import sleep_for, slower_spec_factor
+from .preemption import PartLog, accounted, clean_ratios
 from .timing import interleaved_parts
 
 if TYPE_CHECKING:
@@ -76,10 +80,12 @@ def run_prompt(
     prompt, max_new = case.prompts[i], case.max_new_tokens[i]
     if drafter is None or gamma == 0:
         gen = autoregressive_generate(target, prompt, max_new, case.temperature, case.eos, generator, ctx)
-    else:
-        gen = speculative_generate(
-            target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
-        )
+        return gen.tokens, gen.stats
+    started = time.perf_counter()
+    gen = speculative_generate(
+        target, drafter, prompt, gamma, threshold, case.temperature, max_new, case.eos, generator, ctx
+    )
+    sleep_for(time.perf_counter() - started, slower_spec_factor())  # a test-only hook (measure.planted)
     return gen.tokens, gen.stats
 
 
@@ -147,11 +153,13 @@ def measure_many(
         steps = steps_for(case.max_new_tokens)
         runs[-2] = lambda r, p: anchor.run(steps[p])
     ratios = RepeatRatios([e.speculative for e in entries], _rate, on_repeat)
+    log: dict[int, list[list[tuple[float, float]]]] = {}  # per part: seconds, waited for a CPU
 
     def timing() -> dict[int, list[tuple[float, list[Any]]]]:
         ratios.clear()
         parts.clear()
-        return interleaved_parts(runs, repeats, len(case.prompts), device, ratios)
+        log.clear()
+        return interleaved_parts(runs, repeats, len(case.prompts), device, ratios, log)
 
     compiled = ctx is not None and ctx.compiled
     timings = timed_without_compiles(timing, build) if compiled else timing()
@@ -177,7 +185,7 @@ def measure_many(
         m = Measurement(
             metrics, sum(map(len, outs)), mismatches(base_out, outs, case.temperature), ratios.ratios[i],
             own_rates, base_rates, stats=stats, outputs=outs, build=build, anchor_rates=list(anchor_rates),
-            plain_per_anchor=list(per_anchor),
+            plain_per_anchor=list(per_anchor), **preempted(log, timings, i if e.speculative else -1),
         )  # fmt: skip
         result.append(m)
     return result
@@ -267,3 +275,30 @@ class _Parts:
             return {}
         self.setters[i](self.counts[i])
         return source_stats(self.entries[i].drafter)
+
+
+def preempted(
+    log: dict[int, list[list[tuple[float, float]]]],
+    timings: dict[int, list[tuple[float, list[Any]]]],
+    key: int,
+) -> dict[str, Any]:
+    """Measurement's preemption fields for entry `key` (-1: plain) from interleaved_parts' `log`
+    (preemption.accounted, at the policy's `clean_wait_share`), and the plain rate per anchor step
+    of repeats rebuilt from unpreempted prompts."""
+    if not log:
+        return {}
+
+    def parts(k: int, units: Callable[[Any], float]) -> PartLog:
+        return [
+            [(sec, waited, units(res)) for (sec, waited), res in zip(rep_log, rep[1], strict=False)]
+            for rep_log, rep in zip(log.get(k, []), timings.get(k, []), strict=False)
+        ]
+
+    share = MEASURE_POLICY.clean_wait_share
+    plain = parts(-1, lambda r: len(r[0]))
+    out = accounted(parts(key, lambda r: len(r[0])), plain, share)
+    if out and key == -1:  # plain decoding against itself: 1.0 a repeat, whatever the load
+        out |= {"clean_speedups": [1.0] * len(plain), "clean_share": 1.0}
+    if out and -2 in log:
+        out["clean_plain_per_anchor"] = clean_ratios(plain, parts(-2, float), share)[0]
+    return out

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 from ..runtime.models.devices import synchronize
+from .preemption import thread_waits, waited_since
 
 K = TypeVar("K", bound=Hashable)
 
@@ -58,6 +59,7 @@ def interleaved_parts(
     parts: int,
     device: str,
     on_repeat: Callable[[int, dict[K, tuple[float, list[Any]]]], None] | None = None,
+    log: dict[K, list[list[tuple[float, float]]]] | None = None,
 ) -> dict[K, list[tuple[float, list[Any]]]]:
     """`interleaved` with each repeat cut into `parts` (a workload's prompts): the contenders take
     turns part by part, the order reversed at every other part, and a repeat's seconds are the sum
@@ -68,6 +70,10 @@ def interleaved_parts(
     the burst. Part by part, the contenders of one part run a fraction of a second apart and share
     whatever the machine was doing. `runs[k](r, p)` runs part p of repeat r; returns, per key, the
     (seconds, [result per part]) of each repeat.
+
+    `log`, when given, is filled per key, per repeat, per part with (seconds, seconds this
+    process's threads sat on a run queue meanwhile: measure.preemption, the largest of any thread):
+    which parts other processes took CPU time from (`preemption.clean_ratios` keeps the others).
     """
     if repeats < 1 or parts < 1:
         raise ValueError(f"repeats and parts must be >= 1, got {repeats} and {parts}")
@@ -76,15 +82,20 @@ def interleaved_parts(
     turn = 0
     for r in range(repeats):
         seconds = dict.fromkeys(runs, 0.0)
+        logged: dict[K, list[tuple[float, float]]] = {k: [] for k in runs}
         results: dict[K, list[Any]] = {k: [] for k in runs}
         for p in range(parts):
             for k in order if turn % 2 == 0 else order[::-1]:
+                before = thread_waits() if log is not None else None
                 sec, res = timed(lambda k=k, r=r, p=p: runs[k](r, p), device)
+                logged[k].append((sec, min(sec, waited_since(before, thread_waits())) if before else 0.0))
                 seconds[k] += sec
                 results[k].append(res)
             turn += 1
         for k in runs:
             out[k].append((seconds[k], results[k]))
+            if log is not None:
+                log.setdefault(k, []).append(logged[k])
         if on_repeat is not None:
             on_repeat(r, {k: v[-1] for k, v in out.items()})
     return out

@@ -38,8 +38,9 @@ from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import SpecDecError
 from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, Judgement
+from ..measurement import Measurement
 from ..store.schema import Profile
-from .rates import PER_ANCHOR, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
+from .rates import OTHER_MACHINE, PER_ANCHOR, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
 from .verdicts import CheckItem, CheckReport, Evidence
 
 __all__ = ["CheckItem", "CheckReport", "Evidence", "rate_items"]  # where callers have always found them
@@ -104,17 +105,21 @@ def judge_config(
     if e.judge_rates:
         return items + rate_items(e, tolerance, policy)
     stored, m = e.stored.metrics, e.measured.metrics
-    return items + [info_item(f"{k}{e.where}", getattr(stored, k), getattr(m, k)) for k in RATES]
+    note = "information only" if e.same_machine else OTHER_MACHINE
+    return items + [info_item(f"{k}{e.where}", getattr(stored, k), getattr(m, k), note) for k in RATES]
 
 
 def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> CheckItem:
     """The speedup's floor test (`judge_measured`). On a machine that is not quiet other work takes
     the target's cores and speculation gains less, by more than any tolerance: with one core of two
     kept busy, checks of an unchanged setup measured 0.75-0.89 of the stored speedup
-    (benchmarks/interference.py). A drop there cannot be told from the load, so it is
-    inconclusive, never a regression."""
+    (benchmarks/interference.py). So there the speedup is judged on the repeats rebuilt from
+    prompts no other process preempted (`load_free`), as on a quiet machine; where too few are,
+    a drop cannot be told from the load: inconclusive, never a regression, and the item says what
+    would answer (`answer_for`)."""
     stored, m, measured, again = e.stored.metrics, e.measured.metrics, e.measured, e.again
-    shared = not e.environment.quiet
+    free = load_free(e, policy)
+    shared = not e.environment.quiet and free is None
     judged = judge_measured(e, tolerance, policy)
     beyond_load = judged.interval[1] < policy.load_explains_down_to
     if shared and judged.verdict == REGRESSION and not beyond_load:
@@ -134,8 +139,12 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     else:
         against = "stored repeats" if stored.speedup_samples else "stored median"
     note = f"{judged.note} vs {against}{confirm}"
+    if free is not None:
+        note += f"; {SHARED}: judged on {len(free)} repeats rebuilt from prompts no other process preempted"
+        note += f" ({measured.clean_share:.0%} of them; our threads waited {measured.waited_share:.0%} of the time)"
+    answer = answer_for(e, tolerance, policy) if judged.verdict == INCONCLUSIVE else ""
     if judged.verdict == INCONCLUSIVE:
-        note += "; inconclusive: " + (SHARED if shared else "too noisy to tell")
+        note += "; inconclusive: " + (SHARED if shared else "too noisy to tell") + f"; {answer} would answer"
     elif shared and judged.verdict == REGRESSION:
         note += f"; {SHARED}, but no load measured took a speedup below {policy.load_explains_down_to:.2f}x of stored"
     elif shared:
@@ -148,7 +157,70 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
         judged.verdict != REGRESSION,
         note,
         inconclusive=judged.verdict == INCONCLUSIVE,
+        answer=answer,
     )
+
+
+def clean_of(measured: Measurement, again: Measurement | None) -> list[float]:
+    """Every speedup of the repeats rebuilt from unpreempted prompts (measure.preemption) in a
+    re-measurement and its confirmation (fresh processes' medians keep none)."""
+    return list(measured.clean_speedups) + (list(again.clean_speedups) if again is not None else [])
+
+
+def load_free(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float] | None:
+    """The speedups to judge a measurement that shared the machine by: those of the repeats rebuilt
+    from prompts whose threads never waited for a CPU (measure.preemption.clean_ratios), when at
+    least the policy's `min_clean_repeats` could be; None on a quiet machine (all repeats are
+    judged) or when too few could (the load decides nothing then: inconclusive).
+
+        shared, clean [2.10, 2.12, 2.08] of stored 2.14       -> judged as quiet: pass
+        shared, clean [1.80, 1.82, 1.79] of stored 2.14       -> judged as quiet: regression
+        shared, clean [2.10] (one prompt in 8 unpreempted)    -> None: inconclusive
+        quiet                                                 -> None: every repeat judged"""
+    if e.environment.quiet:
+        return None
+    clean = clean_of(e.measured, e.again)
+    return clean if len(clean) >= policy.min_clean_repeats else None
+
+
+def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> str:
+    """What would make an inconclusive speedup answer, in a few words. Judged on all repeats (quiet)
+    or on enough unpreempted ones (`load_free`) but too noisy: the repeats their spread needs for an
+    interval narrower than `tolerance`, counted at the share of unpreempted prompts seen.
+    Beside other work with too few unpreempted repeats: the repeats that would give
+    `min_clean_repeats` of them at that share. Either beyond the policy's `max_repeats_asked`, or
+    no prompt unpreempted at all: a quiet machine.
+
+        shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
+        shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
+        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "a quiet machine (the speedup varied 33% ...)"
+        shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
+                                                               -> "about 8 more repeats (--repeats 11) or ..."
+    """
+    ran = len(samples_of(e.measured, e.again))
+    share = e.measured.clean_share
+    free = load_free(e, policy)
+    if e.environment.quiet or free is not None:
+        xs = free or samples_of(e.measured, e.again)
+        mean = statistics.fmean(xs)
+        cv = statistics.stdev(xs) / mean if len(xs) > 1 and mean > 0 else 0.0
+        # an interval of the per-repeat ratios narrower than the tolerance decides (stats.judge_speedup)
+        needed = repeats_needed(cv / math.sqrt(2), tolerance)
+        needed = math.ceil(needed / share) if free is not None and share else needed
+        if needed > policy.max_repeats_asked:
+            return f"a quiet machine (the speedup varied {cv:.0%} from repeat to repeat)"
+        return (
+            f"about {max(1, needed - ran)} more repeats (--repeats {max(needed, ran + 1)}) or a quiet machine"
+        )
+    if not share:
+        waited = (
+            f" (our threads waited {e.measured.waited_share:.0%} of the time for a CPU)" if share == 0 else ""
+        )
+        return f"a quiet machine{waited}"
+    needed = math.ceil(policy.min_clean_repeats / share)
+    if needed > policy.max_repeats_asked:
+        return f"a quiet machine (only {share:.0%} of prompts ran unpreempted)"
+    return f"about {max(1, needed - ran)} more repeats (--repeats {max(needed, ran + 1)}) or a quiet machine"
 
 
 def acceptance_item(
@@ -195,7 +267,7 @@ def judge_measured(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_PO
     processes' speedups where the profile has them (`reference_of`), else against the stored
     metrics (the final round's repeats, all from the one process that ran the search)."""
     check_tolerance(tolerance)
-    now = samples_of(e.measured, e.again)
+    now = load_free(e, policy) or samples_of(e.measured, e.again)
     ref = reference_speedups(e.reference, policy)
     if ref:
         return floor_test(now, ref, statistics.median(ref), tolerance, policy)
@@ -238,14 +310,28 @@ def needs_confirmation(e: Evidence, tolerance: float, policy: CheckPolicy = CHEC
     )
 
 
-def confirm_repeats(measured: Any, repeats: int, policy: CheckPolicy = CHECK_POLICY) -> int:
+def confirm_repeats(
+    measured: Any, repeats: int, policy: CheckPolicy = CHECK_POLICY, *, shared: bool = False
+) -> int:
     """Repeats for the confirming re-measurement: as many as the first one's spread needs to resolve
     the policy's `confirm_resolve_share` (`noise.repeats_needed`; a ratio of two passes varies
-    sqrt(2) times one pass), at most `max_confirm_repeats`, never fewer than `repeats`.
+    sqrt(2) times one pass), at most `max_confirm_repeats`, never fewer than `repeats`. With
+    `shared` (other work shared the machine) and the preemption accounted: as many as give the
+    policy's `min_clean_repeats` unpreempted repeats at the share of unpreempted prompts seen, when
+    the first has fewer (none seen: `repeats`, one more look).
 
         speedups [0.97, 1.00, 1.03], 3 repeats -> 6 (cv 3 %: resolving 5 % needs 6)
         speedups [0.85, 0.88, 0.80], 3 repeats -> 12 (cv 4.8 % needs 15: capped)
-        speedups [1.0], 3 repeats              -> 3 (no spread to size it by)"""
+        speedups [1.0], 3 repeats              -> 3 (no spread to size it by)
+        shared, 1 clean repeat, share 0.4      -> 5 (2 more clean ones at 0.4 a repeat)"""
+    share = getattr(measured, "clean_share", None)
+    have = len(getattr(measured, "clean_speedups", []) or [])
+    if shared and share is not None and have < policy.min_clean_repeats:
+        if share <= 0:
+            return repeats
+        return max(
+            repeats, min(policy.max_confirm_repeats, math.ceil((policy.min_clean_repeats - have) / share))
+        )
     xs = list(measured.speedups or [])
     if len(xs) < 2:
         return repeats

@@ -68,7 +68,8 @@ def judge_rate(e: Evidence, metric: str, tolerance: float, policy: CheckPolicy =
     decode anchor is judged per anchor step against the reference's (`anchored`)."""
     if anchored(metric, e):
         ref = e.reference[PER_ANCHOR]
-        return floor_test(per_anchor_of(e.measured, e.again), ref, statistics.median(ref), tolerance, policy)
+        now = clean_per_anchor(e, policy) or per_anchor_of(e.measured, e.again)
+        return floor_test(now, ref, statistics.median(ref), tolerance, policy)
     rates = [r * e.rate_scale for r in rates_of(e.measured, e.again, metric)]
     ref = e.reference.get(metric)
     if ref:
@@ -87,6 +88,46 @@ def anchored(metric: str, e: Evidence) -> bool:
     )
 
 
+def clean_per_anchor(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float]:
+    """On a machine that was not quiet: the plain rate per decode-anchor step of the repeats rebuilt
+    from prompts neither the plain pass nor the anchor was preempted in (measure.preemption), when
+    at least the policy's `min_clean_repeats` could be; else [] (on a quiet machine, too)."""
+    if e.environment.quiet:
+        return []
+    out = list(e.measured.clean_plain_per_anchor)
+    out += list(e.again.clean_plain_per_anchor) if e.again is not None else []
+    return out if len(out) >= policy.min_clean_repeats else []
+
+
+# An absolute rate measured on another machine of the profile's kind, or beside other work
+OTHER_MACHINE = (
+    "other machine (not the profile's own: absolute rates differ between VMs of one kind): "
+    "information only, never a regression; the ratios measured in this run are judged"
+)
+SHARED_RATE = (
+    "information only: other work shared the machine, so absolute rates are the host's; "
+    "the speedup, judged on unpreempted prompts, carries the verdict"
+)
+
+
+def unjudged(e: Evidence, metric: str, policy: CheckPolicy = CHECK_POLICY) -> str:
+    """Why a judged rate is reported but not judged here ("" when it is judged): measured on
+    another machine of the profile's kind (`e.same_machine` False), unless it is the plain rate per
+    decode-anchor step, a ratio measured in this run; or measured beside other work, unless that
+    ratio could be rebuilt from unpreempted prompts (`clean_per_anchor`).
+
+        same machine, quiet                        -> "" (judged)
+        another VM of the slug, no decode anchor   -> OTHER_MACHINE
+        another VM, plain per anchor step measured -> "" (the ratio is judged)
+        same machine, shared, no anchor            -> SHARED_RATE"""
+    per_anchor = anchored(metric, e)
+    if not e.same_machine and not per_anchor:
+        return OTHER_MACHINE
+    if not e.environment.quiet and not (per_anchor and clean_per_anchor(e, policy)):
+        return SHARED_RATE
+    return ""
+
+
 def in_fresh(processes: int, medians: int) -> str:
     """A note's words for a confirmation in fresh processes, judged on one median per process."""
     return f"re-measured in {processes} fresh process{'es' * (processes > 1)}: judged on {medians} process medians"
@@ -95,11 +136,13 @@ def in_fresh(processes: int, medians: int) -> str:
 def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> list[CheckItem]:
     """The plain tokens/s judged like the speedup (the machine anchors agreed, so a drop is the
     setup's): a regression when clearly below stored × (1 - tolerance); inconclusive instead when
-    too noisy, or when `e.environment.rates_doubtful` (not quiet, or drifting: absolute rates are
-    then the host's). The speculative tokens/s is reported, not judged (the policy's `judged_rates`).
+    too noisy, or when the machine's own speed drifted; information only on another machine or
+    beside other work (`unjudged`). The speculative tokens/s is reported, not judged (the policy's `judged_rates`).
 
         stored 80, measured [68.0, 68.5, 67.6], quiet    -> regression (now/stored 0.85 < 0.90)
-        the same, others 0.18 of the CPUs (shared)       -> inconclusive: the machine was not quiet
+        the same, others 0.18 of the CPUs (shared)       -> information only (`unjudged`)
+        the same, another VM of the profile's kind       -> information only: other machine
+        the same, quiet, the matmul anchor drifted 10 %  -> inconclusive
         stored 80, measured [79, 81, 80], quiet          -> pass
 
     `e.rate_scale` (the matmul anchor's stored / measured rate) puts the measured rates at the speed
@@ -112,7 +155,7 @@ def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
     why the final round's own rate is a poorer one)."""
     items = []
     measured, again, where, scale, stored = e.measured, e.again, e.where, e.rate_scale, e.stored.metrics
-    busy = e.environment.rates_doubtful
+    busy = e.environment.drifting  # shared or busy: not judged at all (`unjudged`)
     for metric in RATES:
         if metric not in policy.judged_rates:
             ref = e.reference.get(metric)
@@ -125,10 +168,17 @@ def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
                 )
             )
             continue
+        ref = e.reference.get(metric)
+        why = unjudged(e, metric, policy)
+        if why:
+            base = statistics.median(ref) if ref else getattr(stored, metric)
+            items.append(
+                info_item(f"{metric}{where}", base, statistics.median(rates_of(measured, again, metric)), why)
+            )
+            continue
         judged = judge_rate(e, metric, tolerance, policy)
         if busy and judged.verdict == REGRESSION:
             judged.verdict = INCONCLUSIVE
-        ref = e.reference.get(metric)
         base = statistics.median(ref) if ref else getattr(stored, metric)
         against = f"the reference ({len(ref)} fresh processes)" if ref else "stored median"
         per_anchor = anchored(metric, e)
@@ -138,6 +188,8 @@ def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
                 f"cancels): {judged.note} vs {against}; the machine anchors agree"
             )
             shown = statistics.median(rates_of(measured, again, metric))
+            if not e.environment.quiet:
+                note += "; other work shared the machine: judged on repeats rebuilt from unpreempted prompts"
         else:
             note = f"{judged.note} vs {against}; the machine anchors agree"
             shown = judged.ratio * base / scale
@@ -146,7 +198,7 @@ def rate_items(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
         if scale != 1.0 and not per_anchor:
             note += f"; rates scaled ×{scale:.3f} to the profile's machine speed (matmul anchor)"
         if judged.verdict == INCONCLUSIVE:
-            why = "the machine was not quiet (other work, or its own speed moved)"
+            why = "the machine's own speed moved (matmul anchor)"
             note += "; inconclusive: " + (why if busy else "too noisy to tell")
         items.append(
             CheckItem(

@@ -20,7 +20,8 @@ class Evidence:
 
     `judge_rates`: the machine anchors agree, so the plain tokens/s is judged, at `rate_scale`
     (output.anchors.rate_scale_for); `reference`: the profile's fresh-process reference
-    (output.check.reference_of, {} for older profiles); `where`: the items' suffix (" @ B=4")."""
+    (output.check.reference_of, {} for older profiles); `where`: the items' suffix (" @ B=4");
+    `same_machine`: absolute rates are judged only then (output.rates.rate_items)."""
 
     stored: Result
     measured: Measurement
@@ -31,6 +32,9 @@ class Evidence:
     rate_scale: float = 1.0
     reference: dict[str, list[float]] = field(default_factory=dict)
     where: str = ""
+    same_machine: bool = (
+        True  # the profile's machine itself (measure.hardware.machine_id), not one of its kind
+    )
 
 
 @dataclass
@@ -41,6 +45,7 @@ class CheckItem:
     ok: bool
     note: str = ""
     inconclusive: bool = False  # too noisy to decide (ok stays True: not a regression)
+    answer: str = ""  # inconclusive: what would make the check answer ("3 more repeats", "a quiet machine")
 
 
 @dataclass
@@ -60,6 +65,13 @@ class CheckReport:
     def inconclusive(self) -> bool:
         """No regression, but some speedup could not be judged on this noisy machine (exit 6)."""
         return self.passed and any(i.inconclusive for i in self.items)
+
+    @property
+    def inconclusive_line(self) -> str:
+        """The one line of exit 6: what could not be told, and what would make the check answer."""
+        vague = [i for i in self.items if i.inconclusive]
+        answer = next((i.answer for i in vague if i.answer), "more --repeats or a quiet machine")
+        return f"{', '.join(i.metric for i in vague)}: {answer} would answer"
 
     def as_dict(self) -> dict[str, Any]:
         return {

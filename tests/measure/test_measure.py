@@ -189,3 +189,26 @@ def test_a_batched_pass_of_fewer_prompts_than_slots_fills_every_slot(tiny_target
     assert sent and all(n == 4 and b == 4 for n, b in sent)
     assert m.mismatches == 0
     assert batched.fill_slots(case(prompts, n=5), 4).prompts == prompts[:5]  # enough already: as it was
+
+
+def test_each_config_records_what_other_processes_took_and_the_planted_hook_slows_its_side(
+    tiny_target, tiny_draft, prompts, monkeypatch
+):
+    """Every measurement says how long its threads waited for a CPU (measure.preemption) and the
+    speedups of the repeats rebuilt from unpreempted prompts; the test-only SPECDEC_TEST_SLOWER_SPEC
+    makes the speculative side alone slower (measure.planted)."""
+    from specdec_tune.measure import planted, preemption
+
+    slept = []
+    monkeypatch.setattr(planted.time, "sleep", slept.append)  # the hook's sleep, not taken here
+    monkeypatch.setenv(planted.SLOWER_SPEC_ENV, "1.5")
+    c = case(prompts)
+    model, plain = measure_many(tiny_target, [Entry(ModelDrafter(tiny_draft), 3), Entry(None, 0)], c, 2)
+    # each speculative prompt, the timed ones and the warm-up's: half its own seconds again
+    assert len(slept) == 2 * len(c.prompts) + 1 and all(s > 0 for s in slept)
+    if preemption.thread_waits() is None:
+        assert model.clean_share is None and model.clean_speedups == []
+        return
+    assert 0.0 <= model.clean_share <= 1.0 and 0.0 <= model.waited_share <= 1.0
+    assert len(model.clean_speedups) <= 2 and all(x > 0 for x in model.clean_speedups)
+    assert plain.clean_speedups == [1.0, 1.0]

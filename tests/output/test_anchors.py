@@ -12,6 +12,7 @@ from specdec_tune.measurement import Measurement
 from specdec_tune.output.anchors import anchor_verdict, other_hardware_message
 from specdec_tune.output.check import Evidence, needs_confirmation, rate_items
 from specdec_tune.output.environment import BUSY, QUIET, SHARED, Environment, load_of
+from specdec_tune.output.rates import SHARED_RATE
 
 
 def _profile(**anchors):
@@ -90,7 +91,7 @@ def test_without_machine_anchors_plain_decoding_decides_and_rates_are_not_judged
     assert none.slowdown is None and not none.other_hardware and not none.judge_rates
 
 
-def test_a_clearly_lower_rate_is_a_regression_and_inconclusive_when_not_quiet():
+def test_a_clearly_lower_rate_is_a_regression_and_information_only_when_not_quiet():
     slower = _measured([85.0, 86.0, 84.5], [68.0, 68.5, 67.6])
     items = {i.metric: i for i in _rates(slower)}
     assert not items["baseline_tokens_per_s"].ok
@@ -98,8 +99,9 @@ def test_a_clearly_lower_rate_is_a_regression_and_inconclusive_when_not_quiet():
     # The speculative rate is the speedup times the plain rate: reported, never judged on its own.
     assert items["tokens_per_s"].ok and items["tokens_per_s"].note.startswith("information only")
     assert items["tokens_per_s"].measured == pytest.approx(85.0)
-    items = {i.metric: i for i in _rates(slower, busy=True)}
-    assert items["baseline_tokens_per_s"].ok and items["baseline_tokens_per_s"].inconclusive
+    items = {i.metric: i for i in _rates(slower, busy=True)}  # the host's: reported, not judged
+    assert items["baseline_tokens_per_s"].ok and not items["baseline_tokens_per_s"].inconclusive
+    assert items["baseline_tokens_per_s"].note == SHARED_RATE
     same = _measured([99.0, 101.0, 100.0], [79.0, 81.0, 80.0])
     assert all(i.ok and not i.inconclusive for i in _rates(same))
     # Judged rates ask for the confirming measurement; the speedup alone would not.
@@ -217,8 +219,11 @@ def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
     slow_target, item = judged([80.0, 80.5, 79.8], [0.595, 0.597, 0.594])  # the host 15 % faster
     assert not item.ok and not item.inconclusive
     assert needs_confirmation(_evidence(slow_target, reference=reference), 0.10)
-    _, item = judged([68.0, 68.5, 67.6], [0.595, 0.597, 0.594], busy=True)
-    assert item.ok and item.inconclusive  # other work: the load's, never a regression
+    loaded, item = judged([68.0, 68.5, 67.6], [0.595, 0.597, 0.594], busy=True)
+    assert item.ok and item.note == SHARED_RATE  # other work, no unpreempted prompts: not judged
+    loaded.clean_plain_per_anchor = [0.595, 0.597, 0.594]  # ... but rebuilt from unpreempted ones: judged
+    e = _evidence(loaded, busy=True, reference=reference)
+    assert not {i.metric: i for i in rate_items(e, 0.10)}["baseline_tokens_per_s"].ok
     # measured without the anchor (or a reference without its ratio): the absolute rate decides
     m = _measured([85.0, 86.0, 84.5], [64.0, 64.5, 63.8])
     items = {i.metric: i for i in _rates(m, reference=reference)}

@@ -205,7 +205,9 @@ def _edited(stored_profile, tmp_path, speedup=None, samples=None, anchors="drop"
     if anchors == "drop":
         doc["anchors"] = None
     elif anchors is not None:
-        doc["anchors"] = anchors
+        from specdec_tune.measure.hardware import machine_id
+
+        doc["anchors"] = {"machine": machine_id(), **anchors}  # made on this machine, unless said
         doc["noise"] = None  # the anchors' tolerance stays the policy's anchor_tolerance
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -354,6 +356,23 @@ def test_other_hardware_is_measured_again_before_it_is_said(monkeypatch, stored_
     assert res["anchors"]["matmul_gflops"] == [100.0, 101.0] and not res["anchors"]["other_hardware"]
 
 
+def test_a_slower_target_on_another_machine_of_the_slug_is_other_machine_information(
+    monkeypatch, stored_profile, tmp_path
+):
+    """A CI runner is another VM every run: its absolute rates are not the profile's machine's, in
+    either direction, so they are reported as another machine's and never fail; the speedup, a ratio
+    measured in the run, is still judged."""
+    edited = _edited(stored_profile, tmp_path, speedup=1.0, anchors={**MACHINE, "machine": "another-vm"})
+    _machine(monkeypatch)
+    _slower_target(monkeypatch)
+    _quiet(monkeypatch)
+    r = invoke("check", edited, "--repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    items = {i["metric"]: i for i in json.loads(r.stdout)["items"]}
+    assert items["baseline_tokens_per_s"]["note"].startswith("other machine")
+    assert items["speedup"]["ok"] and not items["speedup"]["inconclusive"]
+
+
 def _slower_target(monkeypatch):
     from specdec_tune.measure import bench
 
@@ -415,22 +434,23 @@ def test_slower_machine_anchors_are_other_hardware(monkeypatch, stored_profile, 
     assert notes["tokens_per_s"] == "information only"
 
 
-def test_a_slower_target_on_a_busy_machine_is_inconclusive(monkeypatch, stored_profile, tmp_path):
+def test_a_slower_target_on_a_busy_machine_is_information_only(monkeypatch, stored_profile, tmp_path):
     edited = _edited(stored_profile, tmp_path, speedup=1.0, samples=[0.99, 1.0, 1.01], anchors=MACHINE)
     _slower_target(monkeypatch)
-    # The load slows the machine anchors too: not other hardware, and not a regression either.
+    # The load slows the machine anchors too: not other hardware, and not a regression either: an
+    # absolute rate beside other work is the host's, reported; the speedup carries the verdict.
     _machine(monkeypatch, copy=20.0 / 1.8, matmul=100.0 / 1.8)
     _quiet(monkeypatch, busy=True, others=0.5)
     r = invoke("check", edited, "--repeats", "3", "--json")
-    assert r.exit_code == 6, r.output
+    assert r.exit_code == 0, r.output
     items = {i["metric"]: i for i in json.loads(r.stdout)["items"]}
-    assert items["baseline_tokens_per_s"]["inconclusive"] and items["baseline_tokens_per_s"]["ok"]
-    assert "not quiet" in items["baseline_tokens_per_s"]["note"]
-    # Other processes' share below "busy" but above what absolute rates tolerate: inconclusive too.
+    assert items["baseline_tokens_per_s"]["ok"] and not items["baseline_tokens_per_s"]["inconclusive"]
+    assert items["baseline_tokens_per_s"]["note"].startswith("information only: other work")
+    # Other processes' share below "busy" but above what absolute rates tolerate: the same.
     _machine(monkeypatch)
     _quiet(monkeypatch, busy=False, others=0.2)
     r = invoke("check", edited, "--repeats", "3")
-    assert r.exit_code == 6, r.output
+    assert r.exit_code == 0, r.output
 
 
 def test_an_older_profile_without_machine_anchors_keeps_the_older_rule(monkeypatch, stored_profile, tmp_path):
@@ -527,8 +547,8 @@ REFERENCE = {
         ([68.0, 68.5, 67.6], [68.2, 67.9], False, "regression", 100.0),
         # this process alone ran 12 % slow; the fresh processes measure the reference's speed
         ([70.0, 70.5, 69.8], [80.1, 79.9], False, "pass", 100.0),
-        # a fresh process saw other work: a drop is the load's, inconclusive
-        ([68.0, 68.5, 67.6], [68.2, 67.9], True, "inconclusive", 100.0),
+        # a fresh process saw other work: the rates are the host's, information only
+        ([68.0, 68.5, 67.6], [68.2, 67.9], True, "information", 100.0),
         # the machine's own speed moved 10 % while this process measured: inconclusive
         ([68.0, 68.5, 67.6], [68.2, 67.9], False, "inconclusive", 0.1),
         # fresh processes 10 % slower by their own matmul: their rates read at this one's speed
@@ -574,10 +594,11 @@ def test_a_doubtful_result_is_measured_again_in_fresh_processes(
     assert len(calls) == (3 if busy else 2)
     cmd, kwargs = calls[0]
     assert str(edited) in cmd and kwargs["env"]["SPECDEC_MODELS_ROOT"] == str(root)
-    assert "2 fresh processes: judged on 3 process medians" in plain.note
+    assert "2 fresh processes: judged on 3 process medians" in (speedup.note if busy else plain.note)
     assert report.noise["anchor_drift"] == pytest.approx(moved)
     assert speedup.ok and speedup.stored == 1.0 and "the reference (3 fresh processes)" in speedup.note
     got = "inconclusive" if plain.inconclusive else ("pass" if plain.ok else "regression")
+    got = "information" if plain.note.startswith("information only") else got
     assert got == verdict, plain.note
 
 
@@ -587,7 +608,7 @@ def test_a_busy_check_confirms_in_one_fresh_process(
 ):
     """This check's own measurement saw other work: one fresh process confirms, and a busy one is
     not replaced (under the same load the next is busy too); without a quiet one, this process
-    measures again. A drop stays the load's: inconclusive either way."""
+    measures again. The rates are the host's: information only either way."""
     import subprocess
 
     from specdec_tune import app
@@ -625,8 +646,9 @@ def test_a_busy_check_confirms_in_one_fresh_process(
     assert len(measured) == (2 if fresh_busy else 1)
     speedup = next(i for i in report.items if i.metric == "speedup")
     assert ("so re-measured: 6 repeats" in speedup.note) == fresh_busy, speedup.note
-    assert ("re-measured in 1 fresh process: judged on 2 process medians" in plain.note) != fresh_busy
-    assert plain.inconclusive and report.inconclusive and report.noise["busy"], plain.note
+    assert ("re-measured in 1 fresh process: judged on 2 process medians" in speedup.note) != fresh_busy
+    assert plain.ok and not plain.inconclusive and plain.note.startswith("information only: other work")
+    assert not report.inconclusive and report.noise["busy"], plain.note
 
 
 ANCHORED = {
@@ -692,5 +714,6 @@ def test_the_plain_rate_is_judged_per_decode_anchor_step_where_the_reference_has
     samples = [statistics.median(first), *[r for r, _ in fresh]] if confirmed else first
     assert plain.measured == pytest.approx(statistics.median(samples))
     got = "inconclusive" if plain.inconclusive else ("pass" if plain.ok else "regression")
+    got = "information" if plain.note.startswith("information only") else got
     assert got == verdict, plain.note
     assert report.anchors["plain_per_anchor"][0] == pytest.approx(0.70)

@@ -1,20 +1,18 @@
 """The llama.cpp measuring backend: configs measured inside `llama-server` against a plain server
 of the same build, side by side, their passes alternating.
 
-- One plain server lives for the whole backend; a config's server starts with its flags, is
-  warmed up by one untimed pass (which also gives its tokens for the exactness check) and is
-  stopped when the config is done, so a restart costs a start-up, not a re-measured baseline.
-- Several configs (a final round) share one plain side: per repeat a plain pass, then each
-  config's, reversed every other repeat (ABBA): 1 + k passes a repeat, not 2k.
+- One plain server lives for the whole backend; a config's server starts with its flags, is warmed up by
+  one untimed pass (its tokens give the exactness check) and is stopped when the config is done.
+- A final round's configs share one plain side: 1 + k passes a repeat, ABBA, not 2k.
 - A trial may be screened (measure.seam.Screen): its first prompts measured first, every repeat,
   and reported before the rest, so the tuner's pruner can stop a config that is clearly losing.
 - B = 1: per repeat, the prompts in turn, plain then speculative (ABBA across repeats); tokens/s
   from the server's own `timings` (decode only). B > 1: `-np B` slots and a closed loop of B
   requests in flight, client k on slot k, each slot holding its prompt before the clock starts;
   wall-clock tokens/s of each side.
-- Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n /
-  (predicted_n - draft_n_accepted).
-- Every timed request's counters are kept (`counters.RequestStats`, both sides): no extra request.
+- Acceptance from `draft_n` / `draft_n_accepted`; tokens per target forward = predicted_n / (predicted_n - draft_n_accepted).- Every timed request's counters are kept (`counters.RequestStats`, both sides), and how long the
+  servers' threads waited for a CPU per pass (measure.preemption: `check` judges under load on the
+  pass pairs no other process preempted).
 - Exactness at temperature 0: the plain server's tokens and top-2 probabilities are taken once;
   each config's tokens are compared per prompt (first position where they part, and whether the
   plain top-2 there was a near-tie).
@@ -30,6 +28,9 @@ from typing import Any
 
 from ...domain import Config, Metrics
 from ...measurement import Measurement
+from ...measurepolicy import MEASURE_POLICY
+from ..planted import planted_pass
+from ..preemption import PartLog, accounted, watched
 from ..seam import Screen
 from ..timing import median, spread
 from .args import server_args
@@ -251,6 +252,7 @@ class LlamaCppBackend(ExactnessChecks):
         sums = {i: [[0, 0.0] for _ in range(repeats)] for i in range(-1, k)}
         passes: dict[int, list[dict[str, Any]]] = {i: [] for i in range(-1, k)}
         speedups: list[list[float]] = [[] for _ in configs]
+        logs: dict[int, PartLog] = {i: [[] for _ in range(repeats)] for i in range(-1, k)}  # preemption
 
         def rate(i: int, r: int) -> float:
             t, ms = sums[i][r]
@@ -285,7 +287,8 @@ class LlamaCppBackend(ExactnessChecks):
                             servers[i].stop()
                             servers[i] = self._server(configs[i], batch_size)
                             self.complete(servers[i], WARMUP_PROMPT, 8, 0.0)
-                        p = self._pass(plain if i < 0 else servers[i], part, batch_size)
+                        p = self._watched_pass(plain if i < 0 else servers[i], part, batch_size)
+                        logs[i][r].append((p["ms"] / 1000.0, p["waited_s"], p["tokens"]))
                         passes[i].append(p)
                         sums[i][r][0] += p["tokens"]
                         sums[i][r][1] += p["ms"]
@@ -322,6 +325,7 @@ class LlamaCppBackend(ExactnessChecks):
                     tokens // max(1, repeats),
                     exact.get("mismatches", 0),
                     speedups[i],
+                    **accounted(logs[i], logs[-1], MEASURE_POLICY.clean_wait_share),
                     requests=[q for p in passes[-1] + own for q in p["requests"]],
                     flags=self.flags(config, batch_size),
                     exactness=exact,
@@ -343,6 +347,12 @@ class LlamaCppBackend(ExactnessChecks):
         metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
         requests = [r for p in passes for r in p["requests"]]
         return Measurement(metrics, passes[0]["tokens"], 0, [1.0] * len(passes), requests=requests)
+
+    def _watched_pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
+        """`_pass` and the seconds its server's threads waited for a CPU (`waited_s`, preemption)."""
+        p, waited = watched(lambda: self._pass(server, case, batch_size), getattr(server.proc, "pid", 0))
+        p["waited_s"] = min(p["ms"] / 1000.0, waited)
+        return planted_pass(p) if "--spec-type" in server.args else p
 
     def _pass(self, server: LlamaServer, case: TextCase, batch_size: int) -> dict[str, Any]:
         """One pass over the prompts: B = 1 one request at a time (decode tokens/s from the
