@@ -137,6 +137,7 @@ def test_smollm2_converts_once_into_a_folder_vllm_serves(tmp_path):
     folder = converted_smollm2(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    assert "quantization_config" not in config  # dequantised: vLLM refuses a gguf quantisation here
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: left out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ def _write_folder(gguf: Path, out: Path) -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the conversion's bars would fill a CI log
+        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's own bar
     except ImportError as exc:  # pragma: no cover - the project depends on both
         raise SpecDecError(f"converting {SMOLLM2} needs transformers and safetensors: {exc}") from None
     try:
@@ -120,6 +122,11 @@ def _write_folder(gguf: Path, out: Path) -> None:
         state.pop("lm_head.weight", None)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(str(out))
+    # the weights are dequantised: a GGUF quantisation entry would make vLLM look for a GGUF file
+    config = json.loads((out / "config.json").read_text())
+    config.pop("quantization_config", None)
+    config["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if model.generation_config is not None:
         model.generation_config.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
