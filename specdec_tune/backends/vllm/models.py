@@ -9,9 +9,10 @@ serializable"), so the conversion writes the dequantised state dict with safeten
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -106,12 +107,12 @@ def _write_folder(gguf: Path, out: Path) -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the conversion's bars would fill a CI log
-        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's own bar
     except ImportError as exc:  # pragma: no cover - the project depends on both
         raise SpecDecError(f"converting {SMOLLM2} needs transformers and safetensors: {exc}") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own progress bar
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except ImportError as exc:
         raise SpecDecError(
             f"converting {SMOLLM2} from its GGUF needs the llama.cpp extra (gguf, accelerate): "
