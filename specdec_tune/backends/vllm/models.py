@@ -126,6 +126,8 @@ def _write_folder(gguf: Path, out: Path) -> None:
     # the weights are dequantised: a GGUF quantisation entry would make vLLM look for a GGUF file
     config = json.loads((out / "config.json").read_text())
     config.pop("quantization_config", None)
+    # a GGUF-loaded config names no architecture, and vLLM then serves the bare LlamaModel
+    config["architectures"] = [type(model).__name__]
     config["dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if model.generation_config is not None:
