@@ -62,6 +62,9 @@ def pass_share(
 
 
 MIN_TRIAL_PROMPTS = 2  # a trial of fewer prompts says too little about a workload
+# When even the least cut does not fit, a cut that saves less than this share of the least search
+# is not made: the trial's fixed overhead, not its passes, is what runs over.
+CUT_WORTH_SHARE = 0.25
 MIN_TRIAL_TOKENS = 32  # nor one of shorter replies: drafts that copy need some output to copy into
 
 
@@ -154,7 +157,32 @@ def cells_trial_size(
     t = tokens
     while t > MIN_TRIAL_TOKENS and not fits(k, t):
         t = max(t // 2, MIN_TRIAL_TOKENS)
+    if not fits(k, t) and _cut_saves(cells, budget_s, shape, prompts, tokens, k, t) < CUT_WORTH_SHARE:
+        # Nothing fits, and the cut would save little: a trial's cost is its overhead (a vLLM
+        # server's start, 40-60 s on a 2-core CPU), so a cut pass buys no trial and only noise (a
+        # demo run in vLLM cut to 2 prompts of 32 tokens read its best 1.25x [0.99, 1.84]).
+        return prompts, tokens
     return k, t
+
+
+def _cut_saves(
+    cells: list[Cell], budget_s: float, shape: TrialShape, prompts: int, tokens: int, k: int, t: int
+) -> float:
+    """The share of the least search's seconds that the cut to (k prompts, t tokens) saves."""
+
+    def total(k: int, t: int) -> float:
+        return sum(
+            least_seconds(
+                c,
+                budget_s / len(cells),
+                shape,
+                pass_share(shape, c.settings.batch_size, k, prompts, t, tokens),
+            )
+            for c in cells
+        )
+
+    whole = total(prompts, tokens)
+    return (whole - total(k, t)) / whole if whole > 0 else 0.0
 
 
 def first_cell_share(cells: list[Cell], budget_s: float, shape: TrialShape) -> float:

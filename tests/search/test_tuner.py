@@ -672,6 +672,19 @@ def test_past_the_least_prompts_a_trial_is_cut_to_shorter_replies():
     assert trial_size(settings, 60.0, 20.0, shape, 8, 0) == (2, 0)
 
 
+def test_a_trial_whose_overhead_is_its_cost_is_not_cut():
+    """A server engine whose start dominates a trial (vLLM: 40-60 s on a 2-core CPU) buys no trial
+    with a shorter pass, only noise: when nothing fits and the cut saves little, the whole
+    workload is measured; where the passes are the cost, the cut is made as before."""
+    from specdec_tune.search.budget import TrialShape, trial_size
+
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    server = TrialShape(overhead_s=60.0, warmup_passes=1.0, plans_speedup=False)
+    assert trial_size(settings, 240.0, 1.6, server, 8, 48) == (8, 48)  # the starts run over anyway
+    passes = TrialShape(overhead_s=0.15, warmup_passes=2 / 8)
+    assert trial_size(settings, 20.0, 20.0, passes, 8, 128) == (2, 32)
+
+
 def test_a_confirming_cell_is_planned_as_one_race_and_the_first_cell_gets_the_rest():
     from specdec_tune.search.budget import (
         Cell,
