@@ -119,7 +119,7 @@ def export(
     chosen = _take(out, choose_at_load(profile, e.key, load) if per_load else choose(profile, e.key))
     if chosen is None:
         return out
-    run = measured_run(profile, e.key, chosen, schedule) if fmt == "command" else None
+    run = measured_run(profile, e.key, chosen, schedule) if fmt != "flags" else None
     if run is not None:  # measured inside this engine: the command that ran, not one rebuilt
         out.argv, out.lead, out.schedule = run.argv, run.lead, run.schedule
         out.settings, out.exported, out.text = run.argv[run.lead :], chosen, shlex.join(run.argv)

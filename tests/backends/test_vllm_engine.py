@@ -127,10 +127,10 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     before = groups_of(vllm_processes())  # other tests' servers (the module's session) are not ours
     mine: set[int] = set()
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not any(
-        "VLLM::EngineCore" in p for p in vllm_processes(mine or None)
-    ):
+    while time.monotonic() < deadline:
         mine = groups_of(vllm_processes()) - before
+        if any("VLLM::EngineCore" in p for p in vllm_processes(mine)) if mine else False:
+            break
         time.sleep(0.2)
     assert mine, "no vLLM server started"
     time.sleep(2)  # mid start-up: its engine core is being made

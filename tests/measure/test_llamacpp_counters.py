@@ -21,6 +21,7 @@ class FakeServer:
         self.bodies: list[dict[str, Any]] = []  # completions
         self.slots: list[str] = []  # slot saves and restores (measure.llamacpp.states)
         self.held: dict[int, str] = {}  # the prompt state each slot holds, as LlamaServer keeps it
+        self.proc = None  # no process: nothing of its threads to watch (measure.preemption)
 
     def start(self) -> None:
         self.alive = True
