@@ -70,7 +70,7 @@ class VllmBackend:
         self.start_timeout_s = start_timeout_s
         self._servers: dict[Any, VllmServer] = {}  # config key (or "plain") -> its server, LRU order
         self._reference: dict[tuple[tuple[int, ...], int], list[int]] = {}  # plain T = 0 tokens
-        self._exact: dict[tuple[Any, tuple[int, ...], int], bool] = {}
+        self._exact: dict[tuple[Any, tuple[int, ...], int], int | None] = {}  # first divergence
         self.start_seconds: list[float] = []  # every server start's wall time (the budget plans on it)
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
 
@@ -203,15 +203,13 @@ class VllmBackend:
                 first = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
                 if first is None and len(got) != len(ref):
                     first = min(len(got), len(ref))
-                self._exact[key] = first is None
-                divergence.append(first)
-            else:
-                divergence.append(None if self._exact[key] else -1)
+                self._exact[key] = first
+            divergence.append(self._exact[key])
         mismatches = sum(1 for d in divergence if d is not None)
         return {
             "prompts": len(divergence),
             "mismatches": mismatches,
-            "first_divergence": [d for d in divergence if d is not None and d >= 0],
+            "first_divergence": [d for d in divergence if d is not None],
         }
 
     def checked(self, config: Config, case: TextCase) -> bool:
