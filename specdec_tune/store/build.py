@@ -4,9 +4,10 @@ build and exactness) comes in as `EngineFields` from its measuring session (`bac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..domain import Anchors, CompileTime, Costs, Noise, Result
 from .refs import storage_for_record
@@ -23,8 +24,6 @@ from .schema import (
 )
 
 if TYPE_CHECKING:
-    from ..measure.seam import Case
-    from ..runtime.workloads import Workload
     from ..search.costmodel import CostModel
     from ..search.results import TuneResult
     from ..search.space import TuneSettings
@@ -43,7 +42,24 @@ class EngineFields:
     compile: CompileTime | None = None
 
 
-def workload_info(workload: Workload, case: Case) -> WorkloadInfo:
+class _Workload(Protocol):
+    """What the profile keeps of a workload (runtime.workloads.Workload is one): store imports no
+    stage, so it names the shape it reads."""
+
+    name: str
+    source: str
+    sha256: str
+
+
+class _Case(Protocol):
+    """What the profile keeps of a pass (a session's case)."""
+
+    prompts: Sequence[object]
+    max_new_tokens: Sequence[int]
+    temperature: float
+
+
+def workload_info(workload: _Workload, case: _Case) -> WorkloadInfo:
     """The profile's workload section (a file workload is stored by path so `check` loads it again)."""
     return WorkloadInfo(
         name=workload.source if not workload.source.startswith("builtin:") else workload.name,
