@@ -269,7 +269,8 @@ def _probe(
     costs_b = s.with_trial_acceptance(costs, probe, c.settings.max_gamma)
     enqueue_predictions(probe, s, costs_b, settings_b, c.predictor)
     if c.plan.budgeted:
-        settings_b = after_probe(settings_b, time.monotonic() - probe_started, probe.trials)
+        elapsed = time.monotonic() - probe_started
+        settings_b = after_probe(settings_b, elapsed, probe.trials, s.trial_shape.min_trials)
     return costs_b, settings_b
 
 

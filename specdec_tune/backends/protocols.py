@@ -108,6 +108,10 @@ class Judged(Protocol):
     fresh_reference: bool
     busy_rule: Callable[[dict[str, Any]], bool] | None  # what counts as busy here (None: the OS rule)
     run_command: str  # the command that makes its profiles (for messages)
+    # Seconds the engine's processes keep a core busy after their last request, waited before the
+    # machine anchors are measured (vLLM's workers poll their queue for a second: 0.5 s after a
+    # request the matmul anchor read 16.8 GFLOP/s against 199). 0: the engine lets go at once.
+    settle_s: float
 
     def content_hash(self, like: str = "") -> str:
         """The target's weights, hashed (in the format of a stored hash `like`, where it has one):

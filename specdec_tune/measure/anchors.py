@@ -9,6 +9,7 @@ exist the faster of each is kept (`faster`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,11 +88,15 @@ def faster(a: MachineSpeed, b: MachineSpeed) -> MachineSpeed:
     )
 
 
-def measure_twice(device: str, work: Callable[[], Any]) -> tuple[MachineSpeed, Any]:
+def measure_twice(device: str, work: Callable[[], Any], settle_s: float = 0.0) -> tuple[MachineSpeed, Any]:
     """The anchors measured before and after `work()` (kept: the faster of each, with how far the
-    matmul rate moved between them as `drift`), and its result."""
+    matmul rate moved between them as `drift`), and its result. `settle_s`: waited before each, for
+    an engine's processes that keep polling a core after their last request to let go of it (else
+    the anchors time the engine, and their drift reads as a busy machine)."""
+    time.sleep(settle_s)
     before = machine_speed(device)
     result = work()
+    time.sleep(settle_s)
     after = machine_speed(device)
     both = faster(before, after)
     return dataclasses.replace(

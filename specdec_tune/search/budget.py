@@ -43,6 +43,13 @@ class TrialShape:
       `measure.batched.fill_slots`). A trial cut to fewer prompts than that
       takes no less: a B = 4 pass of 2 prompts still sent 8 requests, and a 240 s run at B = 1,4
       planned on 2/8 of a pass took 4 times that at B = 4.
+    - `min_trials`: the least a search does, its baseline trial included (MIN_BUDGET_TRIALS). An
+      engine whose trial is a server start and whose cost model ranks every config from the first
+      trials asks fewer: vLLM, the baseline, each draft once and the model's best (a SmolLM2 run of
+      6 trials at 85-120 s a start took 839 s of a 240 s budget).
+    - `finalist_overhead_s`: what a finalist costs the final round beside its passes (None: a
+      trial's `overhead_s`, a server started again). vLLM keeps the servers its trials started: 0,
+      where planning a start per finalist gave the final round a racing budget of minutes.
     """
 
     overhead_s: float
@@ -50,6 +57,8 @@ class TrialShape:
     own_baseline: bool = False
     plans_speedup: bool = True
     batch_requests: float = 1.0
+    min_trials: int = MIN_BUDGET_TRIALS
+    finalist_overhead_s: float | None = None
 
 
 def pass_share(
@@ -245,12 +254,13 @@ def _plan(
     finalists = max(2, settings.finalists) + pinned if settings.finalists else 0
     if not searched:
         finalists = pinned
-    least_trials = MIN_BUDGET_TRIALS if searched else 1
+    least_trials = shape.min_trials if searched else 1
     own = 1.0 if shape.own_baseline else 0.0
 
     def first_pass_s(repeats: int) -> float:
         # each finalist's start-up, and the untimed exactness pass of a pinned one no trial measured
-        fixed = finalists * shape.overhead_s + pinned * shape.warmup_passes * pass_s
+        each = shape.overhead_s if shape.finalist_overhead_s is None else shape.finalist_overhead_s
+        fixed = finalists * each + pinned * shape.warmup_passes * pass_s
         return (1 + finalists * (1 / speedup + own)) * repeats * pass_s + fixed
 
     # Repeats the noise raised (app.common.adapt_to_noise) give way to the budget first: the first
@@ -266,7 +276,7 @@ def _plan(
     search_min_s = least_trials * trial_s
     final_s = min(race_s, max(first_s, budget_s - search_min_s)) if finalists else 0.0
     fits = int((budget_s - final_s) // trial_s) if trial_s > 0 else DEFAULT_TRIALS
-    trials = max(MIN_BUDGET_TRIALS, min(DEFAULT_TRIALS, fits)) if searched else 1
+    trials = max(shape.min_trials, min(DEFAULT_TRIALS, fits)) if searched else 1
     timeout = max(budget_s - final_s, search_min_s)
     if not searched:
         # a race gets what the budget holds beyond its baseline trial, up to RACE_FACTOR x its first
@@ -294,7 +304,7 @@ def _plan(
     least_s = search_min_s + (first_s if finalists else 0.0)
     if least_s > budget_s:
         note += (
-            f"; the least a search does ({MIN_BUDGET_TRIALS} trials"
+            f"; the least a search does ({shape.min_trials} trials"
             + (" and the final round's first pass" if finalists else "")
             + f", about {least_s:.0f} s) is more than that, so expect it to run over"
         )
@@ -307,16 +317,19 @@ def _plan(
     return out, note, least_s
 
 
-def after_probe(settings: TuneSettings, probe_s: float, probe_trials: int) -> TuneSettings:
+def after_probe(
+    settings: TuneSettings, probe_s: float, probe_trials: int, least: int = MIN_BUDGET_TRIALS
+) -> TuneSettings:
     """The search's timeout once its first trials (one per draft, which fit an engine's cost model
     from its own timings) took `probe_s`: they are part of the search, so their time comes out of
-    it. The rest of the search still gets what the least a search does needs (MIN_BUDGET_TRIALS in
-    all), at the pace the first trials measured; what that takes beyond the timeout comes out of
+    it. The rest of the search still gets what the least a search does needs (`least` trials in
+    all: the engine's `TrialShape.min_trials`), at the pace the first trials measured; what that
+    takes beyond the timeout comes out of
     the final round's racing. A quiet SmolLM2 run in llama.cpp went 17 s over its 240 s budget
     before this."""
     if not settings.timeout_s or probe_trials <= 0:
         return settings
-    floor = max(0, MIN_BUDGET_TRIALS - probe_trials) * probe_s / probe_trials
+    floor = max(0, least - probe_trials) * probe_s / probe_trials
     left = settings.timeout_s - probe_s
     timeout = max(left, floor, 1e-3)  # never 0: a timeout of 0 means none at all (search.tuner)
     final = settings.final_budget_s

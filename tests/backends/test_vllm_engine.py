@@ -2,8 +2,8 @@
 SPECDEC_VLLM_PYTHON; `.ci/run` installs it): configs measured against the plain server, exactness at
 T = 0, the flags recorded, and no server left behind, also after Ctrl-C. Skipped where vLLM is absent.
 
-Each server start costs tens of seconds on a CPU (imports and a compile), so one session serves the
-module's tests, and the tests are `alone`: vLLM's engine is pinned to a core and times the steps."""
+Each server start costs tens of seconds on a CPU (imports and a compile), so one session serves all
+that the first test asks of a session, and only the test that judges speed is `alone`."""
 
 from __future__ import annotations
 
@@ -21,13 +21,26 @@ from specdec_tune.backends.base import Models, Purpose
 
 PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON")
 pytestmark = [
-    pytest.mark.alone,
     pytest.mark.slow,
     pytest.mark.skipif(
         not PYTHON or not Path(PYTHON).is_file(),
         reason="vLLM is absent: set SPECDEC_VLLM_PYTHON to its Python",
     ),
 ]
+
+
+def started_by(parent: int) -> set[int]:
+    """The process groups of the vLLM servers `parent` started: each server leads its own group."""
+    out = set()
+    for line in vllm_processes():
+        pid, pgid = (int(x) for x in line.split()[:2])
+        try:
+            ppid = int((Path("/proc") / str(pid) / "stat").read_text().split(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and pid == pgid:
+            out.add(pgid)
+    return out
 
 
 def vllm_processes(groups: set[int] | None = None) -> list[str]:
@@ -57,12 +70,15 @@ def groups_of(processes: list[str]) -> set[int]:
 EXTRA = "--enforce-eager"
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def test_a_config_against_the_plain_server_exact_at_t0_and_its_server_kept(monkeypatch):
+    """One session in one test, judged by what vLLM computed, not how fast: it runs beside other
+    tests, and the servers it must not leave behind are those this process started (a module-scoped
+    session was shared by tests the xdist workers split: each opened its own, and one's teardown
+    counted the other's servers as left behind)."""
     from specdec_tune.backends.vllm import open_session
+    from specdec_tune.domain import Config
 
-    before = os.environ.get("SPECDEC_VLLM_ARGS")
-    os.environ["SPECDEC_VLLM_ARGS"] = EXTRA
+    monkeypatch.setenv("SPECDEC_VLLM_ARGS", EXTRA)
     models = Models(
         target="demo",
         drafts=["ngram:2-4"],
@@ -71,52 +87,40 @@ def session(tmp_path_factory):
         max_new_tokens=32,
         backend="vllm",
     )
-    try:
-        s = open_session(models, Purpose())
-        with s:
-            yield s
-    finally:
-        if before is None:
-            os.environ.pop("SPECDEC_VLLM_ARGS", None)
-        else:
-            os.environ["SPECDEC_VLLM_ARGS"] = before
-    assert vllm_processes() == [], "a vLLM server outlived its session"
+    with open_session(models, Purpose()) as session:
+        spec = session.specs[0]
+        (m,) = session.measure([Config(spec, 4)], session.case, 1, 2)
+        assert m.metrics.speedup > 0 and len(m.speedups) == 2
+        assert m.metrics.baseline_tokens_per_s > 0 and m.metrics.tokens_per_s > 0
+        # the demo target copies code: n-gram lookup drafts and some drafts are accepted
+        assert 0 < m.metrics.acceptance_rate <= 1 and m.exactness["drafts"] > 0
+        # vLLM is exact at T = 0 here, per prompt, or the measurement says where it parted
+        assert m.exactness["prompts"] == 2 and m.mismatches == len(m.exactness["first_divergence"])
+        assert EXTRA in m.flags and session.info()["engine_args"] == [EXTRA]  # passed through, recorded
+        spec_json = json.loads(m.flags[m.flags.index("--speculative-config") + 1])
+        assert spec_json == {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        }
+        # every B = 1 request's counters, both sides: the engine model is fitted from them
+        sides = {q.side for q in m.requests}
+        assert sides == {"plain", "spec"} and all(q.predicted_ms > 0 for q in m.requests)
+        assert session.info()["build"]["package"].startswith("vllm")
 
-
-def test_a_config_against_the_plain_server_exact_at_t0(session):
-    from specdec_tune.domain import Config
-
-    spec = session.specs[0]
-    (m,) = session.measure([Config(spec, 4)], session.case, 1, 2)
-    assert m.metrics.speedup > 0 and len(m.speedups) == 2
-    assert m.metrics.baseline_tokens_per_s > 0 and m.metrics.tokens_per_s > 0
-    # the demo target copies code: n-gram lookup drafts and some drafts are accepted
-    assert 0 < m.metrics.acceptance_rate <= 1 and m.exactness["drafts"] > 0
-    # vLLM is exact at T = 0 here, per prompt, or the measurement says where it parted
-    assert m.exactness["prompts"] == 2 and m.mismatches == len(m.exactness["first_divergence"])
-    assert EXTRA in m.flags and session.info()["engine_args"] == [EXTRA]  # passed through, recorded
-    spec_json = json.loads(m.flags[m.flags.index("--speculative-config") + 1])
-    assert spec_json == {
-        "method": "ngram",
-        "num_speculative_tokens": 4,
-        "prompt_lookup_min": 2,
-        "prompt_lookup_max": 4,
-    }
-    # every B = 1 request's counters, both sides: the engine model is fitted from them
-    sides = {q.side for q in m.requests}
-    assert sides == {"plain", "spec"} and all(q.predicted_ms > 0 for q in m.requests)
-    assert session.info()["build"]["package"].startswith("vllm")
-
-
-def test_a_server_is_kept_for_all_it_measures(session):
-    from specdec_tune.domain import Config
-
-    config = Config(session.specs[0], 4)
-    session.measure([config], session.case, 1, 1)  # started here, or by another test already
-    starts = len(session.backend.start_seconds)
-    assert session.backend.held(config)
-    (m,) = session.measure([config], session.case, 2, 1)  # B = 2: the same server, a closed loop
-    assert len(session.backend.start_seconds) == starts and m.metrics.tokens_per_s > 0
+        # a server is kept for all it measures: B = 2 runs a closed loop on the same server
+        config = Config(spec, 4)
+        starts = len(session.backend.start_seconds)
+        assert session.backend.held(config)
+        (m2,) = session.measure([config], session.case, 2, 1)
+        assert len(session.backend.start_seconds) == starts and m2.metrics.tokens_per_s > 0
+        mine = started_by(os.getpid())
+        assert len(mine) >= 2  # the plain server and the config's, each its own process group
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and vllm_processes(mine):
+        time.sleep(0.5)
+    assert vllm_processes(mine) == [], "a vLLM server outlived its session"
 
 
 def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
@@ -124,11 +128,10 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     cmd = [sys.executable, "-m", "specdec_tune.cli", "bench", "--backend", "vllm", "--draft", "ngram:3",
            "-g", "3", "--prompts", "1", "--max-new-tokens", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    before = groups_of(vllm_processes())  # other tests' servers (the module's session) are not ours
     mine: set[int] = set()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        mine = groups_of(vllm_processes()) - before
+        mine = started_by(proc.pid)  # another test's servers, beside this one, are not its
         if any("VLLM::EngineCore" in p for p in vllm_processes(mine)) if mine else False:
             break
         time.sleep(0.2)
@@ -144,6 +147,7 @@ def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     assert vllm_processes(mine) == []
 
 
+@pytest.mark.alone  # it judges speed: `check` must not see another test's load as a regression
 def test_run_check_export_end_to_end(tmp_path):
     """`run --backend vllm` writes a profile of what vLLM measured; `check` re-measures it in vLLM and
     passes, and fails a planted 15 % drop (the stored speedup raised by 1/0.85); `export --to vllm`
@@ -154,7 +158,7 @@ def test_run_check_export_end_to_end(tmp_path):
     from specdec_tune.store.yamlio import load_profile, save_profile
 
     env = {"SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
-    others = groups_of(vllm_processes())  # the module's session, when it is up: not this test's
+    others = groups_of(vllm_processes())  # a server another test left behind is not this one's to judge
 
     def left() -> list[str]:
         return [p for p in vllm_processes() if int(p.split()[1]) not in others]

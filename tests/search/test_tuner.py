@@ -634,6 +634,31 @@ def test_the_budget_plans_on_the_cost_models_speedup_and_the_timeout_keeps_it():
     assert wild.final_budget_s == pytest.approx(2 * ((1 + 3 / 4) * 5 * 2.0 + 0.45))
 
 
+def test_an_engine_whose_trial_is_a_start_plans_its_own_least_search_and_kept_finalists():
+    """vLLM: a trial is a server start (90 s here), the least search is the baseline, each of two
+    drafts once and the model's best (4 trials), and the finalists race on the servers their trials
+    started: no start is planned for them, so the final round is not handed minutes of racing."""
+    from specdec_tune.search.budget import TrialShape, after_probe, fit_budget
+
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    restarts = TrialShape(overhead_s=90.0, warmup_passes=1.0, plans_speedup=False)
+    kept = TrialShape(
+        overhead_s=90.0, warmup_passes=1.0, plans_speedup=False, min_trials=4, finalist_overhead_s=0.0
+    )
+    old, old_note = fit_budget(settings, 240.0, 2.0, restarts)
+    new, note = fit_budget(settings, 240.0, 2.0, kept)
+    assert old.trials == 6 and new.trials == 4
+    # a trial 2 x 2 passes + 1 warm-up + 90 s = 100 s; the final round's first pass 4 x 5 passes of
+    # 2 s, and 3 starts more where the finalists restart (270 s): its racing budget follows that
+    assert new.final_budget_s == pytest.approx(40.0) and old.final_budget_s == pytest.approx(310.0)
+    assert "the least a search does (4 trials and the final round's first pass, about 440 s)" in note
+    assert "(6 trials" in old_note
+    # after the probe (baseline and two drafts, 3 trials in 300 s), the least search is one trial more
+    probed = after_probe(new, 300.0, 3, least=4)
+    assert probed.timeout_s == pytest.approx(100.0)
+    assert after_probe(new, 300.0, 3).timeout_s == pytest.approx(300.0)  # the default least: 6
+
+
 def test_a_trial_is_cut_to_the_prompts_the_least_search_affords():
     from specdec_tune.search.budget import TrialShape, fit_budget, prompts_that_fit
 

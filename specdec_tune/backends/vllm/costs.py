@@ -86,6 +86,7 @@ def measure_costs(
     path than a decode step (chunked prefill, its own scheduling), so C_ver's shape over gamma is
     kept, anchored at C_ver(1) = T_target, as for llama.cpp; the raw curve is kept beside it."""
     plain = backend.server(None)
+    backend.settle(plain)  # a config's server that ran last has let go of the core
     t_target, t_spread = decode_ms(plain, case, passes=3)
     raw, v_spread = verify_curve_ms(plain, list(case.prompts[0]), max_gamma, repeats)
     verify = [t_target * v / raw[0] for v in raw] if raw and raw[0] > 0 else raw

@@ -35,6 +35,11 @@ from .args import measure_only_args, server_args
 from .server import ENTRYPOINT, VllmServer, counters_since
 
 MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three configs'
+# A vLLM worker polls its queue for a second after its last step (its shared-memory broadcast's busy
+# loop), on the core every CPU worker is pinned to: a pass on another server started at once runs
+# beside it. Measured here: 0.5 s after a request a small matmul ran at 16.8 GFLOP/s, from 1.0 s on
+# at 197-200. A pass on another server than the last one waits this long first.
+SETTLE_S = 1.5
 DECODE_S = "vllm:request_decode_time_seconds_sum"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -73,6 +78,14 @@ class VllmBackend:
         self._exact: dict[tuple[Any, tuple[int, ...], int], int | None] = {}  # first divergence
         self.start_seconds: list[float] = []  # every server start's wall time (the budget plans on it)
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
+        self._last: tuple[VllmServer | None, float] = (None, 0.0)  # the server that last ran, and when
+
+    def settle(self, server: VllmServer | None = None) -> None:
+        """Wait until the last server to run has let go of its core (SETTLE_S after it answered),
+        unless `server` is that one: its own poll is no one else's cost."""
+        last, ended = self._last
+        if last is not None and last is not server:
+            time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ended)))
 
     def close(self) -> None:
         """Stop every server it started (the session calls it at its end)."""
@@ -134,6 +147,7 @@ class VllmBackend:
         """One pass over the prompts: B = 1 one request at a time (decode time from the engine's
         counters), B > 1 a closed loop of B requests in flight (wall clock)."""
         jobs = list(zip(case.prompts, case.max_new_tokens, strict=True))
+        self.settle(server)
         before = server.counters()
         requests: list[RequestStats] = []
         replies: list[dict[str, Any]] = []
@@ -164,6 +178,7 @@ class VllmBackend:
             ms = 1000.0 * (time.perf_counter() - started)
             tokens = sum(r["n"] for r in replies)
         d = counters_since(before, server.counters())
+        self._last = (server, time.monotonic())
         if ms <= 0 or tokens <= 0:
             raise ServerError(f"{server.label} reported no decode time over a pass: {server.log_tail()}")
         per_pos = [d.get(f"{PER_POS}[{i}]", 0.0) for i in range(64) if f"{PER_POS}[{i}]" in d]

@@ -37,7 +37,7 @@ from ..llamacpp_open import engine_context, engine_workload
 from ..server_session import ServerSession
 from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
 from .costs import measure_costs
-from .measuring import VllmBackend
+from .measuring import SETTLE_S, VllmBackend
 from .models import engine_drafts, resolve_target
 from .schedule import measure_schedule
 from .server import build_info, extra_args, find_python, is_cpu_build
@@ -56,6 +56,7 @@ class VllmSession(ServerSession):
     policy = LLAMACPP_CHECK_POLICY  # an engine server: other work on its cores slows it at every step
     fits_costs_from_trials = True  # acceptance comes from the search's first trials
     fresh_reference = False  # a server per config is a fresh process already
+    settle_s = SETTLE_S  # its workers poll a core for a second after a request (backends.vllm.measuring)
     busy_rule = None
     threads = None
     screens = False
@@ -93,10 +94,13 @@ class VllmSession(ServerSession):
             raise
         self.prompt_tokens = round(sum(len(p) for p in self.case.prompts) / len(self.case.prompts))
         start_s = self.backend.start_seconds[0]
-        # a trial's server start (measured: the plain one's) and its untimed first pass
+        # a trial's server start (measured: the plain one's) and its untimed first pass; the least
+        # search is the baseline, each draft once and the cost model's best (a start is the cost);
+        # the finalists race on the servers their trials started (MAX_SERVERS)
         self.trial_shape = TrialShape(
-            overhead_s=start_s, warmup_passes=1.0, own_baseline=False, plans_speedup=False, batch_requests=2.0
-        )
+            overhead_s=start_s, warmup_passes=1.0, own_baseline=False, plans_speedup=False, batch_requests=2.0,
+            min_trials=len(self.specs) + 2, finalist_overhead_s=0.0,
+        )  # fmt: skip
         self._stack: contextlib.ExitStack | None = None
 
     def _case(self, models: Models, budgets: list[int]) -> TextCase:
