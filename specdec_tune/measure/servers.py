@@ -182,9 +182,12 @@ class EngineServer:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         if proc is not None:
-            # children that left the group's leader behind (an engine's workers) go with it
+            # children that left the group's leader behind (an engine's workers) go with it, and
+            # are waited for: a command's end is no server's (a `pgrep` right after a vLLM run
+            # found an engine core and its worker still exiting)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            _wait_group_gone(proc.pid, self.stop_grace_s)
         if self.log_path is not None:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()
@@ -194,6 +197,30 @@ class EngineServer:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Wait until no live process is left in group `pgid` (a zombie is gone: only its reaping is
+    left), at most `timeout_s`. Where /proc is absent, nothing to read: no wait."""
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        live = False
+        for d in proc_root.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                state, _, group = (d / "stat").read_text().rsplit(") ", 1)[1].split()[:3]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(group) == pgid and state != "Z":
+                live = True
+                break
+        if not live:
+            return
+        time.sleep(0.05)
 
 
 def close_all() -> None:

@@ -38,8 +38,9 @@ MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three 
 # A vLLM worker polls its queue for a second after its last step (its shared-memory broadcast's busy
 # loop), on the core every CPU worker is pinned to: a pass on another server started at once runs
 # beside it. Measured here: 0.5 s after a request a small matmul ran at 16.8 GFLOP/s, from 1.0 s on
-# at 197-200. A pass on another server than the last one waits this long first.
-SETTLE_S = 1.5
+# at 197-200. A pass on another server than the last one waits this long first (the loop's second,
+# counted from the worker's last read, which comes before the client's reply).
+SETTLE_S = 1.2
 DECODE_S = "vllm:request_decode_time_seconds_sum"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
