@@ -47,6 +47,16 @@ def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[in
     return picked
 
 
+def stored_divergence(p: Profile, stored: Any) -> tuple[int, int]:
+    """(prompts that parted, prompts compared) at T = 0 when `p` was measured, where its engine's
+    exactness (`backend.exactness`) is about `stored`'s config; (0, 0) otherwise."""
+    e = p.backend.exactness or {}
+    if not e or e.get("config") != stored.config.label:
+        return (0, 0)
+    prompts = int(e.get("prompts") or 0)
+    return (max(0, prompts - int(e.get("identical", prompts))), prompts)
+
+
 def where_of(batch_size: int, context_length: int | None = None) -> str:
     """The items' suffix of a row: "" for the best, " @ B=4", " @ B=1, L=2048"."""
     if context_length is not None:

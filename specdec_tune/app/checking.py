@@ -44,7 +44,7 @@ from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
-from .check_rows import Judging, in_session, row_items, stored_rows, where_of
+from .check_rows import Judging, in_session, row_items, stored_divergence, stored_rows, where_of
 from .common import check_writable
 from .profile_models import open_stored, refuse_other_build, stored_models
 from .reference import record_reference
@@ -204,6 +204,7 @@ def first_row(
         stored, m, temperature=p.workload.temperature, environment=env,
         judge_rates=verdict.judge_rates and b == 1 and bool(policy.judged_rates), rate_scale=scale,
         reference=reference_of(p) if b == 1 else {}, where=where_of(b), same_machine=j.same_machine,
+        stored_divergence=stored_divergence(p, stored) if b == 1 else (0, 0),
     )  # fmt: skip
     again = None
     # Beside other work, with what it took from each prompt accounted (measure.preemption): more

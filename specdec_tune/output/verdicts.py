@@ -35,6 +35,11 @@ class Evidence:
     same_machine: bool = (
         True  # the profile's machine itself (measure.hardware.machine_id), not one of its kind
     )
+    # The engine's own T = 0 divergence when the profile was measured, as (prompts that parted,
+    # prompts compared) from `backend.exactness` for this config ((0, 0): exact, or not known). An
+    # engine that is not token-exact here (vLLM's bfloat16 verification) fails `check` only where
+    # a larger share of prompts parts now; ours is exact, so any prompt that parts fails.
+    stored_divergence: tuple[int, int] = (0, 0)
 
 
 @dataclass

@@ -496,3 +496,37 @@ def test_a_quiet_check_too_noisy_to_resolve_asks_for_a_quiet_machine():
     item = speedup_item(_evidence([0.6, 1.3, 0.85, 1.2, 0.7]), 0.10)
     assert _verdict(item) == "inconclusive"
     assert item.answer == "a quiet machine (the speedup varied 33% from repeat to repeat)"
+
+
+def test_greedy_exactness_fails_on_any_parted_prompt_of_an_exact_engine():
+    assert _items(_evidence(measured=_measured([1.0])))["greedy exactness"].ok
+    item = _items(_evidence(measured=_measured([1.0], mismatches=1)))["greedy exactness"]
+    assert not item.ok and item.stored == 0 and item.measured == 1
+
+
+def test_an_engine_not_token_exact_when_stored_fails_only_on_a_larger_share_parting():
+    """vLLM verifies in bfloat16 here: 1 of 2 SmolLM2 prompts parted from the plain server's tokens
+    when the profile was measured, and again in its check (which failed on it, every time)."""
+    measured = _measured([1.0], mismatches=1)
+    measured.exactness = {"prompts": 2}
+    same = _items(_evidence(measured=measured, stored_divergence=(1, 2)))["greedy exactness"]
+    assert same.ok and same.stored == 1 and "not token-exact" in same.note and "1 of 2 parted" in same.note
+    more = _measured([1.0], mismatches=2)
+    more.exactness = {"prompts": 2}
+    assert not _items(_evidence(measured=more, stored_divergence=(1, 2)))["greedy exactness"].ok
+    # over another number of prompts, the share: 1 of 2 allows 4 of 8, not 5
+    four, five = _measured([1.0], mismatches=4), _measured([1.0], mismatches=5)
+    four.exactness = five.exactness = {"prompts": 8}
+    assert _items(_evidence(measured=four, stored_divergence=(1, 2)))["greedy exactness"].ok
+    assert not _items(_evidence(measured=five, stored_divergence=(1, 2)))["greedy exactness"].ok
+
+
+def test_the_stored_divergence_is_the_profiles_for_its_best_config_only():
+    from specdec_tune.app.check_rows import stored_divergence
+
+    exactness = {"config": "ngram:4 γ=8", "prompts": 2, "identical": 1, "token_exact": False}
+    p = SimpleNamespace(backend=SimpleNamespace(exactness=exactness))
+    assert stored_divergence(p, SimpleNamespace(config=SimpleNamespace(label="ngram:4 γ=8"))) == (1, 2)
+    assert stored_divergence(p, SimpleNamespace(config=SimpleNamespace(label="ngram:4 γ=5"))) == (0, 0)
+    p = SimpleNamespace(backend=SimpleNamespace(exactness={}))
+    assert stored_divergence(p, SimpleNamespace(config=SimpleNamespace(label="ngram:4 γ=8"))) == (0, 0)
