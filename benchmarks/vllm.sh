@@ -22,7 +22,10 @@ timed() {  # NAME CMD...: run with a cold vLLM compile cache, log, print the wal
   local t0; t0=$(date +%s)
   VLLM_CACHE_ROOT="$cache" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc (pgrep vllm: $(pgrep -fc 'vllm.entrypoints|VLLM::' || true))" | tee -a "$OUT/times.txt"
+  # vLLM processes left alive: zombies aside (an engine's worker, reparented when its engine core was
+  # killed, waits for PID 1 to reap it: `pgrep` counts it, though it runs nothing and holds nothing)
+  local left; left=$(ps -eo stat=,args= | awk '$1 !~ /^Z/ && /vllm\.entrypoints|VLLM::/' | grep -vc awk)
+  echo "$name: $(( $(date +%s) - t0 )) s, exit $rc (vLLM processes alive: $left)" | tee -a "$OUT/times.txt"
   rm -rf "$cache"
 }
 
