@@ -186,7 +186,9 @@ def first_row(
     def once(n: int = j.repeats, seed: int = 0) -> Any:
         return in_session(s, config, b, n, seed)
 
-    (machine, m), os_noise, busy_seen = noise.busy_window(lambda: measure_twice(s.device, once, s.settle_s))
+    (machine, m), os_noise, busy_seen = noise.busy_window(
+        lambda: measure_twice(s.device, once, settle_s=s.settle_s)
+    )
     env = classify(os_noise, policy, busy_seen=busy_seen, threads=s.threads, cpus=cpus)
     plain = m.metrics.baseline_tokens_per_s if b == 1 else 0.0
     verdict = anchor_verdict(p, plain, machine, env.busy, policy)

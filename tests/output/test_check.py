@@ -571,7 +571,7 @@ def test_a_doubtful_result_is_measured_again_in_fresh_processes(
     monkeypatch.setattr(bench, "measure", lambda *a, **k: _fake([1.0, 1.0, 1.0], [85.0] * 3, first))
     moved = matmul if matmul < 1 else 0.0  # a matmul < 1 here is the drift within this process
     here = MachineSpeed(20.0, 100.0, drift=moved)
-    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (here, work()))
+    monkeypatch.setattr(checking, "measure_twice", lambda device, work, settle_s=0.0: (here, work()))
     _quiet(monkeypatch)
     calls = []
 
@@ -624,7 +624,9 @@ def test_a_busy_check_confirms_in_one_fresh_process(
         return _fake([1.0, 1.0, 1.0], [85.0] * 3, [60.0, 60.5, 59.8])
 
     monkeypatch.setattr(bench, "measure", measure)
-    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (MachineSpeed(20.0, 100.0), work()))
+    monkeypatch.setattr(
+        checking, "measure_twice", lambda device, work, settle_s=0.0: (MachineSpeed(20.0, 100.0), work())
+    )
     _quiet(monkeypatch, busy=True, others=0.4)
     calls = []
 
@@ -693,7 +695,7 @@ def test_the_plain_rate_is_judged_per_decode_anchor_step_where_the_reference_has
 
     monkeypatch.setattr(bench, "measure", fake_measure)
     here = MachineSpeed(20.0, 100.0, drift=0.1)  # the machine's own speed moved while measuring
-    monkeypatch.setattr(checking, "measure_twice", lambda device, work: (here, work()))
+    monkeypatch.setattr(checking, "measure_twice", lambda device, work, settle_s=0.0: (here, work()))
     _quiet(monkeypatch)
     calls = []
 
