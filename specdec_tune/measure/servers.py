@@ -199,27 +199,27 @@ class EngineServer:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    """Wait until no live process is left in group `pgid` (a zombie is gone: only its reaping is
-    left), at most `timeout_s`. Where /proc is absent, nothing to read: no wait."""
+def live_in_group(pgid: int) -> list[int]:
+    """The processes of group `pgid` still alive (a zombie is not: only its reaping is left), read
+    from /proc; [] where there is none to read."""
+    out = []
     proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        return
+    for d in proc_root.iterdir() if proc_root.is_dir() else ():
+        if not d.name.isdigit():
+            continue
+        try:
+            state, _, group = (d / "stat").read_text().rsplit(") ", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Wait until no process of group `pgid` is alive (`live_in_group`), at most `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        live = False
-        for d in proc_root.iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                state, _, group = (d / "stat").read_text().rsplit(") ", 1)[1].split()[:3]
-            except (OSError, IndexError, ValueError):
-                continue
-            if int(group) == pgid and state != "Z":
-                live = True
-                break
-        if not live:
-            return
+    while live_in_group(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

@@ -10,23 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.measure.servers import EngineServer, _wait_group_gone
+from specdec_tune.measure.servers import EngineServer, _wait_group_gone, live_in_group
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-
-
-def live_in_group(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            state, _, group = (d / "stat").read_text().rsplit(") ", 1)[1].split()[:3]
-        except (OSError, IndexError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
-            out.append(int(d.name))
-    return out
 
 
 # A "server" whose leader exits on SIGTERM at once, leaving two children that ignore it: only the
