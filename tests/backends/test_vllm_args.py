@@ -105,11 +105,11 @@ def test_tiers_put_each_measured_size_in_its_own_tier():
 
 
 class _R:
-    def __init__(self, name, gamma, speedup):
+    def __init__(self, name, gamma, speedup, interval=None):
         from specdec_tune.domain import DraftSpec, Metrics
 
         self.config = Config(DraftSpec(name, "prompt_lookup", ngram_min=2, ngram_max=4), gamma)
-        self.metrics = Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0)
+        self.metrics = Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0, speedup_interval=interval)
 
 
 class _Result:
@@ -124,6 +124,13 @@ def test_best_gammas_per_batch_size_of_one_draft():
         16: _Result(_R("ngram:2-4", 3, 0.9)),  # slower than plain: K = 0 there
     }
     assert best_gammas("ngram:2-4", results) == {1: 5, 4: 3, 16: 0}
+    # Below 1 but not resolved (the interval reaches 1): a tie with plain decoding keeps its gamma,
+    # since a K = 0 tier in a speculative server is not the plain server; resolved slower: K = 0.
+    results[16] = _Result(_R("ngram:2-4", 3, 0.99, [0.97, 1.01]), _R("ngram:2-4", 6, 0.95, [0.93, 0.97]))
+    assert best_gammas("ngram:2-4", results)[16] == 3
+    results[16] = _Result(_R("ngram:2-4", 3, 0.9, [0.85, 0.95]))
+    assert best_gammas("ngram:2-4", results)[16] == 0
+    assert best_gammas("ngram:4", results) == {1: 6, 4: 0, 16: 0}  # not measured there: K = 0
 
 
 @pytest.mark.slow
@@ -227,3 +234,38 @@ def test_show_prints_the_measured_schedule_and_where_it_lost():
     assert "B 1-2: γ 5, B 3-1024: γ 0" in text and "not emitted: lost at B=3" in text
     assert "γ 5: 0.653 [0.597, 0.715] slower" in text
     assert schedule_table({}) is None
+
+
+def test_the_plain_server_and_three_configs_servers_stay_up_and_the_least_recently_used_goes(monkeypatch):
+    """backends.vllm.measuring.VllmBackend.server: MAX_SERVERS (4) side by side, the plain one and
+    the last three configs' (a least search of 4 trials then races its finalists without a start);
+    a fifth config stops the least recently used one that the round does not pin."""
+    from specdec_tune.backends.vllm import measuring
+    from specdec_tune.domain import DraftSpec
+
+    started: list[str] = []
+
+    class Server:
+        def __init__(self, python, args, model):
+            self.args, self.alive = args, False
+
+        def start(self, timeout_s=None):
+            self.alive = True
+            started.append(" ".join(self.args))
+
+        def stop(self):
+            self.alive = False
+
+    monkeypatch.setattr(measuring, "VllmServer", Server)
+    backend = measuring.VllmBackend("python", "model", max_model_len=256, build={"package": "vllm 0"})
+    ngram = DraftSpec("ngram:4", "prompt_lookup", ngram_min=4, ngram_max=4)
+    configs = [Config(ngram, g) for g in (2, 4, 6, 8)]
+    servers = [backend.server(None)] + [backend.server(c) for c in configs[:3]]
+    assert len(started) == 4 and all(s.alive for s in servers)
+    assert all(backend.held(c) for c in [None, *configs[:3]])
+    backend.server(configs[0])  # used again: now the most recent
+    backend.server(configs[3], pinned=(configs[1].key,))  # a fifth: γ 4 is pinned, γ 6 goes
+    assert len(started) == 5 and not servers[3].alive
+    assert [backend.held(c) for c in configs] == [True, True, False, True] and backend.held(None)
+    backend.close()
+    assert not any(s.alive for s in servers)

@@ -27,6 +27,7 @@ from typing import Any
 from ...domain import Config, Metrics
 from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import slot_lanes
+from ...measure.planted import planted_pass
 from ...measure.seam import Screen
 from ...measure.servers import ServerError
 from ...measure.timing import median, spread
@@ -129,7 +130,9 @@ class VllmBackend:
             args = self.flags(spec) + measure_only_args(self.memory_share)
             server = VllmServer(python=self.python, args=args, model=self.target)
             spare = [k for k in self._servers if k != "plain" and k not in pinned]
-            while spare and len(self._servers) >= MAX_SERVERS - 1:  # the least recently used goes
+            while (
+                spare and len(self._servers) >= MAX_SERVERS
+            ):  # room for this one: the least recently used goes
                 self._servers.pop(spare.pop(0)).stop()
             started = time.monotonic()
             server.start(self.start_timeout_s)
@@ -183,7 +186,7 @@ class VllmBackend:
         if ms <= 0 or tokens <= 0:
             raise ServerError(f"{server.label} reported no decode time over a pass: {server.log_tail()}")
         per_pos = [d.get(f"{PER_POS}[{i}]", 0.0) for i in range(64) if f"{PER_POS}[{i}]" in d]
-        return {
+        measured = {
             "tok_s": 1000.0 * tokens / ms,
             "ms": ms,
             "tokens": tokens,
@@ -194,6 +197,7 @@ class VllmBackend:
             "requests": requests,
             "replies": replies,
         }
+        return planted_pass(measured) if side == "spec" else measured  # a test-only hook (measure.planted)
 
     # -- exactness
     def reference(self, case: TextCase) -> list[list[int]]:
