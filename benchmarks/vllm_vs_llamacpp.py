@@ -1,7 +1,8 @@
 """The same prompts through both engines, in one run: plain vLLM, the tuned vLLM config, plain
 llama.cpp and the tuned llama.cpp config on one target, each engine's config against its own plain
 server (ABBA, B = 1), tokens/s from each engine's own decode clock. The tuned configs are read from
-the two profiles a `run` wrote (`--backend vllm` and `--backend llamacpp` on the same workload).
+the two profiles a `run` wrote (`--backend vllm` and `--backend llamacpp` on the same workload); both
+engines measure the same prompts and reply lengths (the vLLM profile's, or --prompts and -n).
 
     SPECDEC_VLLM_PYTHON=.vllm-venv/bin/python python benchmarks/vllm_vs_llamacpp.py \
         --vllm-profile profiles/<hw>/smollm2-135m.vllm.yaml \
@@ -28,13 +29,14 @@ from specdec_tune.measure.stats import speedup_interval
 from specdec_tune.store.yamlio import load_profile
 
 
-def measure(backend: str, profile: Path, repeats: int) -> dict[str, Any]:
-    """The profile's best config against its engine's plain server, on the profile's workload."""
+def measure(backend: str, profile: Path, repeats: int, prompts: int, new_tokens: int) -> dict[str, Any]:
+    """The profile's best config against its engine's plain server, on the profile's workload's
+    first `prompts` prompts, `new_tokens` each."""
     p = load_profile(profile)
     best = p.best.config
     models = app.Models(
-        target=p.target.path, workload=p.workload.name, prompts=p.workload.prompts,
-        max_new_tokens=p.workload.max_new_tokens, backend=backend, drafts=[best.draft] if best.gamma else [],
+        target=p.target.path, workload=p.workload.name, prompts=prompts, max_new_tokens=new_tokens,
+        backend=backend, drafts=[best.draft] if best.gamma else [],
     )  # fmt: skip
     with open_session(models, Purpose("bench")) as s:
         (m,) = s.measure([best], s.case, 1, repeats)
@@ -56,13 +58,19 @@ def main() -> None:
     ap.add_argument("--vllm-profile", type=Path, required=True)
     ap.add_argument("--llamacpp-profile", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompts", type=int, help="default: the vLLM profile's")
+    ap.add_argument("-n", "--max-new-tokens", type=int, help="default: the vLLM profile's")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vllm_vs_llamacpp.json")
     args = ap.parse_args()
+    workload = load_profile(args.vllm_profile).workload
+    if load_profile(args.llamacpp_profile).workload.name != workload.name:
+        raise SystemExit("the two profiles were tuned on different workloads")
+    prompts, new_tokens = args.prompts or workload.prompts, args.max_new_tokens or workload.max_new_tokens
     t0 = time.monotonic()
     with servers_die_with_us():
         rows = [
-            measure("vllm", args.vllm_profile, args.repeats),
-            measure("llamacpp", args.llamacpp_profile, args.repeats),
+            measure("vllm", args.vllm_profile, args.repeats, prompts, new_tokens),
+            measure("llamacpp", args.llamacpp_profile, args.repeats, prompts, new_tokens),
         ]
     out = {"rows": rows, "seconds": round(time.monotonic() - t0, 1)}
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")

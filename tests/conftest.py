@@ -135,5 +135,7 @@ def fake_engine(monkeypatch):
     monkeypatch.setitem(fake.SCRIPT, "budgets", [])
     monkeypatch.setitem(fake.SCRIPT, "screened", [])
     monkeypatch.setitem(fake.SCRIPT, "carried", [])
+    monkeypatch.setitem(fake.SCRIPT, "renews", False)
+    monkeypatch.setitem(fake.SCRIPT, "renewed", 0)
     monkeypatch.setattr(fake.FakeModule, "sessions", [])
     return fake

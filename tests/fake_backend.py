@@ -36,6 +36,8 @@ SCRIPT: dict[str, Any] = {
     "measured": [],
     "screened": [],
     "carried": [],
+    "renews": False,
+    "renewed": 0,
 }
 
 
@@ -89,6 +91,10 @@ class FakeSession:
     run_command = "specdec-tune run --backend fake"
     threads = None
     screens = True  # a trial's first prompts are reported before the rest (measure.seam.Screen)
+
+    def renew(self) -> bool:  # "renews": an engine confirming in new processes (vLLM's servers)
+        SCRIPT["renewed"] += SCRIPT["renews"]
+        return SCRIPT["renews"]
 
     def __init__(self, models: Models, purpose: Purpose) -> None:
         given = models.drafts if models.drafts is not None else list(DRAFTS)

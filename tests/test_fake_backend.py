@@ -57,6 +57,14 @@ def test_a_third_backend_runs_check_and_bench_through_the_one_pipeline(tmp_path,
     fake.SCRIPT["slowdown"] = 3.0
     c = invoke("check", str(out), "--repeats", "3", "--json")
     assert c.exit_code == 1, c.output
+    assert fake.SCRIPT["renewed"] == 0  # an engine that keeps its processes is confirmed in them
+    # An engine whose processes differ (backends.protocols.Judged.renew) is confirmed in new ones,
+    # at every row that needs it, with as many repeats as the first measurement
+    fake.SCRIPT["renews"] = True
+    c = invoke("check", str(out), "--repeats", "3", "--json")
+    assert c.exit_code == 1 and fake.SCRIPT["renewed"] == 2, c.output
+    speedups = [i for i in json.loads(c.stdout)["items"] if i["metric"].startswith("speedup")]
+    assert len(speedups) == 2 and all("re-measured: 6 repeats" in i["note"] for i in speedups)
     fake.SCRIPT["slowdown"] = 1.0
     # Another engine build is other software (exit 3) before anything is measured.
     fake.SCRIPT["build"] = {"package": "fake-engine 2.0", "binary_sha256": "sha256:other"}
@@ -98,6 +106,11 @@ def test_a_budget_too_short_cuts_the_prompts_then_the_replies_and_check_measures
     p = load_profile(out)
     assert (p.workload.prompts, p.workload.max_new_tokens) == (2, 32)
     assert "32 new tokens each" in p.search.budget_note
+    # where the time went: every phase the session ran, and the note says so
+    assert {"opening the engine", "costs", "noise and anchors", "B=1: final round", "exactness"} <= set(
+        p.search.time_spent
+    )
+    assert "s went to: " in p.search.budget_note
     fake.SCRIPT["budgets"].clear()
     monkeypatch.setattr(fake.FakeSession, "noise_and_anchors", quick)  # check at the engine's own speed
     c = invoke("check", str(out), "--repeats", "3")
@@ -202,3 +215,26 @@ def test_trials_are_screened_on_their_first_prompts_and_the_losing_ones_stop_the
     r, _ = _run(tmp_path, "--trials", "8", "--screen-prompts", "0", "--force")
     assert r.exit_code == 0, r.output
     assert fake.SCRIPT["screened"] == []
+
+
+def test_the_ledger_counts_each_phase_from_the_last_mark_and_moves_the_trials_out_of_their_cell(monkeypatch):
+    """app.session_search.Ledger: seconds since the previous mark go to the phase named; a cell's
+    trials (their own durations) are moved out of its final round; the note lists them all."""
+    from specdec_tune.app import session_search
+
+    clock = iter([10.0, 25.0, 27.5, 127.5])
+    monkeypatch.setattr(session_search.time, "monotonic", lambda: next(clock))
+    ledger = session_search.Ledger(0.0)
+    ledger.mark("opening the engine")  # 10 s
+    ledger.mark("costs")  # 15 s
+    ledger.mark("noise and anchors")  # 2.5 s
+    ledger.mark("B=1: final round")  # 100 s, 80 of them trials
+    ledger.split("B=1: final round", "B=1: trials", 80.0)
+    ledger.split("B=1: final round", "nothing", 0.0)  # nothing to move: no phase
+    assert ledger.spent == {
+        "opening the engine": 10.0, "costs": 15.0, "noise and anchors": 2.5, "B=1: final round": 20.0,
+        "B=1: trials": 80.0,
+    }  # fmt: skip
+    ledger.split("costs", "more than it had", 99.0)  # never more than the phase took
+    assert ledger.spent["costs"] == 0.0 and ledger.spent["more than it had"] == 15.0
+    assert ledger.note().startswith("128 s went to: opening the engine 10 s, ")

@@ -82,6 +82,6 @@ def row_items(
         stored, m, temperature=temperature, environment=env, where=where, same_machine=j.same_machine
     )
     if needs_confirmation(e, j.tolerance, j.policy):
-        n = confirm_repeats(m, j.repeats, j.policy, shared=not env.quiet)
+        n = j.repeats if s.renew() else confirm_repeats(m, j.repeats, j.policy, shared=not env.quiet)
         e = replace(e, again=in_session(s, config, batch_size, n, seed=1))
     return judge_config(e, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=j.policy)

@@ -224,10 +224,12 @@ def first_row(
             env = classify(os_noise, policy, busy_seen=env.busy or fresh_busy, threads=s.threads, cpus=cpus)
         else:  # in this session
             # Busy: the load, not the noise, moved the result, and more repeats under it only
-            # resolve the load's level; one more look at the same length is enough to pass.
+            # resolve the load's level; one more look at the same length is enough to pass. In a
+            # renewed engine (new processes: `renew`) as many repeats as the first, so both weigh alike.
+            renewed = s.renew()
             n = (
                 j.repeats
-                if env.busy and not accounted
+                if (env.busy and not accounted) or renewed
                 else confirm_repeats(m, j.repeats, policy, shared=accounted)
             )
             again = once(n, seed=1)

@@ -35,6 +35,33 @@ from .session_engine import batched, cost_model_fit, default_rows, enqueue_predi
 from .session_plan import SessionPlan, cell_budget, plan_session
 
 
+class Ledger:
+    """Where a session's wall time went, phase by phase (seconds since the last mark), for the
+    profile (`search.time_spent`) and the budget note: a run over its budget says which phase took
+    the time."""
+
+    def __init__(self, started: float) -> None:
+        self.spent: dict[str, float] = {}
+        self._last = started
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.spent[phase] = round(self.spent.get(phase, 0.0) + now - self._last, 1)
+        self._last = now
+
+    def split(self, phase: str, part: str, seconds: float) -> None:
+        """Move `seconds` of `phase` (already marked) to `part`."""
+        seconds = round(min(max(0.0, seconds), self.spent.get(phase, 0.0)), 1)
+        if seconds > 0:
+            self.spent[part] = seconds
+            self.spent[phase] = round(self.spent[phase] - seconds, 1)
+
+    def note(self) -> str:
+        total = sum(self.spent.values())
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in self.spent.items() if v >= 0.5)
+        return f"{total:.0f} s went to: {parts}"
+
+
 @dataclass
 class SessionRun:
     """One session's search at each batch size, its profile built and not yet written."""
@@ -75,6 +102,7 @@ def search_session(
     engine model, carried to this length's costs, predicts until a trial here is measured
     (search.enginepredictor)."""
     purpose = Purpose("tune", tuple(inputs.layer_skip or ()), batch_sizes[0])
+    ledger = Ledger(time.monotonic())
     with open_session(models, purpose) as s:
         settings = s.settings_for(settings, progress)
         if settings.screen_prompts and not s.screens:
@@ -84,9 +112,12 @@ def search_session(
         check_writable(out)
         check_replaceable(out, s.content_hash(), settings.force)  # before minutes of measuring
         s.begin(settings, _key(s, models, hw["slug"], settings, batch_sizes[0]))
+        ledger.mark("opening the engine")
         costs = _session_costs(s, settings, inputs, hw, progress, batch_sizes, carry)
+        ledger.mark("costs")
         # How noisy the machine is (and how fast: the anchors `check` compares), before the search.
         noise, anchors = s.noise_and_anchors()
+        ledger.mark("noise and anchors")
         settings, line = adapt_to_noise(settings, noise)
         if line:
             progress.note(line)
@@ -107,13 +138,18 @@ def search_session(
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             _search_cell(cells, i, b)
+            ledger.mark(f"B={b}: final round")
+            trials_s = sum(r.get("duration_s") or 0.0 for r in cells.results[b].rows)
+            ledger.split(f"B={b}: final round", f"B={b}: trials", trials_s)
         schedule = None
         if len(batch_sizes) > 1 and isinstance(s, Schedules):  # the engine runs its answer as a schedule
             progress.stage("the batch-size schedule, measured against each fixed γ", 0.0)
             schedule = s.batch_schedule(cells.results, cells.plan.case, settings.repeats)
+            ledger.mark("the schedule")
         noise = watched(noise, watch, progress, s.busy_rule)
         first = cells.results[batch_sizes[0]]
         exact = s.exactness(first, cells.plan.case)
+        ledger.mark("exactness")
         fields = s.engine_fields(first, out.parent, models.target)
         model = s.batch_model(costs)
     if fields.backend.as_dict():  # an engine that describes itself (ours: `backend: {}`)
@@ -124,6 +160,9 @@ def search_session(
             schedule=schedule or {},
         )  # fmt: skip
     profile = _session_profile(cells, fields, hw, noise, anchors, model, out)
+    profile.search.time_spent = dict(ledger.spent)
+    if profile.search.budget_note:
+        profile.search.budget_note += "; " + ledger.note()
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in cells.results[b].rows]
     return SessionRun(
         profile, out, cells.results, trial_rows, noise, s.fresh_reference, s.threads, s.prompt_tokens, costs,

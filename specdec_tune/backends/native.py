@@ -61,6 +61,9 @@ class NativeSession:
     settle_s = 0.0  # in this process: nothing runs once a pass returns
     screens = False  # prompts are interleaved inside each repeat: a trial is measured whole
 
+    def renew(self) -> bool:
+        return False  # backends.protocols.Judged: a confirmation goes to fresh processes (app.reference)
+
     def __init__(self, models: Models, purpose: Purpose) -> None:
         import torch
 

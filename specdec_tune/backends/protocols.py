@@ -113,6 +113,14 @@ class Judged(Protocol):
     # request the matmul anchor read 16.8 GFLOP/s against 199). 0: the engine lets go at once.
     settle_s: float
 
+    def renew(self) -> bool:
+        """Before a doubtful drop is measured again in this session: stop the engine's processes
+        so that the confirmation runs in new ones, where one process's speed differs from
+        another's by more than a verdict absorbs (vLLM's servers: the same config read 3.15x and
+        3.45x in two fresh server pairs against 3.23x stored). Returns whether it did; False (in
+        this process, or an engine whose confirmation stays in its processes) changes nothing."""
+        ...
+
     def content_hash(self, like: str = "") -> str:
         """The target's weights, hashed (in the format of a stored hash `like`, where it has one):
         a profile written over another target's is refused, a changed target fails `check`."""

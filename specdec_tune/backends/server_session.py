@@ -62,6 +62,9 @@ class ServerSession:
     def close(self) -> None:
         self.backend.close()
 
+    def renew(self) -> bool:
+        return False  # backends.protocols.Judged: an engine's servers are kept by default
+
     def info(self) -> dict[str, Any]:
         """Which engine measured: its name, build and settings."""
         return self.backend.info()

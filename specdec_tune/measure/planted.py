@@ -2,7 +2,7 @@
 
 With `SPECDEC_TEST_SLOWER_SPEC=1.15` in the environment every timed speculative part takes 1.15x
 its own time (our engine sleeps 0.15x of each speculative prompt's seconds after it; llama.cpp's
-speculative passes report 1.15x their decode milliseconds), as a slower draft kernel or a new
+and vLLM's speculative passes report 1.15x their decode milliseconds), as a slower draft kernel or a new
 dependency would. Plain decoding is untouched, so the speedup drops by that factor. The fresh
 processes `check` confirms in inherit the environment, so they carry it too. Never set it outside
 a benchmark or a test: benchmarks/check_under_load.py plants 15 % with it.

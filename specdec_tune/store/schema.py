@@ -68,6 +68,9 @@ class SearchInfo:
     outliers: list[str] = field(default_factory=list)  # search trials not believed (above the ceiling)
     budget_s: float | None = None  # the wall-clock budget that sized the search (None: fixed --trials)
     budget_note: str = ""  # what the budget allowed, in words
+    # Where the session's wall time went, phase -> seconds (app.session_search.Ledger): the engine's
+    # start, the costs, the noise, each batch size's trials and final round, the schedule, exactness.
+    time_spent: dict[str, float] = field(default_factory=dict)
     engine: str | None = None  # the serving engine the search was restricted to (`run --for`)
 
 

@@ -154,7 +154,7 @@ def test_run_check_export_end_to_end(tmp_path):
     from typer.testing import CliRunner
 
     from specdec_tune.cli import app
-    from specdec_tune.store.yamlio import load_profile, save_profile
+    from specdec_tune.store.yamlio import load_profile
 
     env = {"SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
     others = groups_of(vllm_processes())  # a server another test left behind is not this one's to judge
@@ -182,26 +182,27 @@ def test_run_check_export_end_to_end(tmp_path):
     assert "--speculative-config" in best.backend_args and EXTRA in best.backend_args
 
     # `check` re-measures the stored best in fresh vLLM servers, through the one pipeline. Its
-    # verdict is not asserted: between fresh servers this engine's speedup moved by more than a
-    # planted 15 % minus the tolerance (docs/vllm.md: 3.15x and 3.45x for a stored 3.23x; a CI run
-    # read this demo config at 0.825 of its stored 2-repeat speedup). Its detection is measured by
-    # `benchmarks/vllm.sh check`; the verdict rules are unit-tested (tests/output).
-    checked = load_profile(out)
-    if p.best.config.gamma > 0:  # a planted 15 % drop: the stored speedup raised by 1/0.85
-        checked.best.metrics.speedup = p.best.metrics.speedup / 0.85
-    path = tmp_path / "checked.yaml"
-    save_profile(checked, path)
-    c = runner.invoke(app, ["check", str(path), "--repeats", "3", "--json"])
-    assert c.exit_code in (0, 1, 6), c.output  # a verdict: pass, regression, or cannot tell
-    report = json.loads(c.stdout[c.stdout.index("{") :])
-    items = {i["metric"]: i for i in report["items"]}
-    assert report["config"] == p.best.config.label
-    assert items["target weights"]["ok"]  # the same weights, found again in vLLM's model folder
+    # verdict on the unchanged profile is not asserted: between fresh server pairs this engine's
+    # speedup moved by more than a planted 15 % minus the tolerance (docs/vllm.md: 3.15x and 3.45x
+    # for a stored 3.23x); its detection of 15 % is measured by `benchmarks/vllm.sh check`. A
+    # speculative side planted 3x slower (measure.planted) is a regression whatever the pair, and
+    # its doubt is confirmed in a new server pair (VllmSession.renew) with as many repeats again.
     if p.best.config.gamma > 0:
-        assert items["speedup"]["stored"] == pytest.approx(checked.best.metrics.speedup, rel=1e-3)
-        assert items["speedup"]["measured"] > 0
-        # T = 0: the same tokens drafted and accepted as in the run
+        planted = CliRunner(env={**env, "SPECDEC_TEST_SLOWER_SPEC": "3.0"})
+        c = planted.invoke(app, ["check", str(out), "--repeats", "3", "--json"])
+        assert c.exit_code == 1, c.output
+        report = json.loads(c.stdout[c.stdout.index("{") :])
+        items = {i["metric"]: i for i in report["items"]}
+        assert report["config"] == p.best.config.label
+        assert items["target weights"]["ok"]  # the same weights, found again in vLLM's model folder
+        assert not items["speedup"]["ok"] and "re-measured: 6 repeats" in items["speedup"]["note"]
+        assert items["speedup"]["measured"] < items["speedup"]["stored"] / 2
+        # T = 0: the same tokens drafted and accepted as in the run, in both server pairs
         assert items["acceptance_rate"]["ok"] and items["greedy exactness"]["ok"], c.output
+    else:  # plain decoding won: check re-measures it, and the report names it
+        c = runner.invoke(app, ["check", str(out), "--repeats", "3", "--json"])
+        assert c.exit_code in (0, 1, 6), c.output
+        assert json.loads(c.stdout[c.stdout.index("{") :])["config"] == p.best.config.label
     assert left() == []
     if p.best.config.gamma > 0:
         e = runner.invoke(app, ["export", str(out), "--to", "vllm", "--format", "json"])
