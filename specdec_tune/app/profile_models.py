@@ -60,6 +60,7 @@ def stored_models(
         engine_mode=p.engine_mode,  # type: ignore[arg-type]
         backend=p.backend.name,
         server=server,
+        launcher=list(p.backend.launcher) or None,
         threads=threads or p.backend.threads,
         context_length=context_length or p.workload.context_length,
     )

@@ -42,6 +42,9 @@ class Models:
     engine_mode: EngineMode = "auto"  # `--engine`: auto, eager, static or compiled (runtime.caches.modes)
     backend: str = "native"  # where configs are measured: a name in BACKENDS
     server: str | None = None  # an engine backend's server binary (`--llama-server`; default: its extra's)
+    # The launcher a profile recorded (`backend.launcher`, e.g. vLLM's Python): what `check` re-opens
+    # with when neither `server` nor the engine's environment variable names one.
+    launcher: list[str] | None = None
     threads: int | None = None  # engine threads (default: the engine's own, every core)
     # `run --context-lengths`: each prompt fitted to about this many target tokens with real text
     # before its request (runtime.contexts); None: the workload's prompts as written.

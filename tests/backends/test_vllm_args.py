@@ -269,3 +269,32 @@ def test_the_plain_server_and_three_configs_servers_stay_up_and_the_least_recent
     assert [backend.held(c) for c in configs] == [True, True, False, True] and backend.held(None)
     backend.close()
     assert not any(s.alive for s in servers)
+
+
+def test_vllms_python_is_the_one_named_else_the_environments_else_the_one_the_profile_recorded(
+    tmp_path, monkeypatch
+):
+    """backends.vllm.server.find_python: `check` of a vLLM profile on the machine that ran it needs
+    no SPECDEC_VLLM_PYTHON (the profile's launcher names it); a name given wins, then the variable;
+    a recorded Python that is gone is passed over."""
+    from specdec_tune.backends.vllm.server import PYTHON_ENV, find_python
+
+    pythons = []
+    for name in ("given", "env", "recorded"):
+        p = tmp_path / name / "python"
+        p.parent.mkdir()
+        p.write_text("#!/bin/sh\n")
+        p.chmod(0o755)
+        pythons.append(p)
+    given, env, recorded = pythons
+    launcher = [str(recorded), "-m", "vllm.entrypoints.openai.api_server"]
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    assert find_python(None, launcher) == recorded
+    assert find_python(given, launcher) == given
+    monkeypatch.setenv(PYTHON_ENV, str(env))
+    assert find_python(None, launcher) == env
+    monkeypatch.delenv(PYTHON_ENV)
+    gone = [str(tmp_path / "gone" / "python"), *launcher[1:]]
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no vLLM in this interpreter
+    with pytest.raises(SpecDecError, match="vLLM is not installed"):
+        find_python(None, gone)

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_MAX_GAMMA", "VllmSession", "engine_build", "open_session"]
 
 def engine_build(models: Models) -> dict[str, Any]:
     """The vLLM build `models` would start: its package and torch versions (no server started)."""
-    return dict(build_info(find_python(models.server)))
+    return dict(build_info(find_python(models.server, models.launcher)))
 
 
 def open_session(models: Models, purpose: Purpose) -> VllmSession:

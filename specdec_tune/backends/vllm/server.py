@@ -35,11 +35,15 @@ INSTALL_HINT = (
 _COUNTER = re.compile(r"^(vllm:[a-z_]+)(?:\{([^}]*)\})? ([-+0-9.eE]+|NaN)$")
 
 
-def find_python(given: str | os.PathLike[str] | None = None) -> Path:
-    """vLLM's Python: `given`, else $SPECDEC_VLLM_PYTHON, else this interpreter when it imports vLLM."""
+def find_python(given: str | os.PathLike[str] | None = None, recorded: list[str] | None = None) -> Path:
+    """vLLM's Python: `given`, else $SPECDEC_VLLM_PYTHON, else the Python a profile `recorded` in its
+    launcher where it is still there (`check` on the machine that ran), else this interpreter when
+    it imports vLLM."""
     import importlib.util
 
     named = given or os.environ.get(PYTHON_ENV)
+    if not named and recorded and Path(recorded[0]).is_file() and os.access(recorded[0], os.X_OK):
+        named = recorded[0]
     python = Path(named).expanduser() if named else Path(sys.executable)
     if named is None and importlib.util.find_spec("vllm") is None:
         raise SpecDecError(f"vLLM is not installed: {INSTALL_HINT}")

@@ -70,7 +70,7 @@ class VllmSession(ServerSession):
         self.target_dtype = models.dtype
         self.specs = engine_drafts(models.drafts, self.target)
         self.workload = engine_workload(models)
-        python = find_python(models.server)
+        python = find_python(models.server, models.launcher)
         build = build_info(python)
         budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
         if models.context_length is not None:
