@@ -50,7 +50,8 @@ if [[ $STEPS == *,versus,* ]]; then
   LLAMACPP_PROFILE=${LLAMACPP_PROFILE:-$OUT/smollm2-135m.llamacpp.yaml}
   [[ -f $LLAMACPP_PROFILE ]] || timed llamacpp specdec-tune run --backend llamacpp --target smollm2-135m \
     --workload code-edit --storage "$STUDIES" --out "$LLAMACPP_PROFILE"
+  # the whole code-edit workload (8 prompts, 48 new tokens each), not the budget's cut of it
   timed versus python benchmarks/vllm_vs_llamacpp.py --vllm-profile "$OUT/smollm2-135m.vllm.yaml" \
-    --llamacpp-profile "$LLAMACPP_PROFILE" --out "$OUT/versus.json"
+    --llamacpp-profile "$LLAMACPP_PROFILE" --prompts 8 -n 48 --out "$OUT/versus.json"
 fi
 cat "$OUT/times.txt"
