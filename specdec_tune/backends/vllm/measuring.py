@@ -130,9 +130,7 @@ class VllmBackend:
             args = self.flags(spec) + measure_only_args(self.memory_share)
             server = VllmServer(python=self.python, args=args, model=self.target)
             spare = [k for k in self._servers if k != "plain" and k not in pinned]
-            while (
-                spare and len(self._servers) >= MAX_SERVERS
-            ):  # room for this one: the least recently used goes
+            while spare and len(self._servers) >= MAX_SERVERS:  # room for it: the least recently used goes
                 self._servers.pop(spare.pop(0)).stop()
             started = time.monotonic()
             server.start(self.start_timeout_s)

@@ -3,8 +3,9 @@ rows and then measured itself, since a schedule is a config of its own: it switc
 come and go, and a hand-written one collapsed throughput at its threshold (vllm#49548).
 
 1. `tiers`: each measured batch size's best gamma of the tuned draft (0 only where plain decoding
-   was resolved faster there: a K = 0 tier costs more than the plain server) becomes a tier; a boundary lies at the geometric middle of two measured sizes, so every
-   measured size sits inside its own tier, and equal neighbours merge.
+   was resolved faster there: a K = 0 tier costs more than the plain server) becomes a tier; a
+   boundary lies at the geometric middle of two measured sizes, so every measured size sits inside
+   its own tier, and equal neighbours merge.
 2. `measure_schedule`: the schedule's server against each fixed gamma it mixes and plain decoding,
    interleaved, at every measured batch size and at each boundary (where the running batch crosses
    it as requests finish and refill). Paired per repeat (`measure.stats.compare`).
