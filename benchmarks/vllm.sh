@@ -7,14 +7,14 @@
 #
 #   SPECDEC_VLLM_PYTHON=.vllm-venv/bin/python bash benchmarks/vllm.sh [STEPS]
 #
-# STEPS: a comma list of demo,smollm2,batch,check,grid,versus (default: all). Results and logs go to
-# benchmarks/results/vllm/; each command's wall time is printed and logged.
+# STEPS: a comma list of demo,smollm2,batch,check,grid,grid-demo,versus (default: all). Results and
+# logs go to benchmarks/results/vllm/; each command's wall time is printed and logged.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${SPECDEC_VLLM_PYTHON:?set SPECDEC_VLLM_PYTHON to the Python of the vLLM environment}"
 OUT=benchmarks/results/vllm
 mkdir -p "$OUT"
-STEPS=",${1:-demo,smollm2,batch,check,grid,versus},"
+STEPS=",${1:-demo,smollm2,batch,check,grid,grid-demo,versus},"
 STUDIES="sqlite:///$(mktemp -d)/studies.db"  # fresh studies: nothing is resumed from an earlier run
 
 timed() {  # NAME CMD...: run with a cold vLLM compile cache, log, print the wall time and exit code
@@ -42,9 +42,13 @@ if [[ $STEPS == *,check,* ]]; then
   # benchmarks/check_under_load.py plants it): every speculative pass reports 1.15x its decode time
   timed check-planted env SPECDEC_TEST_SLOWER_SPEC=1.15 specdec-tune check "$OUT/smollm2-135m.vllm.yaml" --json
 fi
+# the grid over each run's own space (its drafts, γ 2-8), the run's choice raced beside its top configs
 [[ $STEPS == *,grid,* ]] && timed grid python benchmarks/vllm_grid.py --target smollm2-135m \
-  --profile "$OUT/smollm2-135m.vllm.yaml" --drafts ngram:4,ngram:2-4,ngram:1-3 --gammas 2,4,6,8 \
+  --profile "$OUT/smollm2-135m.vllm.yaml" --drafts ngram:4,ngram:2-4 --gammas 2,4,6,8 \
   --out "$OUT/grid_smollm2-135m_code-edit.json"
+[[ $STEPS == *,grid-demo,* ]] && timed grid-demo python benchmarks/vllm_grid.py --target demo \
+  --profile "$OUT/demo.vllm.yaml" --drafts ngram:4,ngram:2-4,draft-1l --gammas 2,4,6,8 \
+  --out "$OUT/grid_demo_code-edit.json"
 if [[ $STEPS == *,versus,* ]]; then
   # the tuned llama.cpp config: LLAMACPP_PROFILE (e.g. the committed profile of this hardware), or a run
   LLAMACPP_PROFILE=${LLAMACPP_PROFILE:-$OUT/smollm2-135m.llamacpp.yaml}
