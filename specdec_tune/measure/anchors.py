@@ -93,10 +93,12 @@ def measure_twice(device: str, work: Callable[[], Any], settle_s: float = 0.0) -
     matmul rate moved between them as `drift`), and its result. `settle_s`: waited before each, for
     an engine's processes that keep polling a core after their last request to let go of it (else
     the anchors time the engine, and their drift reads as a busy machine)."""
-    time.sleep(settle_s)
+    if settle_s > 0:
+        time.sleep(settle_s)
     before = machine_speed(device)
     result = work()
-    time.sleep(settle_s)
+    if settle_s > 0:
+        time.sleep(settle_s)
     after = machine_speed(device)
     both = faster(before, after)
     return dataclasses.replace(

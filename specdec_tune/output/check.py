@@ -256,7 +256,7 @@ def exactness_item(e: Evidence) -> CheckItem | None:
             n == 0,
             "prompts whose speculative output differs from the target's own",
         )
-    prompts = int((getattr(e.measured, "exactness", None) or {}).get("prompts") or compared)
+    prompts = int(e.measured.exactness.get("prompts") or compared)
     allowed = math.ceil(parted / compared * prompts)
     return CheckItem(
         f"greedy exactness{e.where}",
