@@ -126,10 +126,16 @@ def test_a_config_against_the_plain_server_exact_at_t0_and_its_server_kept(monke
 def test_ctrl_c_mid_run_leaves_no_vllm_process(tmp_path):
     env = {**os.environ, "SPECDEC_VLLM_PYTHON": PYTHON, "SPECDEC_VLLM_ARGS": EXTRA}
     # 50 repeats: minutes of passes once both servers are up, so the interrupt lands mid-run however
-    # late this loop sees an engine core (a CI run once saw the bench exit 0: done before the signal)
+    # late this loop sees an engine core
     cmd = [sys.executable, "-m", "specdec_tune.cli", "bench", "--backend", "vllm", "--draft", "ngram:3",
            "-g", "3", "--prompts", "1", "--max-new-tokens", "16", "--repeats", "50"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Ctrl-C as a terminal delivers it: SIGINT at its default in the bench, whatever this test inherited
+    # (a background job of a shell without job control ignores it, and an ignored SIGINT survives exec:
+    # the bench then ran all its repeats and exited 0)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     mine: set[int] = set()
     started = time.monotonic()
     deadline = started + 300
