@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..backends.protocols import MeasuringSession, Progress
+from ..backends.protocols import MeasuringSession, Progress, Schedules
 from ..domain import Config, Costs
 from ..measure.seam import Case
 from ..runtime.workloads import stratified
@@ -111,7 +111,24 @@ def plan_session(
     )  # fmt: skip
     if budgeted and plan.n > 1:
         _cut_trial(plan, s, progress)
+    if budgeted and len(batch_sizes) > 1 and isinstance(s, Schedules):
+        _keep_for_schedule(plan, s, progress)
     return plan
+
+
+def _keep_for_schedule(plan: SessionPlan, s: MeasuringSession, progress: Progress) -> None:
+    """The schedule an engine measures after the cells (`Schedules`) comes out of the budget too:
+    its time, planned on the trial's passes (as cut), is kept from what the cells share. Not from
+    the cut itself: a trial is not cut below what the least search affords to make room for it."""
+    assert isinstance(s, Schedules)
+    k, t = len(plan.case.prompts), max(plan.case.max_new_tokens)
+    passes = {
+        b: pass_s * pass_share(s.trial_shape, b, k, plan.n, t, plan.tokens)
+        for b, pass_s in plan.pass_by_b.items()
+    }
+    kept = s.schedule_seconds(passes, plan.settings.repeats)
+    plan.reserve_s += kept
+    progress.note(f"budget: about {kept:.0f} s kept for measuring the batch-size schedule after the cells")
 
 
 def _pass_times(s: MeasuringSession, plain_pass_s: float, batch_sizes: list[int]) -> dict[int, float]:

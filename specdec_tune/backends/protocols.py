@@ -253,3 +253,8 @@ class Schedules(Protocol):
     ) -> dict[str, Any] | None:
         """The schedule and its measured rows (BackendInfo.schedule), or None: nothing to schedule."""
         ...
+
+    def schedule_seconds(self, pass_by_b: dict[int, float], repeats: int) -> float:
+        """About how long `batch_schedule` takes, planned before the search from one plain pass's
+        seconds at each batch size: the budget keeps it (app.session_plan)."""
+        ...

@@ -19,9 +19,16 @@ def schedule_table(schedule: dict[str, Any]) -> Table | None:
         if schedule.get("emitted")
         else "not emitted: lost at " + "; ".join(schedule.get("lost", []))
     )
+    spread = schedule.get("server_spread")
+    below = schedule.get("below_plain") or []
+    caption = "; ".join(
+        ([f"a loss is a paired ratio below 1 - {spread:.3f}, the spread this run measured between two servers of one config (B = 1)"] if spread else [])
+        + ([f"plain decoding was faster at {'; '.join(below)}: so would be each fixed γ of this draft, see the batch table"] if below else [])
+    )  # fmt: skip
     t = Table(
         title=f"Batch-size schedule of {schedule['draft']} ({tiers}), measured: {verdict}",
         title_justify="left",
+        caption=caption or None,
     )
     t.add_column("B", justify="right")
     t.add_column("speedup over plain", justify="right")

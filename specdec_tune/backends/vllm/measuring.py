@@ -33,7 +33,7 @@ from ...measure.servers import ServerError
 from ...measure.timing import median, spread
 from ...measurement import Measurement, RequestStats
 from .args import measure_only_args, server_args
-from .server import ENTRYPOINT, VllmServer, counters_since
+from .server import ENTRYPOINT, VllmServer, counters_since, server_env
 
 MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three configs'
 # A vLLM worker polls its queue for a second after its last step (its shared-memory broadcast's busy
@@ -81,6 +81,7 @@ class VllmBackend:
         self.start_seconds: list[float] = []  # every server start's wall time (the budget plans on it)
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
         self._last: tuple[VllmServer | None, float] = (None, 0.0)  # the server that last ran, and when
+        self.env = server_env(self.build)  # what every server starts with beside the user's environment
 
     def settle(self, server: VllmServer | None = None) -> None:
         """Wait until the last server to run has let go of its core (SETTLE_S after it answered),
@@ -100,6 +101,8 @@ class VllmBackend:
         fingerprint = next((s.fingerprint for s in self._servers.values() if s.fingerprint), None)
         if fingerprint:
             build["system_fingerprint"] = fingerprint
+        if self.env:  # how the servers started (a start-time setting: export leaves it out)
+            build["server_env"] = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
         return {
             "name": self.name,
             "build": build,
@@ -128,7 +131,7 @@ class VllmBackend:
         if server is None or not server.alive:
             spec = config if key != "plain" else None
             args = self.flags(spec) + measure_only_args(self.memory_share)
-            server = VllmServer(python=self.python, args=args, model=self.target)
+            server = VllmServer(python=self.python, args=args, model=self.target, extra_env=self.env)
             spare = [k for k in self._servers if k != "plain" and k not in pinned]
             while spare and len(self._servers) >= MAX_SERVERS:  # room for it: the least recently used goes
                 self._servers.pop(spare.pop(0)).stop()

@@ -9,20 +9,25 @@ come and go, and a hand-written one collapsed throughput at its threshold (vllm#
 2. `measure_schedule`: the schedule's server against each fixed gamma it mixes and plain decoding,
    interleaved, at every measured batch size and at each boundary (where the running batch crosses
    it as requests finish and refill). Paired per repeat (`measure.stats.compare`).
-3. The schedule is emitted only when no fixed gamma (plain decoding, gamma 0, among them) is
-   resolved faster than it at any measured concurrency; otherwise the rows say where it lost, and
-   export keeps the best fixed config.
+3. `verdict`: the schedule is emitted only when no fixed gamma it mixes (plain decoding among them
+   where a tier's K is 0) is resolved faster than it at any measured concurrency, beyond the
+   spread between two servers of one config that this run measured (`server_spread`: its B = 1
+   row, where the schedule runs its first tier's K, against the fixed server of that K);
+   otherwise the rows say where it lost, and export keeps the best fixed config. Where it mixes no
+   K = 0 and plain decoding is faster at some size, it is said (`below_plain`): a fixed gamma of
+   that draft would be slower there as well, and the profile's batch table says what to serve.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any
 
 from ...domain import Config
 from ...measure.stats import compare, speedup_interval
-from .measuring import VllmBackend
+from .measuring import SETTLE_S, VllmBackend
 
 SCHEDULE_POLICY = "schedule"  # a Config's gamma policy for a schedule's server (its own key)
 LAST_BATCH = 1024  # the last tier's end: vLLM caps it at max_num_seqs anyway
@@ -51,6 +56,18 @@ def tiers(points: dict[int, int]) -> list[list[int]]:
 def boundaries(schedule: list[list[int]]) -> list[int]:
     """The batch sizes where a schedule switches K (each tier's start but the first)."""
     return [t[0] for t in schedule[1:]]
+
+
+def schedule_seconds(start_s: float, pass_by_b: dict[int, float], repeats: int) -> float:
+    """About how long `measure_schedule` takes: a server start, then at each batch size and at each
+    switch between two neighbours (timed as their passes' mean) four sides (the schedule, plain
+    decoding, two fixed gammas), each `repeats` timed passes after an untimed one of about half a
+    pass (short requests), and a settle before every pass on another server."""
+    sizes = sorted(pass_by_b)
+    passes = [pass_by_b[b] for b in sizes]
+    passes += [(pass_by_b[a] + pass_by_b[b]) / 2 for a, b in pairwise(sizes)]  # switches
+    sides = 4
+    return start_s + sum(sides * ((repeats + 0.5) * p + repeats * SETTLE_S) for p in passes)
 
 
 def best_gammas(draft: str, results: dict[int, Any]) -> dict[int, int]:
@@ -110,27 +127,61 @@ def measure_schedule(
                     "gamma": f.gamma,
                     "ratio": round(c.ratio, 4),
                     "interval": [round(c.interval[0], 4), round(c.interval[1], 4)],
-                    "slower": bool(c.interval[1] < 1.0),
+                    "slower": False,  # set by `verdict`, against the run's server spread
                 }
             )
-        # plain decoding is a fixed γ too (0): a tier's K = 0 in a speculative server can cost more
         row["slower_than_plain"] = bool(row["interval"] and row["interval"][1] < 1.0)
         rows.append(row)
-    lost = [
-        f"B={r['batch_size']}: {r['speedup']:.3f} [{r['interval'][0]:.3f}, {r['interval'][1]:.3f}] of plain decoding"
-        for r in rows
-        if r["slower_than_plain"]
-    ] + [
-        f"B={r['batch_size']}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}] of fixed γ {a['gamma']}"
-        for r in rows
-        for a in r["against"]
-        if a["slower"]
-    ]
+    lost, below_plain, spread = verdict(schedule, rows)
     return {
         "draft": spec.draft.name,
         "tiers": schedule,
         "rows": rows,
+        "server_spread": round(spread, 4),
         "emitted": not lost,
         "lost": lost,
+        "below_plain": below_plain,
         "flags": backend.flags(config),
     }
+
+
+def server_spread(schedule: list[list[int]], rows: list[dict[str, Any]]) -> float:
+    """How far two servers of one config read apart in this run: at B = 1 (one request at a time,
+    no switch) the schedule runs its first tier's K, the same config as the fixed server of that K;
+    the bound of their paired interval farther from 1. 0 where no such row was measured.
+
+    One server pair's repeats resolve that pair's ratio to a few tenths of a per cent, while two
+    servers of the same config differ by more (SmolLM2, B = 1: 1.025 [1.023, 1.026]), so a ratio
+    between the schedule's server and a fixed one is judged against this, not against 1 alone."""
+    first_k = schedule[0][2]
+    for r in rows:
+        if r["batch_size"] != 1:
+            continue
+        for a in r["against"]:
+            if a["gamma"] == first_k:
+                lo, hi = a["interval"]
+                return max(abs(1.0 - lo), abs(hi - 1.0))
+    return 0.0
+
+
+def verdict(schedule: list[list[int]], rows: list[dict[str, Any]]) -> tuple[list[str], list[str], float]:
+    """(where it lost, where plain decoding was faster though the schedule mixes no K = 0, the
+    server spread): a loss is a paired interval wholly below 1 - spread against a fixed gamma it
+    mixes, plain decoding included where a tier's K is 0. Each row's `slower` marks are set here."""
+    spread = server_spread(schedule, rows)
+    floor = 1.0 - spread
+    mixes_plain = any(t[2] == 0 for t in schedule)
+    lost, below_plain = [], []
+    for r in rows:
+        b = r["batch_size"]
+        lo, hi = r["interval"] or (r["speedup"], r["speedup"])
+        if hi < floor:
+            line = f"B={b}: {r['speedup']:.3f} [{lo:.3f}, {hi:.3f}] of plain decoding"
+            (lost if mixes_plain else below_plain).append(line)
+        for a in r["against"]:
+            a["slower"] = bool(a["interval"][1] < floor)
+            if a["slower"]:
+                lost.append(
+                    f"B={b}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}] of fixed γ {a['gamma']}"
+                )
+    return lost, below_plain, spread

