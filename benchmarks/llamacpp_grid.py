@@ -59,7 +59,9 @@ def row(config: Config, m: Any, seed: int) -> dict[str, Any]:
     }
 
 
-def model_check(observed: list[Observation], intervals: dict[str, list[float] | None]) -> dict[str, Any]:
+def model_check(
+    observed: list[Observation], intervals: dict[str, list[float] | None], forward_overhead: bool = False
+) -> dict[str, Any]:
     """The engine cost model against the grid: each config predicted by a model fitted on every
     other grid config (leave one out, so never from its own timings), and per draft the γ the
     model fitted on the whole grid ranks best against the γ measured best. Three repeats rarely
@@ -68,13 +70,14 @@ def model_check(observed: list[Observation], intervals: dict[str, list[float] | 
     rows = []
     for i, o in enumerate(observed):
         value = o.measured_speedup
-        predicted = EngineCostModel(observed[:i] + observed[i + 1 :]).predict(o.config)
+        others = observed[:i] + observed[i + 1 :]
+        predicted = EngineCostModel(others, forward_overhead=forward_overhead).predict(o.config)
         if value and predicted is not None:
             rows.append(
                 (abs(predicted - value) / value, o.config.label, round(predicted, 4), round(value, 4))
             )
     errs = sorted(e for e, *_ in rows)
-    full = EngineCostModel(observed)
+    full = EngineCostModel(observed, forward_overhead=forward_overhead)
     best_gamma = {}
     for name in sorted({o.config.draft.name for o in observed}):
         mine = [o for o in observed if o.config.draft.name == name and o.measured_speedup]

@@ -81,10 +81,23 @@ def main() -> None:
             out["start_s"] = [round(x, 1) for x in s.backend.start_seconds]
         finally:
             s.close()
-    try:
-        out["cost_model"] = model_check(observed, {r["config"]: r["interval"] for r in measured["grid"]})
+    intervals = {r["config"]: r["interval"] for r in measured["grid"]}
+    try:  # the session's model (a cost per forward of a speculative server), and without that term
+        out["cost_model"] = model_check(observed, intervals, forward_overhead=True)
+        out["cost_model_without_forward_overhead"] = model_check(observed, intervals)
     except Exception as e:  # the grid's measurements are kept whatever this says
         out["cost_model"] = {"error": repr(e)}
+    # every request's counters, so a change of the model can be judged on this grid again offline
+    out["observations"] = [
+        {
+            "config": o.config.label,
+            **{
+                side: [[r.predicted_n, round(r.predicted_ms, 3), r.draft_n, r.draft_accepted] for r in reqs]
+                for side, reqs in (("spec", o.spec), ("plain", o.plain))
+            },
+        }
+        for o in observed
+    ]
     everything = measured.get("grid", []) + measured.get("default", [])
     out |= {"grid": measured.get("grid", []), "defaults": measured.get("default", [])}
     out["best"] = max(everything, key=lambda r: r["speedup"])

@@ -14,7 +14,7 @@ The model, per draft (and threshold), per decode token (N' = predicted_n - 1 of 
     S = q / (1 + E[acc])        drafting forwards      D = L S   drafted tokens
     F = 1 - q + S               target forwards        A = E[acc] S   accepted tokens
     coverage = S / F            share of forwards that carry a draft
-    ms = F t_plain + S c + D k  [+ t_draft (F + D) for a draft model]
+    ms = F (t_plain + o) + S c + D k  [+ t_draft (F + D) for a draft model]
     speedup = t_plain / ms      tokens/s = 1000 / ms
 
 t_plain: the interleaved plain server's predicted_ms / (predicted_n - 1), each observation's own
@@ -22,7 +22,11 @@ for the fit, pooled for predictions. k (ms per drafted token verified) and c (ms
 step beyond a plain forward) are fitted by non-negative least squares over every spec request of a
 draft family (n-gram drafts; draft models), on y = predicted_ms - F t_plain, with S = draft_n / gamma;
 c only where the family was measured at two draft lengths or more (otherwise it is not told apart
-from k, and folds into it). A draft model also runs one draft forward per target forward and one
+from k, and folds into it). o (ms per forward of a speculative server beyond the plain server's, with
+or without a draft) only in an engine that declares it (`forward_overhead`): vLLM turns its async
+scheduling off in a speculative server, and on the demo target an n-gram server that drafted on
+2 % of its forwards decoded at 0.75-0.82 of plain (docs/vllm.md); llama.cpp's forwards without a
+draft cost what plain ones do, so its model has no such term. A draft model also runs one draft forward per target forward and one
 per drafted token (common/speculative.cpp draft-simple: it samples after the accepted tokens, then
 once per token drafted): t_draft per draft model, fitted with the family's k.
 
@@ -147,6 +151,7 @@ class VerifyFit:
     ms_per_step: float = 0.0
     step_identified: bool = False
     borrowed_from: str | None = None  # the family k came from, where this one's was not identified
+    ms_per_forward: float = 0.0  # o: every forward of a speculative server beyond a plain one's
 
 
 @dataclass
@@ -179,8 +184,9 @@ class EngineCostModel:
     """The engine's cost model: `add` observations, then `predict`, `explain`, `rank`, `errors`.
     Fits lazily (again after every `add`)."""
 
-    def __init__(self, observations: Iterable[Observation] = ()) -> None:
+    def __init__(self, observations: Iterable[Observation] = (), *, forward_overhead: bool = False) -> None:
         self.observations: list[Observation] = list(observations)
+        self.forward_overhead = forward_overhead  # fit o (module docstring): the engine says it has one
         self.t_plain_ms: float | None = None  # pooled over every observation's plain requests
         self.drafts: dict[tuple[str, float], DraftFit] = {}  # (draft, threshold) -> its fit
         self.verify: dict[str, VerifyFit] = {}  # family -> its verification cost
@@ -228,10 +234,14 @@ class EngineCostModel:
 
     def _fit_family(self, fam: str, obs: list[Observation]) -> None:
         """NNLS of y = predicted_ms - F t_plain, one row per spec request, on F + D per draft model
-        (t_draft), D (k) and S (c). A column the earlier ones explain is not fitted: c then folds
-        into k; a draft model's k, where its configs cannot tell k from t_draft, is the n-gram one."""
+        (t_draft), D (k) and S (c), and F (o) where the engine has it. A column the earlier ones
+        explain is not fitted: c then folds into k; a draft model's k, where its configs cannot tell
+        k from t_draft, is the n-gram one; a draft model's o folds into its t_draft (both per
+        forward), so o is the n-gram family's, carried to the draft models."""
         names = sorted({o.config.draft.name for o in obs}) if fam == "model" else []
-        cols: list[list[float]] = [[] for _ in range(len(names) + 2)]
+        own_o = self.forward_overhead and fam == "ngram"
+        cols: list[list[float]] = [[] for _ in range(len(names) + 2 + own_o)]
+        ik, ic = len(names), len(names) + 1  # k's and c's columns; o's last, where fitted
         y: list[float] = []
         for o in obs:
             t_plain = Totals.of(o.plain).ms_per_token or self.t_plain_ms
@@ -240,18 +250,21 @@ class EngineCostModel:
                 y.append(r.predicted_ms - forwards * t_plain)
                 for j, name in enumerate(names):
                     cols[j].append(forwards + r.draft_n if o.config.draft.name == name else 0.0)
-                cols[-2].append(float(r.draft_n))
-                cols[-1].append(r.draft_n / o.config.gamma)
+                cols[ik].append(float(r.draft_n))
+                cols[ic].append(r.draft_n / o.config.gamma)
+                if own_o:
+                    cols[-1].append(float(forwards))
         ok = identified(cols)
-        ok[-1] = ok[-1] and ok[-2]  # S is D / gamma: without k, no c either
-        k_from = self.verify.get("ngram") if fam == "model" and not ok[-2] else None
+        ok[ic] = ok[ic] and ok[ik]  # S is D / gamma: without k, no c either
+        k_from = self.verify.get("ngram") if fam == "model" and not ok[ik] else None
         if k_from is not None:
-            y = [t - k_from.ms_per_token * d for t, d in zip(y, cols[-2], strict=True)]
+            y = [t - k_from.ms_per_token * d for t, d in zip(y, cols[ik], strict=True)]
         use = [j for j in range(len(cols)) if ok[j]]
         coef = dict(zip(use, nnls([cols[j] for j in use], y), strict=True))
-        k = k_from.ms_per_token if k_from else coef.get(len(names), 0.0)
-        c = coef.get(len(names) + 1, 0.0)
-        self.verify[fam] = VerifyFit(k, c, ok[-1], "ngram" if k_from else None)
+        k = k_from.ms_per_token if k_from else coef.get(ik, 0.0)
+        c = coef.get(ic, 0.0)
+        o_ms = coef.get(len(cols) - 1, 0.0) if own_o else 0.0
+        self.verify[fam] = VerifyFit(k, c, ok[ic], "ngram" if k_from else None, o_ms)
         for j, name in enumerate(names):
             self.t_draft_ms[name] = coef.get(j, 0.0)
 
@@ -324,6 +337,8 @@ class EngineCostModel:
         )
         if v.ms_per_step > 0:
             text += f" + {v.ms_per_step:.2f} ms per draft"
+        if v.ms_per_forward > 0:
+            text += f" + {v.ms_per_forward:.2f} ms per forward of a speculative server"
         text += f" against T_target {p.t_plain_ms:.1f} ms"
         if family(config) == "model":
             text += f", draft model {p.t_draft_ms:.2f} ms per forward"
@@ -373,12 +388,17 @@ def ms_per_token(
     q: float, accepted: float, gamma: int, t_forward: float, verify: VerifyFit, t_draft: float = 0.0
 ) -> float:
     """ms per decode token (module docstring): a share q of tokens comes from forwards that carry a
-    gamma-token draft with `accepted` of it accepted; a forward costs `t_forward`, each drafting step
-    c and each drafted token k (`verify`), a draft model `t_draft` per forward and drafted token."""
+    gamma-token draft with `accepted` of it accepted; a forward costs `t_forward` (and o in a
+    speculative server, `verify`), each drafting step c and each drafted token k, a draft model
+    `t_draft` per forward and drafted token."""
     steps = q / (1.0 + accepted)
     forwards = 1.0 - q + steps
     drafted = gamma * steps
-    ms = forwards * t_forward + steps * verify.ms_per_step + drafted * verify.ms_per_token
+    ms = (
+        forwards * (t_forward + verify.ms_per_forward)
+        + steps * verify.ms_per_step
+        + drafted * verify.ms_per_token
+    )
     return ms + t_draft * (forwards + drafted)
 
 

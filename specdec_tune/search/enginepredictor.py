@@ -55,8 +55,8 @@ class EnginePredictor:
     first speculative trial, from a model carried from another context length (`carry_from`), if
     given."""
 
-    def __init__(self) -> None:
-        self.model = EngineCostModel()
+    def __init__(self, *, forward_overhead: bool = False) -> None:
+        self.model = EngineCostModel(forward_overhead=forward_overhead)
         self.carried: EngineCostModel | None = None
 
     def carry_from(self, other: EnginePredictor, costs_from: Costs, costs_to: Costs) -> None:
@@ -101,7 +101,7 @@ def carried_model(model: EngineCostModel, costs_from: Costs, costs_to: Costs) ->
     t_scale = _ratio(t_to, model.t_plain_ms) or _ratio(costs_to.t_target_ms, costs_from.t_target_ms) or 1.0
     k_scale = _ratio(_slope(costs_to.verify_ms), _slope(costs_from.verify_ms)) or t_scale
     raw_to, raw_from = _slope(costs_to.verify_raw_ms or []), _slope(costs_from.verify_raw_ms or [])
-    out = EngineCostModel()
+    out = EngineCostModel(forward_overhead=model.forward_overhead)
     out.t_plain_ms = t_to if t_to is not None and model.t_plain_ms is not None else None
     if out.t_plain_ms is None and model.t_plain_ms is not None:
         out.t_plain_ms = model.t_plain_ms * t_scale
@@ -114,6 +114,7 @@ def carried_model(model: EngineCostModel, costs_from: Costs, costs_to: Costs) ->
         else:
             v.ms_per_token *= k_scale
         v.ms_per_step *= t_scale
+        v.ms_per_forward *= t_scale
         out.verify[fam] = v
     t_draft_from = {d.name: d.t_draft_ms for d in costs_from.drafts}
     t_draft_to = {d.name: d.t_draft_ms for d in costs_to.drafts}

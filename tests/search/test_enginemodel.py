@@ -330,3 +330,43 @@ def test_a_later_batch_size_is_predicted_from_the_b1_model_and_its_own_plain_pas
         "at B=4" in b4.explain(Config(LOOKUP, 8)) and b4.predict(Config(DraftSpec("none", "none"), 0)) == 1.0
     )
     assert single.model.observations and all(o.config.draft.kind != "none" for o in single.model.observations)
+
+
+def _with_overhead(config, q, alpha, k, c, o):
+    """fabricate's observation in an engine whose speculative server pays `o` ms on every forward
+    (vLLM: no async scheduling there), its plain requests at T_PLAIN."""
+    spec, plain = [], []
+    for i in range(6):
+        n = 100.0 + 50 * i
+        ms, _, drafted, accepted = truth(config.gamma, q, alpha, k, c, t_plain=T_PLAIN + o)
+        spec.append(Counts(n + 1, n * ms, n * drafted, n * accepted))
+        plain.append(Counts(n + 1, n * T_PLAIN))
+    return Observation(config, spec, plain)
+
+
+def test_an_engine_with_a_cost_per_speculative_forward_has_it_fitted_and_an_idle_draft_predicted_slower():
+    """search.enginemodel's o: where the engine declares it, a draft that finds nothing to copy
+    (q = 0.02) is predicted as slow as the speculative server makes every forward, not as plain."""
+    rare = DraftSpec("ngram-simple:8", "prompt_lookup", ngram_min=8, ngram_max=8, lookup_match="latest")
+    o_ms = 3.0
+    obs = [_with_overhead(Config(LOOKUP, g), 0.3, 0.75, 0.9, 0.4, o_ms) for g in (4, 8)]
+    obs += [_with_overhead(Config(rare, g), 0.02, 0.75, 0.9, 0.4, o_ms) for g in (4, 8)]
+    m = EngineCostModel(obs, forward_overhead=True).fit()
+    v = m.verify["ngram"]
+    assert v.ms_per_forward == pytest.approx(o_ms, rel=1e-4)
+    assert v.ms_per_token == pytest.approx(0.9, rel=1e-4) and v.ms_per_step == pytest.approx(0.4, rel=1e-3)
+    idle = Config(rare, 6)  # never measured at γ 6
+    expected = T_PLAIN / truth(6, 0.02, 0.75, 0.9, 0.4, t_plain=T_PLAIN + o_ms)[0]
+    assert m.predict(idle) == pytest.approx(expected, rel=1e-3) and expected < 0.8
+    assert "ms per forward of a speculative server" in m.explain(idle)
+    # an engine that does not declare it (llama.cpp) fits no such term, and predicts the idle
+    # draft near plain decoding
+    plainer = EngineCostModel(obs).fit()
+    assert plainer.verify["ngram"].ms_per_forward == 0.0
+    assert plainer.predict(idle) > 0.9
+    # a model carried to another context length keeps the term, scaled as T_target
+    from specdec_tune.domain import Costs
+    from specdec_tune.search.enginepredictor import carried_model
+
+    carried = carried_model(m, Costs(T_PLAIN, 0.01, [], 0.01, 256), Costs(2 * T_PLAIN, 0.01, [], 0.01, 2048))
+    assert carried.forward_overhead and carried.verify["ngram"].ms_per_forward == pytest.approx(2 * o_ms)

@@ -28,6 +28,7 @@ from ...measure.timing import median
 from ...runtime.contexts import workload_as_sent
 from ...runtime.workloads import prompt_text
 from ...search.budget import TrialShape
+from ...search.enginepredictor import EnginePredictor
 from ...search.space import TuneSettings
 from ...store.build import EngineFields
 from ...store.refs import portable_ref, profile_file_slug
@@ -147,6 +148,11 @@ class VllmSession(ServerSession):
         return "" if isinstance(exc, ServerError) else None
 
     # -- what the search needs
+    def predictor(self) -> EnginePredictor:
+        """The engine model with a cost per forward of a speculative server (search.enginemodel's
+        o): vLLM runs a speculative server's every step without async scheduling."""
+        return EnginePredictor(forward_overhead=True)
+
     def settings_for(self, settings: TuneSettings, progress: Progress) -> TuneSettings:
         if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
             raise SpecDecError("vLLM drafts a fixed number of tokens: --gamma-policies must be fixed")
