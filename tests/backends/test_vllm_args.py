@@ -439,3 +439,131 @@ def test_a_schedule_engines_budget_keeps_the_schedules_time_from_what_the_cells_
         36.0 + sum(4 * (3.5 * p + 3 * 1.2) for p in (2.0, 16 / 3, (2.0 + 16 / 3) / 2))
     )
     assert notes == [f"budget: about {kept:.0f} s kept for measuring the batch-size schedule after the cells"]
+
+
+class _ScheduleBackend:
+    """What measure_schedule uses of VllmBackend: `measure` answers each config's per-repeat
+    speedups from `level(config, b, pair)` (pair: how many times its server was stopped), `stop`."""
+
+    def __init__(self, level):
+        self.level, self.stopped, self.calls = level, {}, []
+        self.schedules = {}
+
+    def measure(self, configs, case, b, repeats):
+        from types import SimpleNamespace
+
+        self.calls.append((b, [c.label for c in configs]))
+        out = []
+        for c in configs:
+            base = self.level(c, b, self.stopped.get(c.key, 0))
+            speedups = [base * (1 + 0.001 * (r - 1)) for r in range(repeats)]
+            out.append(SimpleNamespace(speedups=speedups, metrics=SimpleNamespace(tokens_per_s=100.0 * base)))
+        return out
+
+    def stop(self, configs):
+        for c in configs:
+            self.stopped[c.key] = self.stopped.get(c.key, 0) + 1
+
+    def flags(self, config):
+        return ["--speculative-config", "{}"]
+
+
+def _schedule_results():
+    """B = 1 best γ 8, B = 4 and 16 best γ 5 (both above plain): schedule [[1, 2, 8], [3, 1024, 5]]."""
+    return {
+        1: _Result(_R("ngram:4", 8, 3.3, [3.2, 3.4]), _R("ngram:4", 5, 3.0, [2.9, 3.1])),
+        4: _Result(_R("ngram:4", 5, 1.1, [1.05, 1.15]), _R("ngram:4", 8, 1.0, [0.98, 1.02])),
+        16: _Result(_R("ngram:4", 5, 1.01, [0.99, 1.03]), _R("ngram:4", 8, 0.92, [0.9, 0.95])),
+    }
+
+
+def test_a_schedules_narrow_loss_is_measured_again_in_new_servers_and_the_two_pairs_pooled():
+    """backends.vllm.schedule.measure_schedule: at B = 16 the schedule (K 5 there) read 0.975 of
+    the fixed γ 5 server; new servers of both read 1.01; pooled, no loss: emitted, and the row
+    keeps the first pair's reading. Where the new pair reads the same deficit, it is lost."""
+    from specdec_tune.backends.vllm.schedule import SCHEDULE_POLICY, measure_schedule
+
+    def level(c, b, pair):
+        base = {1: 3.3, 3: 1.3, 4: 1.1, 16: 1.0}[b]
+        if c.gamma == 8 and c.gamma_policy != SCHEDULE_POLICY and b > 1:
+            base *= 0.92  # fixed γ 8 is slower than γ 5 beyond B = 1
+        if c.gamma_policy == SCHEDULE_POLICY and b == 16:
+            return base * (0.975 if pair == 0 else 1.01)
+        return base
+
+    backend = _ScheduleBackend(level)
+    out = measure_schedule(backend, _schedule_results(), None, repeats=3)
+    assert out["tiers"] == [[1, 2, 8], [3, 1024, 5]] and out["renewed_at"] == [16]
+    assert out["emitted"] and out["lost"] == []
+    row16 = next(r for r in out["rows"] if r["batch_size"] == 16)
+    assert row16["first_pair"]["against"][0]["ratio"] == pytest.approx(0.975, abs=1e-3)
+    assert 0.975 < row16["against"][0]["ratio"] < 1.01  # both pairs' repeats
+    assert [b for b, _ in backend.calls] == [1, 3, 4, 16, 16]  # only B = 16 again
+    # the schedule's server and the fixed γ 5's were stopped before the second pair; γ 8's (no
+    # loss to it) and plain's were not, and γ 8's ratio is the first pair's
+    assert backend.calls[-1][1][1:] == ["ngram:4 γ=5"] and len(backend.stopped) == 2
+    assert row16["against"][1] == {**row16["first_pair"]["against"][1], "slower": False}
+
+    def slower(c, b, pair):  # the same deficit in both pairs: a loss
+        return level(c, b, 0)
+
+    out = measure_schedule(_ScheduleBackend(slower), _schedule_results(), None, repeats=3)
+    assert out["renewed_at"] == [16] and not out["emitted"]
+    assert [x[:20] for x in out["lost"]] == ["B=16: 0.975 [0.975, "] and out["lost"][0].endswith(
+        "of fixed γ 5"
+    )
+
+    def collapse(c, b, pair):  # a collapse at the switch counts at once, without new servers
+        return level(c, b, 0) * (0.8 if c.gamma_policy == SCHEDULE_POLICY and b == 3 else 1.0)
+
+    backend = _ScheduleBackend(collapse)
+    out = measure_schedule(backend, _schedule_results(), None, repeats=3)
+    assert (
+        not out["emitted"]
+        and out["renewed_at"] == [16]
+        and any(x.startswith("B=3: 0.800") for x in out["lost"])
+    )
+
+
+def test_a_timed_pass_settles_after_an_untimed_request_on_another_server(monkeypatch):
+    """backends.vllm.measuring: an exactness check (untimed) on a config's server is the last to
+    run, so the plain server's next pass waits SETTLE_S for that worker to let go of its core;
+    a pass on the same server does not wait."""
+    from specdec_tune.backends.vllm import measuring
+    from specdec_tune.domain import DraftSpec
+    from specdec_tune.measure.llamacpp.cases import TextCase
+
+    clock = [100.0]
+    slept: list[float] = []
+    monkeypatch.setattr(measuring.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(measuring.time, "sleep", lambda s: slept.append(round(s, 3)))
+
+    class Server:
+        label = "stub"
+
+        def __init__(self, python, args, model, extra_env=None):
+            self.alive, self.decode = False, 0.0
+
+        def start(self, timeout_s=None):
+            self.alive = True
+
+        def stop(self):
+            self.alive = False
+
+        def complete(self, prompt, n, temperature):
+            self.decode += 0.01 * n
+            return {"tokens": list(range(n)), "n": n}
+
+        def counters(self):
+            return {measuring.DECODE_S: self.decode}
+
+    monkeypatch.setattr(measuring, "VllmServer", Server)
+    backend = measuring.VllmBackend("python", "model", max_model_len=256, build={"package": "vllm 0"})
+    config = Config(DraftSpec("ngram:4", "prompt_lookup", ngram_min=4, ngram_max=4), 4)
+    case = TextCase([[1, 2, 3]], [8], 0.0)
+    backend.exactness(config, case)  # the plain reference, then the config's tokens: its server last
+    clock[0] += 0.3
+    backend._pass(backend.server(None), case, 1, "plain")
+    assert slept == [pytest.approx(measuring.SETTLE_S - 0.3)]  # the rest of the config worker's poll
+    backend._pass(backend.server(None), case, 1, "plain")
+    assert len(slept) == 1  # the plain server ran last: no wait
