@@ -216,6 +216,42 @@ def live_in_group(pgid: int) -> list[int]:
     return out
 
 
+def group_cpu_ticks(pgids: set[int]) -> int:
+    """CPU time (user + system, in clock ticks) that the live processes of the groups `pgids` have
+    used so far, read from /proc; 0 where there is none to read."""
+    total = 0
+    proc_root = Path("/proc")
+    for d in proc_root.iterdir() if pgids and proc_root.is_dir() else ():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 12 and fields[2].isdigit() and int(fields[2]) in pgids:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+    return total
+
+
+IDLE_WINDOW_S = 0.1  # how long a window of `wait_groups_idle` is
+IDLE_TICKS = 1  # CPU ticks a window may hold and still count as idle (a busy core: 10 at 100 Hz)
+
+
+def wait_groups_idle(pgids: set[int], quiet_windows: int = 1, cap_s: float = 5.0) -> float:
+    """Wait until the groups `pgids` used at most IDLE_TICKS of CPU in each of `quiet_windows`
+    windows in a row, at most `cap_s`; the seconds waited."""
+    started = time.monotonic()
+    if not pgids:
+        return 0.0
+    quiet, before = 0, group_cpu_ticks(pgids)
+    while quiet < quiet_windows and time.monotonic() - started < cap_s:
+        time.sleep(IDLE_WINDOW_S)
+        now = group_cpu_ticks(pgids)
+        quiet = quiet + 1 if now - before <= IDLE_TICKS else 0
+        before = now
+    return time.monotonic() - started
+
+
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     """Wait until no process of group `pgid` is alive (`live_in_group`), at most `timeout_s`."""
     deadline = time.monotonic() + timeout_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +63,25 @@ def test_waiting_for_a_group_ends_at_its_timeout():
         p.wait()
     _wait_group_gone(p.pid, 5.0)
     assert live_in_group(p.pid) == []
+
+
+def test_waiting_for_server_groups_to_be_idle_waits_out_a_busy_one_and_not_an_idle_one():
+    """measure.servers.wait_groups_idle, on real process groups read from /proc: a group spinning
+    for 0.6 s is waited out; a sleeping one (a vLLM server between requests) costs one window."""
+    from specdec_tune.measure.servers import IDLE_WINDOW_S, group_cpu_ticks, wait_groups_idle
+
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 0.6:\n    pass\ntime.sleep(30)\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        time.sleep(0.3)  # both started; the busy one is spinning
+        ticks = group_cpu_ticks({busy.pid})
+        waited = wait_groups_idle({busy.pid})
+        assert group_cpu_ticks({busy.pid}) > ticks  # it used CPU while waited for
+        assert 0.15 <= waited < 3.0  # the rest of its 0.6 s spin, then one quiet window
+        assert wait_groups_idle({idle.pid}) < IDLE_WINDOW_S + 0.5
+        assert wait_groups_idle(set()) == 0.0 and group_cpu_ticks(set()) == 0
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()

@@ -29,7 +29,7 @@ from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import slot_lanes
 from ...measure.planted import planted_pass
 from ...measure.seam import Screen
-from ...measure.servers import ServerError
+from ...measure.servers import ServerError, wait_groups_idle
 from ...measure.timing import median, spread
 from ...measurement import Measurement, RequestStats
 from .args import measure_only_args, server_args
@@ -82,13 +82,19 @@ class VllmBackend:
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
         self._last: tuple[VllmServer | None, float] = (None, 0.0)  # the server that last ran, and when
         self.env = server_env(self.build)  # what every server starts with beside the user's environment
+        self.idle_waits: list[float] = []  # seconds each pass waited for the other servers to be idle
 
     def settle(self, server: VllmServer | None = None) -> None:
         """Wait until the last server to run has let go of its core (SETTLE_S after it answered),
-        unless `server` is that one: its own poll is no one else's cost."""
+        unless `server` is that one: its own poll is no one else's cost; then until every other
+        server is idle, as /proc counts their CPU time (`wait_groups_idle`, at most 5 s): a server
+        just started, or one whose poll outlasts SETTLE_S, is not timed against."""
         last, ended = self._last
         if last is not None and last is not server:
             time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ended)))
+        procs = [getattr(s, "proc", None) for s in self._servers.values() if s is not server and s.alive]
+        others = {p.pid for p in procs if p is not None}
+        self.idle_waits.append(wait_groups_idle(others))
 
     def stop(self, configs: list[Config]) -> None:
         """Stop these configs' servers (not the plain one): their next measurement starts new ones."""
