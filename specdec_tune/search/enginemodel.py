@@ -22,11 +22,8 @@ for the fit, pooled for predictions. k (ms per drafted token verified) and c (ms
 step beyond a plain forward) are fitted by non-negative least squares over every spec request of a
 draft family (n-gram drafts; draft models), on y = predicted_ms - F t_plain, with S = draft_n / gamma;
 c only where the family was measured at two draft lengths or more (otherwise it is not told apart
-from k, and folds into it). o (ms per forward of a speculative server beyond the plain server's, with
-or without a draft) only in an engine that declares it (`forward_overhead`): vLLM turns its async
-scheduling off in a speculative server, and on the demo target an n-gram server that drafted on
-2 % of its forwards decoded at 0.75-0.82 of plain (docs/vllm.md); llama.cpp's forwards without a
-draft cost what plain ones do, so its model has no such term. A draft model also runs one draft forward per target forward and one
+from k, and folds into it). o (ms per forward of a speculative server beyond a plain one's) only
+where the engine declares it (`forward_overhead`: vLLM, docs/vllm.md), not in llama.cpp. A draft model also runs one draft forward per target forward and one
 per drafted token (common/speculative.cpp draft-simple: it samples after the accepted tokens, then
 once per token drafted): t_draft per draft model, fitted with the family's k.
 
@@ -51,84 +48,21 @@ Assumed, and why:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..domain import Config
-from ..measurement import Measurement
 from .enginefit import expected_accepted, fit_alpha, identified, nnls, ranked
+from .engineobs import Observation, Totals, observations
+
+__all__ = ["EngineCostModel", "Observation", "Totals", "ms_per_token", "observations"]
 
 MODEL_KINDS = ("model", "layer_skip", "hybrid")  # a draft model runs: t_draft per draft forward
 FIXED_LENGTH_KINDS = ("prompt_lookup",)  # ngram-simple: size-m (= gamma) tokens after each match
 
 
-class RequestCounters(Protocol):
-    """One request's counters (measure.llamacpp.backend.RequestStats is one)."""
-
-    predicted_n: int
-    predicted_ms: float
-    draft_n: int
-    draft_accepted: int
-
-
 def family(config: Config) -> str:
     return "model" if config.draft.kind in MODEL_KINDS else "ngram"
-
-
-@dataclass
-class Totals:
-    """One side's requests summed: decode tokens (predicted_n - 1 each), ms, drafted, accepted."""
-
-    requests: int = 0
-    tokens: int = 0
-    ms: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-
-    @classmethod
-    def of(cls, requests: Iterable[RequestCounters]) -> Totals:
-        t = cls()
-        for r in requests:
-            t.requests += 1
-            t.tokens += max(0, r.predicted_n - 1)
-            t.ms += r.predicted_ms
-            t.drafted += r.draft_n
-            t.accepted += r.draft_accepted
-        return t
-
-    @property
-    def forwards(self) -> int:
-        return self.tokens - self.accepted
-
-    @property
-    def ms_per_token(self) -> float | None:
-        return self.ms / self.tokens if self.tokens > 0 else None
-
-
-@dataclass
-class Observation:
-    """One measured config: its timed spec requests and the interleaved plain ones (B = 1)."""
-
-    config: Config
-    spec: list[RequestCounters] = field(default_factory=list)
-    plain: list[RequestCounters] = field(default_factory=list)
-
-    @classmethod
-    def from_measurement(cls, config: Config, measurement: Measurement) -> Observation:
-        """From a `Measurement` (its `requests`, each with a `side`); requests that ran
-        with other requests in flight (batch_size > 1) are left out: their ms are not one row's."""
-        obs = cls(config)
-        for r in measurement.requests:
-            if getattr(r, "batch_size", 1) == 1:
-                (obs.plain if r.side == "plain" else obs.spec).append(r)
-        return obs
-
-    @property
-    def measured_speedup(self) -> float | None:
-        """Decode tokens/s of the spec side over the plain side's, pooled over requests."""
-        s, p = Totals.of(self.spec).ms_per_token, Totals.of(self.plain).ms_per_token
-        return p / s if s and p else None
 
 
 @dataclass
@@ -234,10 +168,8 @@ class EngineCostModel:
 
     def _fit_family(self, fam: str, obs: list[Observation]) -> None:
         """NNLS of y = predicted_ms - F t_plain, one row per spec request, on F + D per draft model
-        (t_draft), D (k) and S (c), and F (o) where the engine has it. A column the earlier ones
-        explain is not fitted: c then folds into k; a draft model's k, where its configs cannot tell
-        k from t_draft, is the n-gram one; a draft model's o folds into its t_draft (both per
-        forward), so o is the n-gram family's, carried to the draft models."""
+        (t_draft), D (k), S (c) and the n-gram family's F (o; a draft model's folds into t_draft).
+        An unidentified column is not fitted: c folds into k; a draft model's k may be the n-gram's."""
         names = sorted({o.config.draft.name for o in obs}) if fam == "model" else []
         own_o = self.forward_overhead and fam == "ngram"
         cols: list[list[float]] = [[] for _ in range(len(names) + 2 + own_o)]
@@ -409,8 +341,3 @@ def _speculates(config: Config) -> bool:
 def _group(config: Config) -> tuple[str, float]:
     """Acceptance is a draft's at a threshold (a draft model's p-min changes both q and alpha)."""
     return config.draft.name, round(config.threshold, 4) if config.draft.has_threshold else 0.0
-
-
-def observations(pairs: Sequence[tuple[Config, Any]]) -> list[Observation]:
-    """Observations from (config, Measurement) pairs, as a backend's `measure` returns them."""
-    return [Observation.from_measurement(c, m) for c, m in pairs]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from ...measure.servers import ServerError, wait_groups_idle
 from ...measure.timing import median, spread
 from ...measurement import Measurement, RequestStats
 from .args import measure_only_args, server_args
-from .server import ENTRYPOINT, VllmServer, counters_since, server_env
+from .server import ENTRYPOINT, VllmServer, closed_loop, counters_since, server_env
 
 MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three configs'
 # A vLLM worker polls its queue for a second after its last step (its shared-memory broadcast's busy
@@ -85,10 +84,8 @@ class VllmBackend:
         self.idle_waits: list[float] = []  # seconds each pass waited for the other servers to be idle
 
     def settle(self, server: VllmServer | None = None) -> None:
-        """Wait until the last server to run has let go of its core (SETTLE_S after it answered),
-        unless `server` is that one: its own poll is no one else's cost; then until every other
-        server is idle, as /proc counts their CPU time (`wait_groups_idle`, at most 5 s): a server
-        just started, or one whose poll outlasts SETTLE_S, is not timed against."""
+        """SETTLE_S after the last server to run answered, unless `server` is that one (its own poll
+        is no one else's cost); then until every other server is idle by /proc's CPU time."""
         last, ended = self._last
         if last is not None and last is not server:
             time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ended)))
@@ -214,11 +211,8 @@ class VllmBackend:
         return planted_pass(measured) if side == "spec" else measured  # a test-only hook (measure.planted)
 
     def _untimed(self, server: VllmServer, prompt: list[int], n: int, temperature: float) -> dict[str, Any]:
-        """One request outside any timed pass (a reference, an exactness check, a warm-up), marked as
-        the last to run: the next timed pass on another server settles after it. Unmarked, a demo
-        config's exactness requests left its worker polling through the plain server's short warm-up
-        and into its first timed pass: 2 of 12 rows of a demo grid read 2.9x and 3.3x in their first
-        repeat against 0.6-0.9x in the other two (docs/vllm.md)."""
+        """A request outside any timed pass (reference, exactness, warm-up), marked as the last to
+        run, so the next timed pass on another server settles after it (docs/vllm.md)."""
         reply = server.complete(prompt, n, temperature)
         self._last = (server, time.monotonic())
         return reply
@@ -394,16 +388,3 @@ def _plain_of(m: Measurement, repeats: int) -> Measurement:
         metrics, tokens, 0, [1.0] * repeats, rates=list(m.baseline_rates), baseline_rates=list(m.baseline_rates),
         requests=plain,
     )  # fmt: skip
-
-
-def closed_loop(
-    server: VllmServer, lanes: list[list[tuple[Any, int]]], temperature: float
-) -> list[dict[str, Any]]:
-    """Client k sends lane k's requests one after another (a finished request is replaced at once):
-    B requests in flight until the lanes run out. A failed request fails the pass."""
-
-    def client(lane: list[tuple[Any, int]]) -> list[dict[str, Any]]:
-        return [server.complete(prompt, n, temperature) for prompt, n in lane]
-
-    with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-        return [reply for replies in pool.map(client, lanes) for reply in replies]

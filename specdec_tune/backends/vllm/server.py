@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -192,3 +193,16 @@ def parse_counters(text: str) -> dict[str, float]:
 def counters_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What the engine did between two readings of its counters."""
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def closed_loop(
+    server: VllmServer, lanes: list[list[tuple[Any, int]]], temperature: float
+) -> list[dict[str, Any]]:
+    """Client k sends lane k's requests one after another (a finished request is replaced at once):
+    B requests in flight until the lanes run out. A failed request fails the pass."""
+
+    def client(lane: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+        return [server.complete(prompt, n, temperature) for prompt, n in lane]
+
+    with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+        return [reply for replies in pool.map(client, lanes) for reply in replies]
