@@ -30,7 +30,8 @@ timed() {  # NAME CMD...: run with a cold vLLM compile cache, log, print the wal
   rm -rf "$cache"
 }
 
-run() { specdec-tune run --backend vllm --workload code-edit --storage "$STUDIES" "$@"; }
+# each run its own studies: the batch run's B = 1 cell would resume the smollm2 run's finished study
+run() { specdec-tune run --backend vllm --workload code-edit --storage "sqlite:///$(mktemp -d)/studies.db" "$@"; }
 
 [[ $STEPS == *,demo,* ]] && timed demo run --target demo --out "$OUT/demo.vllm.yaml"
 [[ $STEPS == *,smollm2,* ]] && timed smollm2 run --target smollm2-135m --out "$OUT/smollm2-135m.vllm.yaml"

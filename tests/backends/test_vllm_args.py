@@ -212,6 +212,8 @@ def test_the_server_spread_is_the_b1_row_where_the_schedule_runs_the_fixed_serve
     assert server_spread(STOP55_TIERS, rows) == pytest.approx(0.0262)  # vs γ 8 at B = 1, not γ 5
     assert server_spread([[1, 2, 6], [3, 1024, 5]], rows) == 0.0  # no fixed γ 6 measured
     assert server_spread(STOP55_TIERS, rows[1:]) == 0.0  # no B = 1 row
+    rows[0]["against"][1]["interval"] = [1.1089, 1.1371]  # one of two servers off: capped
+    assert server_spread(STOP55_TIERS, rows) == pytest.approx(0.05)
 
 
 def test_a_schedule_loses_only_beyond_the_spread_between_two_servers_of_one_config():

@@ -219,7 +219,9 @@ def server_spread(schedule: list[list[int]], rows: list[dict[str, Any]]) -> floa
         for a in r["against"]:
             if a["gamma"] == first_k:
                 lo, hi = a["interval"]
-                return max(abs(1.0 - lo), abs(hi - 1.0))
+                # at most CONFIRM_WITHIN: a wider reading (1.123 [1.109, 1.137] once) says one of
+                # the two servers is off, not that any loss up to it is noise
+                return min(CONFIRM_WITHIN, max(abs(1.0 - lo), abs(hi - 1.0)))
     return 0.0
 
 
