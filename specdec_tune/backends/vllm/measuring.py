@@ -81,7 +81,6 @@ class VllmBackend:
         self.schedules: dict[Any, list[list[int]]] = {}  # config key -> its batch-size schedule
         self._last: tuple[VllmServer | None, float] = (None, 0.0)  # the server that last ran, and when
         self.env = server_env(self.build)  # what every server starts with beside the user's environment
-        self.idle_waits: list[float] = []  # seconds each pass waited for the other servers to be idle
 
     def settle(self, server: VllmServer | None = None) -> None:
         """SETTLE_S after the last server to run answered, unless `server` is that one (its own poll
@@ -91,7 +90,7 @@ class VllmBackend:
             time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ended)))
         procs = [getattr(s, "proc", None) for s in self._servers.values() if s is not server and s.alive]
         others = {p.pid for p in procs if p is not None}
-        self.idle_waits.append(wait_groups_idle(others))
+        wait_groups_idle(others)
 
     def stop(self, configs: list[Config]) -> None:
         """Stop these configs' servers (not the plain one): their next measurement starts new ones."""
