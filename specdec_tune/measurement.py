@@ -11,7 +11,8 @@ them out. A shared leaf: plain data, imported by every stage.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from statistics import median
 from typing import Any
 
 from .domain import Metrics
@@ -167,6 +168,36 @@ class Measurement:
     requests: list[RequestStats] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
     exactness: dict[str, Any] = field(default_factory=dict)
+
+    def joined(self, other: Measurement) -> Measurement:
+        """This measurement and `other` (the same config, measured again) as one: every per-repeat
+        list of both, the medians over all repeats, the worse exactness; `check` pools its looks so."""
+        speedups = [*self.speedups, *other.speedups]
+        rates = [*self.rates, *other.rates]
+        base = [*self.baseline_rates, *other.baseline_rates]
+        metrics = replace(
+            self.metrics,
+            speedup=median(speedups) if speedups else self.metrics.speedup,
+            tokens_per_s=median(rates) if rates else self.metrics.tokens_per_s,
+            baseline_tokens_per_s=median(base) if base else self.metrics.baseline_tokens_per_s,
+            repeats=self.metrics.repeats + other.metrics.repeats,
+        )
+        shares = [x for x in (self.clean_share, other.clean_share) if x is not None]
+        return replace(
+            self,
+            metrics=metrics,
+            mismatches=max(self.mismatches, other.mismatches),
+            speedups=speedups,
+            rates=rates,
+            baseline_rates=base,
+            anchor_rates=[*self.anchor_rates, *other.anchor_rates],
+            plain_per_anchor=[*self.plain_per_anchor, *other.plain_per_anchor],
+            clean_speedups=[*self.clean_speedups, *other.clean_speedups],
+            clean_plain_per_anchor=[*self.clean_plain_per_anchor, *other.clean_plain_per_anchor],
+            clean_share=sum(shares) / len(shares) if len(shares) == 2 else None,
+            waited_share=max(self.waited_share, other.waited_share),
+            requests=[*self.requests, *other.requests],
+        )
 
     def as_dict(self) -> dict[str, Any]:
         out = {

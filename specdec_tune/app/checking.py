@@ -44,7 +44,15 @@ from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
-from .check_rows import Judging, in_session, row_items, stored_divergence, stored_rows, where_of
+from .check_rows import (
+    Judging,
+    in_session,
+    looked_again,
+    row_items,
+    stored_divergence,
+    stored_rows,
+    where_of,
+)
 from .common import check_writable
 from .profile_models import open_stored, refuse_other_build, stored_models
 from .reference import record_reference
@@ -241,6 +249,8 @@ def first_row(
         threads=s.threads, cpus=cpus,
     )  # fmt: skip
     evidence = dataclasses.replace(first, measured=m, again=again, environment=env)
+    evidence = looked_again(evidence, s, config, b, j)
+    env = evidence.environment
     report.noise = {**os_noise, "busy": env.busy, "anchor_drift": round(moved, 4)}
     if verdict.slowdown is not None:
         report.anchors = {**verdict.as_dict(), "rate_scale": round(scale, 4)}

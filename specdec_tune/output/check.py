@@ -128,7 +128,10 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     if again is not None:
         # Judged on all repeats together: a real regression stays below the floor, one noisy run
         # on a busy machine does not fail CI alone.
-        confirm = f"; first {m.speedup:.3f}, so re-measured: {len(samples_of(measured, again))} repeats"
+        twice = " twice" if e.looks == 2 else f" {e.looks} times" if e.looks > 2 else ""
+        confirm = (
+            f"; first {m.speedup:.3f}, so re-measured{twice}: {len(samples_of(measured, again))} repeats"
+        )
         if getattr(again, "processes", 0):
             confirm = (
                 f"; first {m.speedup:.3f}, so {in_fresh(again.processes, len(samples_of(measured, again)))}"
@@ -184,12 +187,8 @@ def load_free(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float] | 
 
 
 def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> str:
-    """What would make an inconclusive speedup answer, in a few words. Judged on all repeats (quiet)
-    or on enough unpreempted ones (`load_free`) but too noisy: the repeats their spread needs for an
-    interval narrower than `tolerance`, counted at the share of unpreempted prompts seen.
-    Beside other work with too few unpreempted repeats: the repeats that would give
-    `min_clean_repeats` of them at that share. Either beyond the policy's `max_repeats_asked`, or
-    no prompt unpreempted at all: a quiet machine.
+    """What would make an inconclusive speedup answer, in a few words (`repeats_to_answer`'s count,
+    or a quiet machine, and why).
 
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
         shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
@@ -197,6 +196,22 @@ def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
         shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
                                                                -> "about 8 more repeats (--repeats 11) or ..."
     """
+    ran = len(samples_of(e.measured, e.again))
+    more, why = repeats_to_answer(e, tolerance, policy)
+    if more is None:
+        return f"a quiet machine{why}"
+    return f"about {more} more repeats (--repeats {ran + more}) or a quiet machine"
+
+
+def repeats_to_answer(
+    e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
+) -> tuple[int | None, str]:
+    """(how many more repeats would likely answer an inconclusive speedup, None where only a quiet
+    machine would; why not, in a few words). Judged on all repeats (quiet) or on enough unpreempted
+    ones (`load_free`) but too noisy: the repeats their spread needs for an interval narrower than
+    `tolerance`, counted at the share of unpreempted prompts seen. Beside other work with too few
+    unpreempted repeats: the repeats that would give `min_clean_repeats` of them at that share.
+    Either beyond the policy's `max_repeats_asked`, or no prompt unpreempted at all: None."""
     ran = len(samples_of(e.measured, e.again))
     share = e.measured.clean_share
     free = load_free(e, policy)
@@ -208,19 +223,17 @@ def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
         needed = repeats_needed(cv / math.sqrt(2), tolerance)
         needed = math.ceil(needed / share) if free is not None and share else needed
         if needed > policy.max_repeats_asked:
-            return f"a quiet machine (the speedup varied {cv:.0%} from repeat to repeat)"
-        return (
-            f"about {max(1, needed - ran)} more repeats (--repeats {max(needed, ran + 1)}) or a quiet machine"
-        )
+            return None, f" (the speedup varied {cv:.0%} from repeat to repeat)"
+        return max(1, needed - ran), ""
     if not share:
         waited = (
             f" (our threads waited {e.measured.waited_share:.0%} of the time for a CPU)" if share == 0 else ""
         )
-        return f"a quiet machine{waited}"
+        return None, waited
     needed = math.ceil(policy.min_clean_repeats / share)
     if needed > policy.max_repeats_asked:
-        return f"a quiet machine (only {share:.0%} of prompts ran unpreempted)"
-    return f"about {max(1, needed - ran)} more repeats (--repeats {max(needed, ran + 1)}) or a quiet machine"
+        return None, f" (only {share:.0%} of prompts ran unpreempted)"
+    return max(1, needed - ran), ""
 
 
 def acceptance_item(
@@ -321,6 +334,28 @@ def needs_confirmation(e: Evidence, tolerance: float, policy: CheckPolicy = CHEC
     return e.judge_rates and any(
         judge_rate(e, metric, tolerance, policy).verdict != PASS for metric in policy.judged_rates
     )
+
+
+def another_look(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> int | None:
+    """The repeats of one more confirmation, or None. Only a speedup the confirmations so far left
+    inconclusive for noise (quiet, or judged on unpreempted repeats: `load_free`), measured in the
+    session (a fresh-process confirmation has its own count), within the policy's `confirm_looks`:
+    as many as `repeats_to_answer` names, at most `max_confirm_repeats`; the caller takes at least
+    a first measurement's repeats.
+
+        quiet, 0.87 [0.79, 0.935] over 6 repeats (3 + 3), stored 1.0, floor 0.90 -> 4 (wider than 0.10)
+        the same after a second confirmation                              -> None (confirm_looks 2)
+        the same on a shared machine, no repeat accounted                  -> None (the load, not noise)
+        0.75 [0.74, 0.76] (a regression) or 0.99 (a pass)                  -> None (answered)"""
+    again = e.again
+    if again is None or again.processes or e.looks >= policy.confirm_looks:
+        return None
+    if not (e.environment.quiet or load_free(e, policy) is not None):
+        return None
+    if judge_measured(e, tolerance, policy).verdict != INCONCLUSIVE:
+        return None
+    more, _ = repeats_to_answer(e, tolerance, policy)
+    return None if more is None else min(policy.max_confirm_repeats, more)
 
 
 def confirm_repeats(

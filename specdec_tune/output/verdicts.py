@@ -40,6 +40,7 @@ class Evidence:
     # engine that is not token-exact here (vLLM's bfloat16 verification) fails `check` only where
     # a larger share of prompts parts now; ours is exact, so any prompt that parts fails.
     stored_divergence: tuple[int, int] = (0, 0)
+    looks: int = 1  # the confirmations pooled in `again` (checkpolicy's `confirm_looks`)
 
 
 @dataclass

@@ -193,6 +193,69 @@ def test_a_speedup_below_the_floor_is_measured_again(
     assert not item.inconclusive and report.noise["busy"] is False
 
 
+@pytest.mark.parametrize(
+    ("third", "verdict"),
+    [
+        ([0.86, 0.85, 0.86, 0.87], "regression"),  # the drop holds: 0.86 [0.825, 0.89] over 10 repeats
+        ([0.98, 1.0, 0.97, 0.99], "pass"),  # the first two were the noise's: 0.935 over 10
+    ],
+)
+def test_a_speedup_still_too_noisy_after_its_confirmation_gets_one_more_look(
+    monkeypatch, stored_profile, tmp_path, third, verdict
+):
+    """CheckPolicy.confirm_looks: 0.87 [0.79, 0.935] over 6 repeats straddles the 0.90 floor, an
+    interval wider than the tolerance (inconclusive); the look its spread asks for (4 more repeats)
+    answers, either way. With one look allowed it stayed inconclusive."""
+    import dataclasses
+
+    from specdec_tune import app, checkpolicy
+    from specdec_tune.backends import native
+    from specdec_tune.measure import bench
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0)
+    looks = [[0.80, 0.95, 0.86], [0.92, 0.78, 0.88], third]
+    calls = []
+
+    def fake_measure(*a, **k):
+        calls.append(k.get("repeats"))
+        return _fake(looks[len(calls) - 1])
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    _quiet(monkeypatch)
+    report = app.check(edited, "cpu", 0.1, None, 3)
+    item = next(i for i in report.items if i.metric == "speedup")
+    assert len(calls) == 3 and calls[2] == 4, calls  # at least --repeats, as many as its spread asks
+    got = "inconclusive" if item.inconclusive else ("pass" if item.ok else "regression")
+    assert got == verdict and "re-measured twice: 10 repeats" in item.note, item.note
+
+    calls.clear()
+    one_look = dataclasses.replace(checkpolicy.CHECK_POLICY, confirm_looks=1)
+    monkeypatch.setattr(native.NativeSession, "policy", one_look, raising=False)
+    report = app.check(edited, "cpu", 0.1, None, 3)
+    item = next(i for i in report.items if i.metric == "speedup")
+    assert len(calls) == 2 and item.inconclusive and "about 4 more repeats" in item.answer, item.note
+
+
+def test_a_drop_beside_other_work_gets_no_third_look(monkeypatch, stored_profile, tmp_path):
+    """Another look measures noise away, not a load: beside other work (nothing accounted) the
+    check stays inconclusive after its one confirmation."""
+    from specdec_tune import app
+    from specdec_tune.measure import bench
+
+    edited = _edited(stored_profile, tmp_path, speedup=1.0)
+    calls = []
+
+    def fake_measure(*a, **k):
+        calls.append(k.get("repeats"))
+        return _fake([0.80, 0.95, 0.86] if len(calls) == 1 else [0.92, 0.78, 0.88])
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    _quiet(monkeypatch, others=0.18)
+    report = app.check(edited, "cpu", 0.1, None, 3)
+    item = next(i for i in report.items if i.metric == "speedup")
+    assert len(calls) == 2 and item.inconclusive, item.note
+
+
 def _edited(stored_profile, tmp_path, speedup=None, samples=None, anchors="drop"):
     doc = yaml.safe_load(stored_profile.read_text())
     if speedup is not None:

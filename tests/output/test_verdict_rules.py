@@ -19,6 +19,7 @@ from specdec_tune.output.anchors import anchor_verdict
 from specdec_tune.output.check import (
     SHARED,
     Evidence,
+    another_look,
     confirm_repeats,
     judge_config,
     needs_confirmation,
@@ -384,6 +385,35 @@ def test_the_confirmation_takes_the_repeats_its_spread_needs_at_most_12():
         )
         == 15
     )
+
+
+def test_a_speedup_still_too_noisy_after_its_confirmation_gets_one_more_look():
+    stored = _stored(samples=[1.0])
+    e = _evidence([0.80, 0.95, 0.86], stored=stored, again=_measured([0.92, 0.78, 0.88]))
+    assert _verdict(speedup_item(e, 0.10)) == "inconclusive"
+    assert another_look(e, 0.10) == 4  # the repeats its spread asks for
+    assert another_look(dataclasses.replace(e, looks=2), 0.10) is None  # confirm_looks: 2
+    assert another_look(dataclasses.replace(e, environment=Environment(SHARED_LOAD)), 0.10) is None
+    assert another_look(dataclasses.replace(e, again=None), 0.10) is None  # not confirmed yet
+    fresh = dataclasses.replace(_measured([0.92, 0.78, 0.88]), processes=2)  # fresh processes' medians
+    assert another_look(dataclasses.replace(e, again=fresh), 0.10) is None
+    answered = _evidence([0.74, 0.75, 0.76], stored=stored, again=_measured([0.75, 0.76, 0.74]))
+    assert another_look(answered, 0.10) is None
+    looked = dataclasses.replace(e, again=e.again.joined(_measured([0.86, 0.85, 0.86, 0.87])), looks=2)
+    item = speedup_item(looked, 0.10)
+    assert _verdict(item) == "regression" and "re-measured twice: 10 repeats" in item.note
+
+
+def test_a_measurement_joined_with_its_repeat_pools_every_repeat():
+    a = _measured([0.8, 0.9, 1.0], rates=(10.0, 11.0, 12.0), clean=[0.9], clean_share=0.5)
+    b = _measured([1.1, 1.2, 1.3], mismatches=1, rates=(13.0, 14.0, 15.0), clean=[1.2], clean_share=1.0)
+    j = a.joined(b)
+    assert j.speedups == [0.8, 0.9, 1.0, 1.1, 1.2, 1.3] and j.metrics.speedup == pytest.approx(1.05)
+    assert j.rates == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0] and j.metrics.tokens_per_s == pytest.approx(12.5)
+    assert j.clean_speedups == [0.9, 1.2] and j.clean_share == pytest.approx(0.75) and j.mismatches == 1
+    assert j.metrics.repeats == a.metrics.repeats + b.metrics.repeats
+    assert a.speedups == [0.8, 0.9, 1.0]  # neither is changed
+    assert a.joined(_measured([1.0])).clean_share is None  # one not accounted: the pool is not
 
 
 def test_beside_other_work_the_confirmation_takes_the_repeats_that_give_three_unpreempted_ones():
