@@ -328,8 +328,10 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
 
 def needs_confirmation(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> bool:
     """Measure again? When the speedup (or, where `e.judge_rates`, a judged tokens/s) of the first
-    measurement did not clearly pass (`e.again` is not looked at)."""
-    if judge_measured(e, tolerance, policy).verdict != PASS:
+    measurement did not clearly pass (`e.again` is not looked at); with the policy's
+    `confirm_pair_spread`, also when the speedup's interval reaches below the floor."""
+    judged = judge_measured(e, tolerance, policy)
+    if judged.verdict != PASS or (policy.confirm_pair_spread and judged.interval[0] < judged.floor):
         return True
     return e.judge_rates and any(
         judge_rate(e, metric, tolerance, policy).verdict != PASS for metric in policy.judged_rates

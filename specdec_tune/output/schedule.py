@@ -24,6 +24,7 @@ def schedule_table(schedule: dict[str, Any]) -> Table | None:
     caption = "; ".join(
         ([f"a loss is a paired ratio below 1 - {spread:.3f}, the spread this run measured between two servers of one config (B = 1)"] if spread else [])
         + ([f"plain decoding was faster at {'; '.join(below)}: so would be each fixed γ of this draft, see the batch table"] if below else [])
+        + (["† its tokens/s over the plain rate that batch size's cell measured (no plain side: no K = 0 tier, so each ratio to a fixed γ is paired without it)"] if any(r.get("speedup_over") == "cell" for r in schedule["rows"]) else [])
     )  # fmt: skip
     t = Table(
         title=f"Batch-size schedule of {schedule['draft']} ({tiers}), measured: {verdict}",
@@ -36,7 +37,13 @@ def schedule_table(schedule: dict[str, Any]) -> Table | None:
     t.add_column("against each fixed γ (paired ratio, 95% CI)")
     for r in schedule["rows"]:
         ci = r.get("interval") or [None, None]
-        over_plain = f"{r['speedup']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else "")
+        if r.get("speedup") is None:
+            over_plain = "—"  # a boundary no cell measured, and no plain side: nothing to divide by
+        else:
+            over_plain = f"{r['speedup']:.2f}×" + (
+                f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else ""
+            )
+            over_plain += " †" if r.get("speedup_over") == "cell" else ""
         against = ", ".join(
             f"γ {a['gamma']}: {a['ratio']:.3f} [{a['interval'][0]:.3f}, {a['interval'][1]:.3f}]"
             + (" slower" if a["slower"] else "")

@@ -109,7 +109,7 @@ class _R:
         from specdec_tune.domain import DraftSpec, Metrics
 
         self.config = Config(DraftSpec(name, "prompt_lookup", ngram_min=2, ngram_max=4), gamma)
-        self.metrics = Metrics(1.0, 1.0, speedup, 0.0, 0.5, 2.0, speedup_interval=interval)
+        self.metrics = Metrics(100.0 * speedup, 100.0, speedup, 0.0, 0.5, 2.0, speedup_interval=interval)
 
 
 class _Result:
@@ -399,7 +399,7 @@ def test_vllms_python_is_the_one_named_else_the_environments_else_the_one_the_pr
 
 def test_a_schedule_engines_budget_keeps_the_schedules_time_from_what_the_cells_share():
     """app.session_plan: the schedule measured after the cells is planned from the trial's passes
-    as cut (a share of each whole-workload pass), a server start and four sides at each size and
+    as cut (a share of each whole-workload pass), a server start and three sides at each size and
     switch; what the cells share shrinks by as much, the trial cut does not."""
     import time
 
@@ -436,31 +436,41 @@ def test_a_schedule_engines_budget_keeps_the_schedules_time_from_what_the_cells_
     cut = {1: 12.0 * 2 / 8 * 32 / 48, 4: 8.0 * 8 / 8 * 32 / 48}
     kept = schedule_seconds(36.0, cut, 3)
     assert plan.reserve_s == pytest.approx(kept) and before - plan.left_s() == pytest.approx(kept, abs=0.5)
-    # a start, then 4 sides x (3.5 passes + 3 settles) at B = 1, B = 4 and their switch
+    # a start, then 3 sides x (3.5 passes + 3 settles) at B = 1, B = 4 and their switch
     assert kept == pytest.approx(
-        36.0 + sum(4 * (3.5 * p + 3 * 1.2) for p in (2.0, 16 / 3, (2.0 + 16 / 3) / 2))
+        36.0 + sum(3 * (3.5 * p + 3 * 1.2) for p in (2.0, 16 / 3, (2.0 + 16 / 3) / 2))
     )
     assert notes == [f"budget: about {kept:.0f} s kept for measuring the batch-size schedule after the cells"]
 
 
 class _ScheduleBackend:
-    """What measure_schedule uses of VllmBackend: `measure` answers each config's per-repeat
-    speedups from `level(config, b, pair)` (pair: how many times its server was stopped), `stop`."""
+    """What measure_schedule uses of VllmBackend: `measure` (beside a plain side: per-repeat
+    speedups) and `rates` (without one: per-repeat tokens/s, 100 x the speedup) answer from
+    `level(config, b, pair)` (pair: how many times its server was stopped), `stop`."""
 
     def __init__(self, level):
-        self.level, self.stopped, self.calls = level, {}, []
+        self.level, self.stopped, self.calls, self.plain_sides = level, {}, [], 0
         self.schedules = {}
+
+    def _speedups(self, c, b, repeats):
+        base = self.level(c, b, self.stopped.get(c.key, 0))
+        return [base * (1 + 0.001 * (r - 1)) for r in range(repeats)]
 
     def measure(self, configs, case, b, repeats):
         from types import SimpleNamespace
 
         self.calls.append((b, [c.label for c in configs]))
+        self.plain_sides += 1
         out = []
         for c in configs:
-            base = self.level(c, b, self.stopped.get(c.key, 0))
-            speedups = [base * (1 + 0.001 * (r - 1)) for r in range(repeats)]
-            out.append(SimpleNamespace(speedups=speedups, metrics=SimpleNamespace(tokens_per_s=100.0 * base)))
+            speedups = self._speedups(c, b, repeats)
+            rate = 100.0 * sorted(speedups)[len(speedups) // 2]
+            out.append(SimpleNamespace(speedups=speedups, metrics=SimpleNamespace(tokens_per_s=rate)))
         return out
+
+    def rates(self, configs, case, b, repeats):
+        self.calls.append((b, [c.label for c in configs]))
+        return [[100.0 * x for x in self._speedups(c, b, repeats)] for c in configs]
 
     def stop(self, configs):
         for c in configs:
@@ -525,6 +535,38 @@ def test_a_schedules_narrow_loss_is_measured_again_in_new_servers_and_the_two_pa
         and out["renewed_at"] == [16]
         and any(x.startswith("B=3: 0.800") for x in out["lost"])
     )
+
+
+def test_a_schedule_without_a_k0_tier_is_measured_without_a_plain_side():
+    """A plain pass cancels from every paired ratio of the schedule to a fixed γ, so where no tier
+    runs K = 0 the schedule runs beside its fixed γs alone (`rates`), and its speedup over plain is
+    its tokens/s over the cell's plain rate (unpaired; none at a boundary no cell measured). Where a
+    tier runs K = 0, plain decoding is a fixed side it mixes: measured beside it, paired."""
+    from specdec_tune.backends.vllm.schedule import SCHEDULE_POLICY, measure_schedule
+    from specdec_tune.output.schedule import schedule_table
+
+    def level(c, b, pair):
+        base = {1: 3.3, 3: 1.3, 4: 1.1, 9: 0.95, 16: 0.9}[b]
+        return base * (0.92 if c.gamma == 8 and c.gamma_policy != SCHEDULE_POLICY and b > 1 else 1.0)
+
+    backend = _ScheduleBackend(level)
+    out = measure_schedule(backend, _schedule_results(), None, repeats=3)
+    assert backend.plain_sides == 0 and out["emitted"] and out["tiers"] == [[1, 2, 8], [3, 1024, 5]]
+    rows = {r["batch_size"]: r for r in out["rows"]}
+    assert rows[4]["speedup"] == pytest.approx(1.1) and rows[4]["speedup_over"] == "cell"
+    assert rows[4]["interval"] is None and rows[3]["speedup"] is None and rows[3]["speedup_over"] == "none"
+    assert rows[4]["against"][1]["ratio"] == pytest.approx(1 / 0.92, abs=1e-3)  # paired on tokens/s
+    # below plain at B = 16 by the cell's plain rate: said, not a loss (no K = 0 tier)
+    assert out["below_plain"] == ["B=16: 0.900 of the cell's plain rate (unpaired)"] and not out["lost"]
+    table = schedule_table(out)
+    assert table is not None and "—" in [c for col in table.columns for c in col._cells]
+
+    results = _schedule_results()  # B = 16: γ 5 resolved slower than plain -> a K = 0 tier
+    results[16] = _Result(_R("ngram:4", 5, 0.9, [0.88, 0.92]), _R("ngram:4", 8, 0.85, [0.83, 0.87]))
+    backend = _ScheduleBackend(level)
+    out = measure_schedule(backend, results, None, repeats=3)
+    assert out["tiers"][-1][2] == 0 and backend.plain_sides == len(out["rows"])
+    assert all(r["speedup_over"] == "paired" and r["interval"] for r in out["rows"])
 
 
 def test_a_timed_pass_settles_after_an_untimed_request_on_another_server(monkeypatch):

@@ -94,6 +94,11 @@ def test_a_backend_difference_is_a_value_of_the_policy():
     # llama-server's absolute tokens/s are reported, not judged (no fresh-process reference)
     assert llama.judged_rates == () and CHECK_POLICY.judged_rates == ("baseline_tokens_per_s",)
     assert llama.tolerance == CHECK_POLICY.tolerance
+    from specdec_tune.backends.vllm.session import VllmSession
+
+    # vLLM: llama.cpp's busy rule, and a first server pair's reading confirmed unless clear
+    assert VllmSession.policy.busy_beyond_free_cores_share == 0.10
+    assert VllmSession.policy.confirm_pair_spread and not llama.confirm_pair_spread
 
 
 # --------------------------------------------------------------------------- the environment
@@ -367,6 +372,16 @@ def test_the_plain_rate_per_decode_anchor_step_cancels_the_hosts_speed():
 def test_a_speedup_not_clearly_passing_is_measured_again():
     assert needs_confirmation(_evidence([0.85, 0.88, 0.80]), 0.10)
     assert not needs_confirmation(_evidence([1.0, 1.01, 0.99]), 0.10)
+
+
+def test_one_server_pairs_reading_passes_at_once_only_clear_of_the_floor():
+    """CheckPolicy.confirm_pair_spread (vLLM): 0.925 [0.867, 1.011] of stored passes by its estimate,
+    but its interval reaches below the floor: measured again in a new pair. Clear of it: not."""
+    pair = dataclasses.replace(CHECK_POLICY, confirm_pair_spread=True)
+    e = _evidence([0.88, 0.925, 0.97], stored=_stored(samples=[1.0]))
+    assert _verdict(speedup_item(e, 0.10)) == "pass" and not needs_confirmation(e, 0.10)
+    assert needs_confirmation(e, 0.10, pair)
+    assert not needs_confirmation(_evidence([0.99, 1.0, 1.01]), 0.10, pair)
 
 
 def test_a_judged_plain_rate_not_clearly_passing_is_measured_again():

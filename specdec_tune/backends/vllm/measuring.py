@@ -270,6 +270,17 @@ class VllmBackend:
         by_key = {c.key: m for c, m in zip(spec, measured, strict=True)}
         return [by_key[c.key] if c.gamma > 0 else _plain_of(measured[0], repeats) for c in configs]
 
+    def rates(self, configs: list[Config], case: TextCase, batch_size: int, repeats: int) -> list[list[float]]:  # fmt: skip
+        """Each config's tokens/s per repeat, ABBA, no plain side (their paired ratios are judged)."""
+        servers = [self.server(c, tuple(c.key for c in configs)) for c in configs]
+        for c in configs:
+            self._warm(c, case, batch_size)
+        out: list[list[float]] = [[] for _ in configs]
+        for r in range(repeats):
+            for i in range(len(configs))[:: -1 if r % 2 else 1]:
+                out[i].append(self._pass(servers[i], case, batch_size, "spec")["tok_s"])
+        return out
+
     def _warm(self, config: Config, case: TextCase, batch_size: int) -> None:
         """The untimed pass before timing: at T = 0 and B = 1 the exactness check of the prompts not
         checked before; otherwise one prompt (B = 1) or one closed loop of short requests (B > 1)."""
@@ -360,12 +371,10 @@ class VllmBackend:
         self._pass(plain, case.head(1) if batch_size == 1 else case, batch_size, "warm")
         passes = [self._pass(plain, case, batch_size, "plain") for _ in range(max(1, repeats))]
         tok_s = median([p["tok_s"] for p in passes])
-        metrics = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats)
-        requests = [q for p in passes for q in p["requests"]]
-        rates = [p["tok_s"] for p in passes]
+        metrics, rates = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats), [p["tok_s"] for p in passes]  # fmt: skip
         return Measurement(
             metrics, passes[0]["tokens"], 0, [1.0] * len(passes), rates=rates, baseline_rates=rates,
-            requests=requests,
+            requests=[q for p in passes for q in p["requests"]],
         )  # fmt: skip
 
     def plain_pass_s(self, case: TextCase, batch_size: int) -> float:

@@ -6,9 +6,12 @@ come and go, and a hand-written one collapsed throughput at its threshold (vllm#
    was resolved faster there: a K = 0 tier costs more than the plain server) becomes a tier; a
    boundary lies at the geometric middle of two measured sizes, so every measured size sits inside
    its own tier, and equal neighbours merge.
-2. `measure_schedule`: the schedule's server against each fixed gamma it mixes and plain decoding,
-   interleaved, at every measured batch size and at each boundary (where the running batch crosses
-   it as requests finish and refill). Paired per repeat (`measure.stats.compare`).
+2. `measure_schedule`: the schedule's server against each fixed gamma it mixes, interleaved, at
+   every measured batch size and at each boundary (where the running batch crosses it as requests
+   finish and refill). Paired per repeat (`measure.stats.compare`). Plain decoding is a side of its
+   own only where a tier's K is 0; otherwise a plain pass would cancel from every paired ratio, so
+   the schedule's speedup over plain is its tokens/s over the plain rate that batch size's cell
+   measured in this run (unpaired, and none at a boundary no cell measured).
 3. `verdict`: the schedule is emitted only when no fixed gamma it mixes (plain decoding among them
    where a tier's K is 0) is resolved faster than it at any measured concurrency, beyond the
    spread between two servers of one config that this run measured (`server_spread`: its B = 1
@@ -21,7 +24,7 @@ come and go, and a hand-written one collapsed throughput at its threshold (vllm#
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -61,13 +64,14 @@ def boundaries(schedule: list[list[int]]) -> list[int]:
 
 def schedule_seconds(start_s: float, pass_by_b: dict[int, float], repeats: int) -> float:
     """About how long `measure_schedule` takes: a server start, then at each batch size and at each
-    switch between two neighbours (timed as their passes' mean) four sides (the schedule, plain
-    decoding, two fixed gammas), each `repeats` timed passes after an untimed one of about half a
-    pass (short requests), and a settle before every pass on another server."""
+    switch between two neighbours (timed as their passes' mean) three sides (the schedule and two
+    fixed gammas; a fourth, plain decoding, only where a tier's K is 0, which is not known before
+    the cells), each `repeats` timed passes after an untimed one of about half a pass (short
+    requests), and a settle before every pass on another server."""
     sizes = sorted(pass_by_b)
     passes = [pass_by_b[b] for b in sizes]
     passes += [(pass_by_b[a] + pass_by_b[b]) / 2 for a, b in pairwise(sizes)]  # switches
-    sides = 4
+    sides = 3
     return start_s + sum(sides * ((repeats + 0.5) * p + repeats * SETTLE_S) for p in passes)
 
 
@@ -111,8 +115,14 @@ def measure_schedule(
     backend.schedules[config.key] = schedule
     fixed = [replace(spec, gamma=k) for k in ks]
     sizes = sorted(set(points) | set(boundaries(schedule)))
-    samples = {b: _sample(backend, config, fixed, case, b, repeats) for b in sizes}
-    rows = [_row(b, samples[b][0], _pairs(fixed, *samples[b][:2]), samples[b][2]) for b in sizes]
+    paired_plain = any(t[2] == 0 for t in schedule)  # plain decoding is a fixed "gamma" it mixes
+    plain_rate = {b: _plain_rate(r) for b, r in results.items()}
+
+    def sample(b: int, against: list[Config]) -> Sample:
+        return _sample(backend, config, against, case, b, repeats, paired_plain)
+
+    samples = {b: sample(b, fixed) for b in sizes}
+    rows = [_row(b, samples[b], fixed, plain_rate.get(b)) for b in sizes]
     lost, below_plain, spread = verdict(schedule, rows)
     doubtful = [r for r in rows if _doubtful(r)]
     if doubtful:  # measured again in new servers: the schedule's and those of the fixed γs it lost to
@@ -121,12 +131,8 @@ def measure_schedule(
         backend.stop([config, *again_fixed])
         for r in doubtful:
             b = r["batch_size"]
-            sched, others, rate = samples[b]
-            more, more_others, more_rate = _sample(backend, config, again_fixed, case, b, repeats)
-            pairs = _pairs(fixed, sched, others)
-            for f, m in zip(again_fixed, more_others, strict=True):  # both pairs' repeats, each paired
-                pairs[fixed.index(f)] = (f.gamma, sched + more, others[fixed.index(f)] + m)
-            rows[rows.index(r)] = _row(b, sched + more, pairs, (rate + more_rate) / 2, first_pair=r)
+            pooled = samples[b].pooled(sample(b, again_fixed), [fixed.index(f) for f in again_fixed])
+            rows[rows.index(r)] = _row(b, pooled, fixed, plain_rate.get(b), first_pair=r)
         lost, below_plain, spread = verdict(schedule, rows)
     return {
         "draft": spec.draft.name,
@@ -153,46 +159,73 @@ def _doubtful(row: dict[str, Any]) -> bool:
     return bool(near) and not any(a["slower"] and a["ratio"] < 1.0 - CONFIRM_WITHIN for a in row["against"])
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The schedule measured at one batch size beside fixed gammas: per fixed gamma, the schedule's
+    per-repeat values and that gamma's from the same interleaved repeats (speedups over the plain
+    side where plain decoding was one, else tokens/s: a paired ratio is the same either way), the
+    schedule's tokens/s, and its speedups over the plain side (None without one)."""
+
+    pairs: list[tuple[list[float], list[float]]]
+    tokens_per_s: float
+    over_plain: list[float] | None
+
+    def pooled(self, more: Sample, at: list[int]) -> Sample:
+        """These repeats and `more`'s, a second server pair measured beside the fixed gammas at
+        indices `at` only: their pairs pool both, the others keep the first pair's."""
+        pairs = list(self.pairs)
+        for j, i in enumerate(at):
+            (a, b), (c, d) = self.pairs[i], more.pairs[j]
+            pairs[i] = (a + c, b + d)
+        over = self.over_plain + more.over_plain if self.over_plain is not None and more.over_plain else None
+        return Sample(pairs, (self.tokens_per_s + more.tokens_per_s) / 2, over)
+
+
 def _sample(
-    backend: VllmBackend, config: Config, fixed: list[Config], case: Any, b: int, repeats: int
-) -> tuple[list[float], list[list[float]], float]:
-    """The schedule's per-repeat speedups at `b`, each fixed gamma's from the same interleaved
-    repeats, and the schedule's tokens/s."""
-    measured = backend.measure([config, *fixed], case, b, repeats)
-    return (
-        list(measured[0].speedups),
-        [list(m.speedups) for m in measured[1:]],
-        measured[0].metrics.tokens_per_s,
-    )
+    backend: VllmBackend, config: Config, fixed: list[Config], case: Any, b: int, repeats: int, plain: bool
+) -> Sample:
+    """The schedule and `fixed` measured at `b`, interleaved; a plain side only where `plain`."""
+    if plain:
+        measured = backend.measure([config, *fixed], case, b, repeats)
+        mine = list(measured[0].speedups)
+        pairs = [(mine, list(m.speedups)) for m in measured[1:]]
+        return Sample(pairs, measured[0].metrics.tokens_per_s, mine)
+    rates = backend.rates([config, *fixed], case, b, repeats)
+    return Sample([(rates[0], r) for r in rates[1:]], median(rates[0]), None)
 
 
-def _pairs(
-    fixed: list[Config], sched: list[float], others: list[list[float]]
-) -> list[tuple[int, list[float], list[float]]]:
-    """(gamma, the schedule's speedups, that fixed gamma's from the same repeats) per fixed gamma."""
-    return [(f.gamma, sched, m) for f, m in zip(fixed, others, strict=True)]
+def _plain_rate(result: Any) -> float | None:
+    """The plain tokens/s a batch size's cell measured (its results' shared baseline)."""
+    rates = [r.metrics.baseline_tokens_per_s for r in result.results if r.metrics.baseline_tokens_per_s > 0]
+    return median(rates) if rates else None
 
 
 def _row(
-    b: int, sched: list[float], pairs: list[tuple[int, list[float], list[float]]], tokens_per_s: float,
-    first_pair: dict[str, Any] | None = None,
+    b: int, sample: Sample, fixed: list[Config], plain_rate: float | None, first_pair: dict[str, Any] | None = None
 ) -> dict[str, Any]:  # fmt: skip
     """One measured batch size: the schedule's speedup over plain decoding and its paired ratio to
     each fixed gamma (`slower` is `verdict`'s); `first_pair`: the row of the first server pair,
-    where these repeats pool two."""
-    interval = speedup_interval(sched)
+    where these repeats pool two. Without a plain side the speedup is the schedule's tokens/s over
+    the cell's plain rate (`speedup_over`: "cell"), with no interval; None where no cell measured."""
+    if sample.over_plain is not None:
+        speedup, interval, over = median(sample.over_plain), speedup_interval(sample.over_plain), "paired"
+    elif plain_rate:
+        speedup, interval, over = sample.tokens_per_s / plain_rate, None, "cell"
+    else:
+        speedup, interval, over = None, None, "none"
     row: dict[str, Any] = {
         "batch_size": b,
-        "speedup": round(median(sched), 4),
+        "speedup": None if speedup is None else round(speedup, 4),
         "interval": interval,
-        "tokens_per_s": round(tokens_per_s, 2),
+        "speedup_over": over,
+        "tokens_per_s": round(sample.tokens_per_s, 2),
         "against": [],
     }
-    for gamma, mine, theirs in pairs:
+    for f, (mine, theirs) in zip(fixed, sample.pairs, strict=True):
         c = compare(mine, theirs)
         row["against"].append(
             {
-                "gamma": gamma,
+                "gamma": f.gamma,
                 "ratio": round(c.ratio, 4),
                 "interval": [round(c.interval[0], 4), round(c.interval[1], 4)],
                 "slower": False,  # set by `verdict`, against the run's server spread
@@ -235,9 +268,17 @@ def verdict(schedule: list[list[int]], rows: list[dict[str, Any]]) -> tuple[list
     lost, below_plain = [], []
     for r in rows:
         b = r["batch_size"]
-        lo, hi = r["interval"] or (r["speedup"], r["speedup"])
+        if r["speedup"] is None:  # no plain rate at this size (a boundary no cell measured)
+            lo = hi = math.inf
+        else:
+            lo, hi = r["interval"] or (r["speedup"], r["speedup"])
         if hi < floor:
-            line = f"B={b}: {r['speedup']:.3f} [{lo:.3f}, {hi:.3f}] of plain decoding"
+            paired = r["interval"] is not None
+            line = f"B={b}: {r['speedup']:.3f}" + (
+                f" [{lo:.3f}, {hi:.3f}] of plain decoding"
+                if paired
+                else " of the cell's plain rate (unpaired)"
+            )
             (lost if mixes_plain else below_plain).append(line)
         for a in r["against"]:
             a["slower"] = bool(a["interval"][1] < floor)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
-from ...checkpolicy import LLAMACPP_CHECK_POLICY
+from ...checkpolicy import VLLM_CHECK_POLICY
 from ...domain import Config, Costs
 from ...errors import SpecDecError
 from ...limits import check_context, check_count, check_temperature
@@ -54,7 +54,7 @@ class VllmSession(ServerSession):
     name = "vllm"
     title = "vLLM"
     device = "cpu"
-    policy = LLAMACPP_CHECK_POLICY  # an engine server: other work on its cores slows it at every step
+    policy = VLLM_CHECK_POLICY  # llama.cpp's busy rule (a server's every step), a pair's spread
     fits_costs_from_trials = True  # acceptance comes from the search's first trials
     fresh_reference = False  # a server per config is a fresh process already
     settle_s = SETTLE_S  # its workers poll a core for a second after a request (backends.vllm.measuring)
