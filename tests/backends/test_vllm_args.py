@@ -611,3 +611,47 @@ def test_a_timed_pass_settles_after_an_untimed_request_on_another_server(monkeyp
     assert slept == [pytest.approx(measuring.SETTLE_S - 0.3)]  # the rest of the config worker's poll
     backend._pass(backend.server(None), case, 1, "plain")
     assert len(slept) == 1  # the plain server ran last: no wait
+
+
+def test_rates_interleave_the_configs_without_a_plain_server(monkeypatch):
+    """backends.vllm.measuring.VllmBackend.rates: the configs' servers only (no plain one started),
+    a warm-up each, then per repeat one pass of each in turn, reversed every other repeat (ABBA)."""
+    from specdec_tune.backends.vllm import measuring
+    from specdec_tune.domain import DraftSpec
+    from specdec_tune.measure.llamacpp.cases import TextCase
+
+    monkeypatch.setattr(measuring, "wait_groups_idle", lambda pids: None)
+    monkeypatch.setattr(measuring.time, "sleep", lambda s: None)
+    order: list[str] = []
+
+    class Server:
+        label = "stub"
+
+        def __init__(self, python, args, model, extra_env=None):
+            self.alive, self.name = False, " ".join(args)
+
+        def start(self, timeout_s=None):
+            self.alive = True
+
+        def stop(self):
+            self.alive = False
+
+        def complete(self, prompt, n, temperature):
+            order.append(self.name)
+            return {"tokens": list(range(n)), "n": n}
+
+        def counters(self):
+            return {}
+
+    monkeypatch.setattr(measuring, "VllmServer", Server)
+    backend = measuring.VllmBackend("python", "model", max_model_len=256, build={"package": "vllm 0"})
+    draft = DraftSpec("ngram:4", "prompt_lookup", ngram_min=4, ngram_max=4)
+    a, b = Config(draft, 4), Config(draft, 6)
+    case = TextCase([[1, 2, 3]], [8], 0.0)
+    rates = backend.rates([a, b], case, 2, 3)
+    assert len(rates) == 2 and all(len(r) == 3 and all(x > 0 for x in r) for r in rates)
+    assert not backend.held(None)  # no plain server
+    names = {backend.server(c).name: c.gamma for c in (a, b)}
+    # a warm-up of each (a closed loop of short requests), then ABBA passes: 2 requests a pass at B = 2
+    gammas = [names[n] for n in order]
+    assert gammas[4:] == [4, 4, 6, 6, 6, 6, 4, 4, 4, 4, 6, 6]
