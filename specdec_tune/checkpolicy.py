@@ -149,11 +149,10 @@ class CheckPolicy:
     """A speedup still inconclusive for noise after its confirmation in the session (quiet, or
     judged on unpreempted repeats) is measured once more, with the repeats that would likely answer
     and at least as many as ran so far (at most `max_confirm_repeats`), and judged on all of them:
-    this many confirmations at most. A
-    15 % slower vLLM speculative side read 0.864 [0.794, 0.905] over two server pairs, 6 repeats,
-    an interval 0.111 wide where 0.10 decides, 2 checks of 2 (stop 56, docs/vllm.md). A third look
-    only where the estimate is below the floor already (above it is a pass), so it turns a drop
-    too noisy to tell into an answer either way."""
+    this many confirmations at most. A 15 % slower vLLM speculative side read 0.864 [0.794, 0.905]
+    over two server pairs, 6 repeats, an interval 0.111 wide where 0.10 decides, 2 checks of 2
+    (stop 56, docs/vllm.md). A third look comes only where the estimate is below the floor already
+    (above it is a pass), so it can only turn "too noisy to tell" into an answer, either way."""
 
     confirm_processes: int = 2
     """A doubtful result of a profile with a fresh-process reference is confirmed in this many fresh

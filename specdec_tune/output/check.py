@@ -40,10 +40,19 @@ from ..measure.noise import repeats_needed
 from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, Judgement
 from ..measurement import Measurement
 from ..store.schema import Profile
+from .items import acceptance_item, exactness_item, weights_item
 from .rates import OTHER_MACHINE, PER_ANCHOR, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
 from .verdicts import CheckItem, CheckReport, Evidence
 
-__all__ = ["CheckItem", "CheckReport", "Evidence", "rate_items"]  # where callers have always found them
+__all__ = [  # where callers have always found them
+    "CheckItem",
+    "CheckReport",
+    "Evidence",
+    "acceptance_item",
+    "exactness_item",
+    "rate_items",
+    "weights_item",
+]
 
 # A speedup measured while other work took a share of the CPUs past the policy's shared line (or
 # steal rose): said so, not "busy", which is the OS rule's word (the JSON's noise.busy)
@@ -63,14 +72,6 @@ def speedup_floor(profile: Profile, tolerance: float, stored: Any = None) -> flo
 def check_tolerance(tolerance: float) -> None:
     if not 0 < tolerance < 1:
         raise SpecDecError(f"--tolerance must be in (0, 1), got {tolerance}")
-
-
-def weights_item(
-    stored_hash: str, hash_now: str, changed: str = "the target model files changed"
-) -> CheckItem:
-    """The target's weights: the same content hash as the profile's, else a failed item."""
-    same = hash_now == stored_hash
-    return CheckItem("target weights", stored_hash, hash_now, same, "" if same else changed)
 
 
 def judge(
@@ -213,9 +214,10 @@ def repeats_to_answer(
     machine would; why not, in a few words). Judged on all repeats (quiet) or on enough unpreempted
     ones (`load_free`) but too noisy: the least count of repeats like these (cycled) whose floor
     test answers against the same stored side (its own spread counts: 5 stored repeats 4 % apart
-    leave little of a 10 % tolerance), counted at the share of unpreempted prompts seen. Beside other work with too few
-    unpreempted repeats: the repeats that would give `min_clean_repeats` of them at that share.
-    Either beyond the policy's `max_repeats_asked`, or no prompt unpreempted at all: None."""
+    leave little of a 10 % tolerance), counted at the share of unpreempted prompts seen. Beside
+    other work with too few unpreempted repeats: the repeats that would give `min_clean_repeats` of
+    them at that share. Either beyond the policy's `max_repeats_asked`, or no prompt unpreempted at
+    all: None."""
     ran = len(samples_of(e.measured, e.again))
     share = e.measured.clean_share
     free = load_free(e, policy)
@@ -234,7 +236,7 @@ def repeats_to_answer(
             why = f"the speedup varied {cv:.0%} from repeat to repeat"
             s_cv = statistics.stdev(stored) / statistics.fmean(stored) if len(stored) > 1 else 0.0
             if s_cv >= STORED_SPREAD_SAID:
-                why += f", the stored {len(stored)} {cv_of_what(e, policy)} {s_cv:.0%}"
+                why += f", the stored {len(stored)} {_stored_name(e, policy)} {s_cv:.0%}"
             return None, f" ({why})"
         return max(1, needed - ran), ""
     if not share:
@@ -258,7 +260,7 @@ def _against(e: Evidence, policy: CheckPolicy) -> tuple[list[float], float]:
     return list(stored.speedup_samples) or [stored.speedup], stored.speedup
 
 
-def cv_of_what(e: Evidence, policy: CheckPolicy) -> str:
+def _stored_name(e: Evidence, policy: CheckPolicy) -> str:
     """How the stored side's samples are named in an answer."""
     return "reference processes varied" if reference_speedups(e.reference, policy) else "repeats varied"
 
@@ -271,52 +273,6 @@ def _judged_with(e: Evidence, xs: list[float], n: int, tolerance: float, policy:
 
 def _answers(e: Evidence, xs: list[float], n: int, tolerance: float, policy: CheckPolicy) -> bool:
     return _judged_with(e, xs, n, tolerance, policy).verdict != INCONCLUSIVE
-
-
-def acceptance_item(
-    e: Evidence, acceptance_tolerance: float | None = None, policy: CheckPolicy = CHECK_POLICY
-) -> CheckItem | None:
-    """|α now - α stored| within `acceptance_tolerance` (default: the policy's, greedy or sampled);
-    no load changes α, so this is judged on any machine. None for a config without a draft."""
-    if e.stored.config.draft.kind == "none":
-        return None
-    tol = policy.acceptance_tolerance(e.temperature) if acceptance_tolerance is None else acceptance_tolerance
-    stored, now = e.stored.metrics.acceptance_rate, e.measured.metrics.acceptance_rate
-    return CheckItem(
-        f"acceptance_rate{e.where}",
-        round(stored, 4),
-        round(now, 4),
-        abs(now - stored) <= tol,
-        f"must be within ±{tol:.3f}",
-    )
-
-
-def exactness_item(e: Evidence) -> CheckItem | None:
-    """At temperature 0, no prompt's speculative output may differ from the target's own; None when
-    sampling."""
-    if e.temperature != 0:
-        return None
-    n = e.measured.mismatches
-    parted, compared = e.stored_divergence
-    if parted <= 0 or compared <= 0:
-        return CheckItem(
-            f"greedy exactness{e.where}",
-            0,
-            n,
-            n == 0,
-            "prompts whose speculative output differs from the target's own",
-        )
-    prompts = int(e.measured.exactness.get("prompts") or compared)
-    allowed = math.ceil(parted / compared * prompts)
-    return CheckItem(
-        f"greedy exactness{e.where}",
-        allowed,
-        n,
-        n <= allowed,
-        f"prompts whose speculative output differs from the plain engine's: the engine is not "
-        f"token-exact at T = 0 here ({parted} of {compared} parted when the profile was measured, "
-        f"backend.exactness), so more than {allowed} of {prompts} would be a change",
-    )
 
 
 def samples_of(measured: Any, again: Any | None) -> list[float]:
