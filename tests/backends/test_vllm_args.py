@@ -228,6 +228,12 @@ def test_a_schedule_loses_only_beyond_the_spread_between_two_servers_of_one_conf
     # a tier of K = 0 makes plain decoding one of the fixed γs it mixes: then it is a loss
     lost0, below0, _ = verdict([[1, 2, 8], [3, 1024, 0]], _stop55_rows())
     assert lost0 == ["B=4: 0.955 [0.950, 0.960] of plain decoding"] and below0 == []
+    # the spread row itself is never a loss: the same config in two servers, one read 7 % below the
+    # other (stop 57); the spread is capped at 5 % and the other rows are judged against that
+    rows = _stop55_rows()
+    rows[0]["against"][1].update(ratio=0.9284, interval=[0.9169, 0.94])
+    lost, _, spread = verdict(STOP55_TIERS, rows)
+    assert spread == pytest.approx(0.05) and lost == [] and not rows[0]["against"][1]["slower"]
     # a collapse at the switch (B = 3) beyond the spread is a loss, and marked in its row
     rows = _stop55_rows()
     rows[1]["against"][1].update(ratio=0.90, interval=[0.88, 0.92])
