@@ -121,6 +121,11 @@ class CheckPolicy:
     sampled_acceptance_tolerance: float = 0.08
     """Its default when sampling: sampled acceptance varies with the random draws (a1552ae)."""
 
+    stored_spread_said: float = 0.02
+    """An answer that only a quiet machine would give names the stored side's spread from this much
+    on (relative): more repeats now cannot narrow what the stored repeats leave (5 vLLM repeats 4 %
+    apart, stop 57, docs/vllm.md)."""
+
     # ---------------------------------------------------------------------------- the rates
     judged_rates: tuple[str, ...] = ("baseline_tokens_per_s",)
     """The absolute rates judged where the machine anchors agree; the rest are information only.

@@ -24,10 +24,8 @@ from ..output.check import (
     judge_config,
     needs_confirmation,
 )
-from ..output.environment import BUSY, QUIET, SHARED, classify, load_of
+from ..output.environment import classify, load_of
 from ..store.schema import Profile
-
-LOADS = (QUIET, SHARED, BUSY)  # from the least load to the most
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,5 @@ def looked_again(e: Evidence, s: CheckSession, config: Config, batch_size: int, 
 
         m, os_noise, busy_seen = noise.busy_window(measured)
         load = load_of(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
-        worse = LOADS.index(load) > LOADS.index(e.environment.load)
-        env = replace(e.environment, load=load) if worse else e.environment
-        e = replace(e, again=e.again.joined(m), looks=e.looks + 1, environment=env)
+        e = replace(e, again=e.again.joined(m), looks=e.looks + 1, environment=e.environment.at_worst(load))
     return e

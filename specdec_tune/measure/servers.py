@@ -1,8 +1,9 @@
 """Engine servers on loopback, whatever the engine: start a command on a free port, wait for its
 health endpoint, send JSON, read its log's tail, and stop its whole process group.
 
-Every server runs in its own process group with a parent-death signal, so none outlives the
-command that started it (also after kill -9 of that command); `close_all` stops the ones still up
+Every server runs in its own process group with a parent-death signal, and a guard process
+(measure.children.guard_group) kills the whole group when the command ends without stopping it, so
+no server or process it started outlives the command (also after kill -9 of that command); `close_all` stops the ones still up
 on exit, and `servers_die_with_us` turns SIGTERM into Ctrl-C for a block so its `finally` clauses
 run. A server that dies or hangs raises `ServerError` with its log's tail. An engine's own server
 (llama-server, vLLM's OpenAI server) subclasses `EngineServer` with its command and its calls.
@@ -25,7 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .children import die_with_parent
+from .children import die_with_parent, guard_group, release_group
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -105,6 +106,7 @@ class EngineServer:
                     env=self.env,
                 )
                 _LIVE.add(self)
+                guard_group(self.proc.pid)  # its whole group dies with us, its engine's own children too
             finally:
                 os.close(fd)
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -188,6 +190,7 @@ class EngineServer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             _wait_group_gone(proc.pid, self.stop_grace_s)
+            release_group(proc.pid)
         if self.log_path is not None:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()

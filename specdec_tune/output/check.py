@@ -57,9 +57,6 @@ __all__ = [  # where callers have always found them
 # A speedup measured while other work took a share of the CPUs past the policy's shared line (or
 # steal rose): said so, not "busy", which is the OS rule's word (the JSON's noise.busy)
 SHARED = "other work shared the machine"
-# The stored side's spread is named in a "quiet machine" answer from this much on (relative): more
-# repeats now cannot narrow what the stored repeats leave (5 vLLM repeats 4 % apart, stop 57)
-STORED_SPREAD_SAID = 0.02
 
 
 def speedup_floor(profile: Profile, tolerance: float, stored: Any = None) -> float:
@@ -192,19 +189,25 @@ def load_free(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float] | 
 
 def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> str:
     """What would make an inconclusive speedup answer, in a few words (`repeats_to_answer`'s count,
-    or a quiet machine, and why).
+    or a quiet machine, and why). On a quiet machine where no count of repeats would: the tolerance
+    its interval's width resolves (a wider one answers either way: regression with the interval
+    narrower than it, pass with the estimate above its floor).
 
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
         shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
-        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "a quiet machine (the speedup varied 33% ...)"
+        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "--tolerance 0.72, what a quiet machine
+                                                                   resolves here (the speedup varied 33% ...),"
         shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
                                                                -> "about 13 more repeats (--repeats 16) or ..."
     """
     ran = len(samples_of(e.measured, e.again))
     more, why = repeats_to_answer(e, tolerance, policy)
-    if more is None:
-        return f"a quiet machine{why}"
-    return f"about {more} more repeats (--repeats {ran + more}) or a quiet machine"
+    if more is not None:
+        return f"about {more} more repeats (--repeats {ran + more}) or a quiet machine"
+    if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer
+        lo, hi = judge_measured(e, tolerance, policy).interval
+        return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why},"
+    return f"a quiet machine{why}"
 
 
 def repeats_to_answer(
@@ -235,7 +238,7 @@ def repeats_to_answer(
             stored = _against(e, policy)[0]
             why = f"the speedup varied {cv:.0%} from repeat to repeat"
             s_cv = statistics.stdev(stored) / statistics.fmean(stored) if len(stored) > 1 else 0.0
-            if s_cv >= STORED_SPREAD_SAID:
+            if s_cv >= policy.stored_spread_said:
                 why += f", the stored {len(stored)} {_stored_name(e, policy)} {s_cv:.0%}"
             return None, f" ({why})"
         return max(1, needed - ran), ""
@@ -265,14 +268,14 @@ def _stored_name(e: Evidence, policy: CheckPolicy) -> str:
     return "reference processes varied" if reference_speedups(e.reference, policy) else "repeats varied"
 
 
-def _judged_with(e: Evidence, xs: list[float], n: int, tolerance: float, policy: CheckPolicy) -> Judgement:
-    """The floor test of `n` repeats like `xs` (cycled) against what the speedup is judged against."""
-    stored, median = _against(e, policy)
-    return floor_test([xs[i % len(xs)] for i in range(n)], stored, median, tolerance, policy)
-
-
 def _answers(e: Evidence, xs: list[float], n: int, tolerance: float, policy: CheckPolicy) -> bool:
-    return _judged_with(e, xs, n, tolerance, policy).verdict != INCONCLUSIVE
+    """Whether the floor test of `n` repeats like `xs` (cycled) against what the speedup is judged
+    against answers (pass or regression)."""
+    stored, median = _against(e, policy)
+    return (
+        floor_test([xs[i % len(xs)] for i in range(n)], stored, median, tolerance, policy).verdict
+        != INCONCLUSIVE
+    )
 
 
 def samples_of(measured: Any, again: Any | None) -> list[float]:

@@ -11,13 +11,14 @@ what the OS said and the anchors measured go in, the thresholds are the policy's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..measure.noise import busy_info
 
 QUIET, SHARED, BUSY = "quiet", "shared", "busy"
+LOADS = (QUIET, SHARED, BUSY)  # from the least load to the most
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Environment:
     def busy(self) -> bool:
         """The OS rule's busy: slow anchors are the load's, and one fresh process confirms."""
         return self.load == BUSY
+
+    def at_worst(self, load: str) -> Environment:
+        """This environment with `load` where that is the worse of the two (a later window of the same
+        check, such as a further look, can only add to what the check saw)."""
+        return replace(self, load=load) if LOADS.index(load) > LOADS.index(self.load) else self
 
     @property
     def rates_doubtful(self) -> bool:

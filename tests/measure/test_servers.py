@@ -85,3 +85,37 @@ def test_waiting_for_server_groups_to_be_idle_waits_out_a_busy_one_and_not_an_id
         for p in (busy, idle):
             p.kill()
             p.wait()
+
+
+# A command that starts that server and is then killed with SIGKILL: no `finally`, no `close_all`.
+COMMAND = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_servers import Children
+server = Children()
+server.start(60.0)
+print(server.proc.pid, flush=True)
+import time
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal is Linux's")
+def test_a_killed_command_takes_its_servers_whole_group_along():
+    """The parent-death signal reaches only the server's first process; its own children (vLLM's
+    engine core and workers, here the two forked sleepers) go with the guard process
+    (measure.children.guard_group) when the command that started them dies of SIGKILL."""
+    import os
+    import signal
+
+    command = subprocess.Popen([sys.executable, "-c", COMMAND], stdout=subprocess.PIPE, text=True)
+    pgid = int(command.stdout.readline())
+    try:
+        assert len(live_in_group(pgid)) == 3
+        command.send_signal(signal.SIGKILL)
+        command.wait(10)
+        _wait_group_gone(pgid, 10.0)
+        assert live_in_group(pgid) == []
+    finally:
+        if live_in_group(pgid):
+            os.killpg(pgid, signal.SIGKILL)

@@ -6,6 +6,7 @@ checkpolicy's docstrings."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from specdec_tune.output.check import (
     another_look,
     confirm_repeats,
     judge_config,
+    judge_measured,
     needs_confirmation,
     speedup_item,
     weights_item,
@@ -119,6 +121,14 @@ def test_other_work_past_a_quarter_of_the_cpus_or_steal_past_a_tenth_is_a_busy_m
     assert load_of({"others_cpu_share": 0.40, "steal_share": 0.0}) == BUSY
     assert load_of({"others_cpu_share": 0.0, "steal_share": 0.2}) == BUSY
     assert load_of({"others_cpu_share": 0.25, "steal_share": 0.10}) == SHARED_LOAD  # the lines themselves
+
+
+def test_a_later_window_only_adds_load_to_what_the_check_saw():
+    # a further look at a shared machine that found it quiet leaves it shared; one found busy makes it busy
+    shared = Environment(load=SHARED_LOAD, drifting=True)
+    assert shared.at_worst(QUIET) == shared
+    assert shared.at_worst(BUSY) == Environment(load=BUSY, drifting=True)
+    assert Environment().at_worst(SHARED_LOAD).load == SHARED_LOAD
 
 
 def test_a_window_found_busy_makes_the_check_busy():
@@ -537,10 +547,19 @@ def test_enough_unpreempted_repeats_but_too_noisy_asks_for_the_repeats_their_spr
     assert item.answer == "about 13 more repeats (--repeats 16) or a quiet machine"
 
 
-def test_a_quiet_check_too_noisy_to_resolve_asks_for_a_quiet_machine():
-    item = speedup_item(_evidence([0.6, 1.3, 0.85, 1.2, 0.7]), 0.10)
+def test_a_quiet_check_too_noisy_to_resolve_names_the_tolerance_it_resolves():
+    # quiet already, and no count of repeats up to 30 answers: "a quiet machine" would say nothing,
+    # the interval's width is the drop this check resolves here, and at that tolerance it answers
+    e = _evidence([0.6, 1.3, 0.85, 1.2, 0.7])
+    item = speedup_item(e, 0.10)
     assert _verdict(item) == "inconclusive"
-    assert item.answer == "a quiet machine (the speedup varied 33% from repeat to repeat)"
+    lo, hi = judge_measured(e, 0.10).interval
+    wide = math.ceil(100 * (hi - lo)) / 100
+    assert item.answer == (
+        f"--tolerance {wide:.2f}, what a quiet machine resolves here "
+        "(the speedup varied 33% from repeat to repeat),"
+    )
+    assert _verdict(speedup_item(e, wide)) != "inconclusive"
 
 
 def test_greedy_exactness_fails_on_any_parted_prompt_of_an_exact_engine():
