@@ -73,6 +73,7 @@ class SessionRun:
     noise: Noise
     fresh_reference: bool
     threads: int | None = None  # the engine's threads: the reference processes run as many
+    reference_s: float = 0.0  # the budget's reserve for those processes, planned before the search
     prompt_tokens: int = 0
     costs: Costs | None = None  # measured in this session (None: --no-profile)
     predictor: Predictor | None = (
@@ -165,8 +166,8 @@ def search_session(
         profile.search.budget_note += "; " + ledger.note()
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in cells.results[b].rows]
     return SessionRun(
-        profile, out, cells.results, trial_rows, noise, s.fresh_reference, s.threads, s.prompt_tokens, costs,
-        cells.predictor,
+        profile, out, cells.results, trial_rows, noise, s.fresh_reference, s.threads, reserve_s,
+        s.prompt_tokens, costs, cells.predictor,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 from specdec_tune.app.reference import process_seconds, record_reference
@@ -114,3 +115,21 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
     monkeypatch.setattr(tuning, "record_reference", lambda *a, **k: (got[:1], "2 of 3 ... busy"))
     assert tuning._reference(fresh, out, 3, 100.0, quiet, progress).anchors.reference_tokens_per_s == []
     assert "fewer than 2" in notes[-1]
+
+
+def test_a_search_that_ran_over_leaves_the_reference_its_reserved_time():
+    """app.tuning.reference_seconds: the README's run (240 s, three batch sizes) ran over its search
+    share and ended with "3 of 3 reference processes did not fit the budget"; the reserve planned
+    for them before the search is theirs whatever the search took."""
+    from specdec_tune.app.tuning import reference_seconds
+
+    assert reference_seconds(240.0, 100.0, 70.0) == 140.0  # on time: what is left
+    assert reference_seconds(240.0, 247.0, 70.0) == 70.0  # ran over: the reserve still
+    assert reference_seconds(None, 247.0, 70.0) is None  # no budget: no limit
+    # with that reserve, record_reference starts the processes it planned (one pass 2.44 s each)
+    processes = 2
+    run, calls = _runner([_line(300.0, 150.0), _line(310.0, 152.0)])
+    reserve = processes * process_seconds(2.44)
+    budget = reference_seconds(240.0, 247.0, reserve)
+    kept, note = record_reference(Path("p.yaml"), processes=processes, budget_s=budget, pass_s=2.44, run=run)
+    assert len(kept) == len(calls) == processes and note == ""
