@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.vllm_aot import TASKS  # noqa: E402  (the same prompts as the AOT comparison)
 from specdec_tune.backends.vllm.args import measure_only_args, parse_vllm_draft, server_args  # noqa: E402
 from specdec_tune.backends.vllm.measuring import DECODE_S, SETTLE_S  # noqa: E402
 from specdec_tune.backends.vllm.models import resolve_target  # noqa: E402
@@ -91,16 +92,13 @@ def pin_frontend(pgid: int) -> set[int] | None:
     return free
 
 
-TASKS = ["reverses a linked list", "parses a CSV file", "computes a checksum", "merges two sorted lists"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", type=int, default=3, help="test servers per condition")
+    ap.add_argument("--repeats", type=int, default=4, help="ABBA repeats per test server")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default=None, help="a vLLM draft (default: plain decoding)")
     ap.add_argument("--gamma", type=int, default=5)
-    ap.add_argument("--servers", type=int, default=3, help="test servers per condition")
-    ap.add_argument("--repeats", type=int, default=4, help="ABBA repeats per test server")
     ap.add_argument("-n", type=int, default=48, help="new tokens per prompt")
     ap.add_argument(
         "--condition", action="append", default=[], metavar="NAME=VAR=VALUE",

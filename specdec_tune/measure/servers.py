@@ -3,9 +3,9 @@ health endpoint, send JSON, read its log's tail, and stop its whole process grou
 
 Every server runs in its own process group with a parent-death signal, and a guard process
 (measure.children.guard_group) kills the whole group when the command ends without stopping it, so
-no server or process it started outlives the command (also after kill -9 of that command); `close_all` stops the ones still up
-on exit, and `servers_die_with_us` turns SIGTERM into Ctrl-C for a block so its `finally` clauses
-run. A server that dies or hangs raises `ServerError` with its log's tail. An engine's own server
+no server, nor any process it started, outlives the command (also after kill -9 of that command);
+`close_all` stops the ones still up on exit, and `servers_die_with_us` turns SIGTERM into Ctrl-C
+for a block so its `finally` clauses run. A server that dies or hangs raises `ServerError` with its log's tail. An engine's own server
 (llama-server, vLLM's OpenAI server) subclasses `EngineServer` with its command and its calls.
 """
 
@@ -106,10 +106,10 @@ class EngineServer:
                     env=self.env,
                 )
                 _LIVE.add(self)
-                guard_group(self.proc.pid)  # its whole group dies with us, its engine's own children too
             finally:
                 os.close(fd)
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            guard_group(self.proc.pid)  # its whole group dies with us, its engine's own children too
             try:
                 self._wait_healthy(timeout_s)
                 return
