@@ -61,12 +61,15 @@ _guard_pid: int | None = None  # the process that started it (a fork's child sta
 _guard_lock = threading.Lock()
 
 
-def _tell_guard(line: str) -> None:
+def _tell_guard(line: str, start: bool = True) -> None:
     global _guard, _guard_pid
     if not sys.platform.startswith("linux"):
         return
     with _guard_lock:
-        if _guard is None or _guard_pid != os.getpid() or _guard.poll() is not None:
+        ours = _guard is not None and _guard_pid == os.getpid() and _guard.poll() is None
+        if not ours and not start:  # nothing to forget: no guard of this process holds it
+            return
+        if not ours:
             _guard = subprocess.Popen(
                 [sys.executable, "-c", _GUARD],
                 stdin=subprocess.PIPE,
@@ -89,4 +92,4 @@ def guard_group(pgid: int) -> None:
 
 def release_group(pgid: int) -> None:
     """The group `pgid` is stopped (or stops itself): the guard forgets it."""
-    _tell_guard(f"-{pgid}")
+    _tell_guard(f"-{pgid}", start=False)

@@ -146,7 +146,7 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     if free is not None:
         note += f"; {SHARED}: judged on {len(free)} repeats rebuilt from prompts no other process preempted"
         note += f" ({measured.clean_share:.0%} of them; our threads waited {measured.waited_share:.0%} of the time)"
-    answer = answer_for(e, tolerance, policy) if judged.verdict == INCONCLUSIVE else ""
+    answer = answer_for(e, tolerance, policy, judged) if judged.verdict == INCONCLUSIVE else ""
     if judged.verdict == INCONCLUSIVE:
         note += "; inconclusive: " + (SHARED if shared else "too noisy to tell") + f"; {answer} would answer"
     elif shared and judged.verdict == REGRESSION:
@@ -187,11 +187,14 @@ def load_free(e: Evidence, policy: CheckPolicy = CHECK_POLICY) -> list[float] | 
     return clean if len(clean) >= policy.min_clean_repeats else None
 
 
-def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> str:
+def answer_for(
+    e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY, judged: Judgement | None = None
+) -> str:
     """What would make an inconclusive speedup answer, in a few words (`repeats_to_answer`'s count,
     or a quiet machine, and why). On a quiet machine where no count of repeats would: the tolerance
     its interval's width resolves (a wider one answers either way: regression with the interval
-    narrower than it, pass with the estimate above its floor).
+    narrower than it, pass with the estimate above its floor); `judged`: the floor test already made
+    (`judge_measured`), not bootstrapped again.
 
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
         shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
@@ -205,7 +208,7 @@ def answer_for(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY
     if more is not None:
         return f"about {more} more repeats (--repeats {ran + more}) or a quiet machine"
     if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer
-        lo, hi = judge_measured(e, tolerance, policy).interval
+        lo, hi = (judged or judge_measured(e, tolerance, policy)).interval
         return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why},"
     return f"a quiet machine{why}"
 
