@@ -328,6 +328,15 @@ class Anchors:
     # fresh processes of one quiet VM measured 2.04x or 2.43x, each process stable within 2 %: the
     # final round's speedup is one process's, so `check` judges the speedup against these.
     reference_speedups: list[float] = field(default_factory=list)
+    # The engine threads those processes measured with, each pinned to the core other processes
+    # used least (measure.narrow, the check slice: 1); None where they ran as the run did (older
+    # profiles). `check` measures on the same slice, so a load on other cores does not reach it.
+    reference_threads: int | None = None
+    # On the slice, every repeat's speedup of those processes, one after another: `check` judges the
+    # speedup against these. The process level there is within the repeats' own spread (5-repeat
+    # medians of one config 1.98-2.07 on both cores, stop 59), so a median per process would only
+    # throw away two thirds of what was measured.
+    reference_speedup_repeats: list[float] = field(default_factory=list)
     # The decode anchor's shape (absent in older profiles), and per reference process the median of
     # its repeats' plain tokens/s divided by the decode anchor's steps/s, timed interleaved prompt
     # by prompt: the machine's own speed cancels in it, so `check` judges the plain rate by it.
@@ -342,6 +351,14 @@ class Anchors:
         """Whether `check` judges against the reference: at least the policy's
         `min_reference_processes` quiet ones (one alone carries no spread between processes)."""
         return min(len(self.reference_tokens_per_s), len(self.reference_baseline_tokens_per_s)) >= (
+            CHECK_POLICY.min_reference_processes
+        )
+
+    @property
+    def sliced(self) -> bool:
+        """Whether `check` measures on the check slice (measure.narrow): the reference was measured
+        there, by at least the policy's `min_reference_processes` quiet processes."""
+        return self.reference_threads is not None and len(self.reference_speedups) >= (
             CHECK_POLICY.min_reference_processes
         )
 

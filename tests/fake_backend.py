@@ -86,6 +86,7 @@ class FakeSession:
     trial_shape = TrialShape(overhead_s=0.0, warmup_passes=0.0)
     fits_costs_from_trials = False
     fresh_reference = False
+    slices = False
     settle_s = 0.0
     busy_rule = None
     run_command = "specdec-tune run --backend fake"

@@ -38,6 +38,7 @@ class Judging:
     repeats: int
     policy: CheckPolicy
     same_machine: bool = True  # the profile's own machine (app.checking.same_machine): rates judged
+    sliced: bool = False  # measured on the check slice (measure.narrow), as the reference was
 
 
 def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[int, Any]]:
@@ -78,16 +79,25 @@ def in_session(s: CheckSession, config: Config, batch_size: int, repeats: int, s
 
 
 def row_items(
-    s: CheckSession, stored: Any, config: Config, batch_size: int, j: Judging, temperature: float, where: str
+    s: CheckSession,
+    stored: Any,
+    config: Config,
+    batch_size: int,
+    j: Judging,
+    temperature: float,
+    where: str,
+    reference: dict[str, list[float]] | None = None,
 ) -> list[CheckItem]:
     """The items of one stored result (`stored`) re-measured as `config` at `batch_size`: a drop
     measured while other work shared the machine is inconclusive (output.check.speedup_item), one
-    not clearly passing is measured again in the session."""
+    not clearly passing is measured again in the session. `reference`: what the speedup is judged
+    against instead of the stored repeats (the row's reference processes on the check slice)."""
     m, os_noise, busy_seen = noise.busy_window(lambda: in_session(s, config, batch_size, j.repeats))
     env = classify(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
     e = Evidence(
-        stored, m, temperature=temperature, environment=env, where=where, same_machine=j.same_machine
-    )
+        stored, m, temperature=temperature, environment=env, where=where, same_machine=j.same_machine,
+        reference=reference or {},
+    )  # fmt: skip
     if needs_confirmation(e, j.tolerance, j.policy):
         n = j.repeats if s.renew() else confirm_repeats(m, j.repeats, j.policy, shared=not env.quiet)
         e = looked_again(

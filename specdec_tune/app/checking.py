@@ -24,11 +24,12 @@ from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_REPEATS, check_count
 from ..measure import anchors as machine_anchors
-from ..measure import noise
+from ..measure import narrow, noise
 from ..measure.anchors import faster, measure_twice
 from ..measure.hardware import machine_id
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for
 from ..output.check import (
+    REPEATS,
     CheckItem,
     CheckReport,
     Evidence,
@@ -42,6 +43,7 @@ from ..output.check import (
 from ..output.environment import classify
 from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
+from ..runtime.models.devices import resolve_device
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
 from .check_rows import (
@@ -97,7 +99,11 @@ def check(
     if junit is not None:
         check_writable(junit)
     drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
-    models = stored_models(p, path, drafts, device=device, server=server, models_root=models_root)
+    where = check_slice(p, device)
+    models = stored_models(
+        p, path, drafts, device=device, server=server, models_root=models_root,
+        threads=where.threads if where is not None else None,
+    )  # fmt: skip
     refuse_other_build(p, path, models, allow_other_build)
     anchored = p.anchors is not None and p.anchors.has_anchor_reference
     purpose = Purpose(
@@ -106,8 +112,11 @@ def check(
         costs=p.costs,
         decode_anchor=p.anchors.decode_anchor if anchored else None,
     )
-    with open_stored(p, path, models, purpose, allow_other_hardware=allow_other_hardware) as s:
-        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p))
+    with open_stored(
+        p, path, models, purpose, allow_other_hardware=allow_other_hardware,
+        slug_threads=where.threads_before if where is not None else None,
+    ) as s:  # fmt: skip
+        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p), where is not None)
         report = CheckReport(profile=str(path), config=p.best.config.label)
         report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
         judge_rows(
@@ -119,7 +128,10 @@ def check(
         if p.batch_table:
             report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
         if p.context_table:
-            report.items += check_cells(p, path, j, device=device, server=server)
+            if where is not None:  # the envelope's cells have no reference on the slice: as stored
+                narrow.release(where)
+            cells_j = dataclasses.replace(j, sliced=False)
+            report.items += check_cells(p, path, cells_j, device=device, server=server)
             lengths = sorted({r.context_length for r in p.context_table})
             report.config += f" + context lengths {', '.join(map(str, lengths))}"
     report.seconds = time.monotonic() - started
@@ -155,7 +167,9 @@ def judge_rows(
                     models_root=models_root,
                 )  # fmt: skip
             else:
-                report.items += row_items(s, r, config, b, j, p.workload.temperature, where_of(b))
+                report.items += row_items(
+                    s, r, config, b, j, p.workload.temperature, where_of(b), row_reference(p, b, j)
+                )
     except SpecDecError:  # the user's input or other hardware: said as it is
         raise
     except Exception as exc:
@@ -222,7 +236,10 @@ def first_row(
     accounted = not env.quiet and m.clean_share is not None
     if needs_confirmation(first, j.tolerance, policy):
         fresh, fresh_busy = [], False
-        if s.fresh_reference and first.reference and not accounted:  # a sample of the reference's kind
+        # A sample of the reference's kind: one median per fresh process. Not on the slice, where
+        # the process level is within the repeats' spread and the reference keeps every repeat:
+        # more repeats here are cheaper than the fresh processes' start-up, and weigh as much.
+        if s.fresh_reference and first.reference and not accounted and not j.sliced:
             fresh, fresh_busy = confirm_in_fresh_processes(
                 path, s.device, models_root, machine, busy=env.busy, policy=policy, threads=s.threads
             )
@@ -261,6 +278,29 @@ def first_row(
             round(statistics.median(now), 5),
         ]
     return judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
+
+
+def row_reference(p: Any, batch_size: int, j: Judging) -> dict[str, list[float]]:
+    """What a batch-table row's speedup is judged against: on the check slice, that row's speedups in
+    the reference processes (`reference_speedups`), measured there too; {} (its stored repeats)
+    otherwise, or where the profile has too few of them."""
+    if not j.sliced:
+        return {}
+    row = next((r for r in p.batch_table if r.batch_size == batch_size), None)
+    if row is None or len(row.reference_speedups) < j.policy.min_reference_processes:
+        return {}
+    return {"speedup": list(row.reference_speedups), REPEATS: list(row.reference_speedup_repeats)}
+
+
+def check_slice(p: Any, device: str) -> narrow.Slice | None:
+    """This process moved to the check slice (measure.narrow: one engine thread on the core other
+    processes use least) where the profile's reference was measured there and the check runs on a
+    CPU; None (nothing moved) otherwise, or where the OS cannot pin."""
+    if p.anchors is None or not p.anchors.sliced or p.hardware.get("kind") != "cpu":
+        return None
+    if resolve_device(device) != "cpu":
+        return None
+    return narrow.take()
 
 
 def same_machine(p: Any) -> bool:

@@ -81,12 +81,23 @@ def refuse_other_build(p: Profile, path: Path, models: Models, allow: bool) -> N
 
 @contextlib.contextmanager
 def open_stored(
-    p: Profile, path: Path, models: Models, purpose: Purpose, *, allow_other_hardware: bool = False
+    p: Profile,
+    path: Path,
+    models: Models,
+    purpose: Purpose,
+    *,
+    allow_other_hardware: bool = False,
+    slug_threads: int | None = None,
 ) -> Iterator[CheckSession]:
     """The session of `models` (stored_models), refused on another hardware slug (unless allowed)
-    and when the workload changed since the profile was made; closed on leaving."""
+    and when the workload changed since the profile was made; closed on leaving. `slug_threads`:
+    the threads the slug is judged with where the session runs on fewer (the check slice,
+    measure.narrow: the machine is still the one whose every core the profile's run used)."""
     with open_session(models, purpose) as s:
         hw = hardware_info(s.device)
+        if slug_threads is not None and hw.get("kind") == "cpu":
+            hw = {**hw, "torch_threads": slug_threads}
+            hw["slug"] = hardware_slug(hw)
         if not same_hardware(p.hardware, hw) and not allow_other_hardware:
             raise OtherHardwareError(
                 f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "

@@ -26,7 +26,7 @@ from typing import Any
 from ..backends.base import Purpose
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..errors import SpecDecError
-from ..measure import noise
+from ..measure import narrow, noise
 from ..measure.anchors import measure_twice
 from ..measure.children import die_with_parent
 from ..measure.timing import median, spread
@@ -35,13 +35,24 @@ from ..store.yamlio import load_profile
 from .profile_models import open_stored, stored_models
 
 
-def measure_here(path: Path, threads: int | None = None, device: str = "auto") -> dict[str, Any]:
+def measure_here(
+    path: Path, threads: int | None = None, device: str = "auto", sliced: bool = False
+) -> dict[str, Any]:
     """One reference measurement in this process: the profile's best config against plain
     decoding, in the profile's engine, as `check` measures it (app.checking), and whether the OS saw
     other work meanwhile. `threads`: the engine's threads, as the run had them (a CPU's slug names
-    them)."""
+    them); `sliced`: on the check slice instead (measure.narrow: one thread on the core other
+    processes use least; `threads` and `core` in the result say it was), and then every other
+    batch-table row too, and every repeat's speedup."""
     p = load_profile(path)
-    drafts = [p.best.config.draft] if p.best.config.gamma > 0 else []
+    where = narrow.take() if sliced else None
+    if where is not None:
+        threads = where.threads
+    # On the slice, every other batch-table row too: `check` measures them there (app.check_rows).
+    others = [(r.batch_size, r.best.config) for r in p.batch_table if r.batch_size != 1]
+    others = others if where is not None else []
+    configs = [p.best.config] + [c for _, c in others]
+    drafts = list({c.draft.name: c.draft for c in configs if c.gamma > 0}.values())
     models = stored_models(p, path, drafts, device=device, threads=threads)
     anchor = p.anchors.decode_anchor if p.anchors is not None else None
     purpose = Purpose("check", costs=p.costs, decode_anchor=anchor)
@@ -54,6 +65,14 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
                 s.device, lambda: s.measure([cfg], s.case, 1, MEASURE_POLICY.reference_repeats)[0]
             )
         )
+        at_rows = {}
+        for b, c in others:
+            c = replace(c, draft=by_name.get(c.draft.name, c.draft))
+            (row,), _, row_busy = noise.busy_window(
+                lambda b=b, c=c: s.measure([c], s.case, b, MEASURE_POLICY.reference_repeats)
+            )
+            busy = busy or row_busy
+            at_rows[str(b)] = [round(x, 4) for x in row.speedups] or [round(row.metrics.speedup, 4)]
     got = {
         "tokens_per_s": round(m.metrics.tokens_per_s, 3),
         "baseline_tokens_per_s": round(m.metrics.baseline_tokens_per_s, 3),
@@ -64,24 +83,34 @@ def measure_here(path: Path, threads: int | None = None, device: str = "auto") -
     }
     if m.plain_per_anchor:
         got["plain_per_anchor"] = round(median(m.plain_per_anchor), 5)
+    if where is not None:
+        got["threads"], got["core"] = where.threads, where.core
+        got["speedups"] = [round(x, 4) for x in m.speedups]  # every repeat's: judged as they are
+    if at_rows:
+        got["rows"] = at_rows  # batch size -> that row's speedup in each repeat
     return got
 
 
-def command(path: Path, threads: int | None = None, device: str = "auto") -> list[str]:
-    """The command line of one reference process (`main` in a fresh interpreter)."""
-    return [sys.executable, "-c", CHILD, str(path), str(threads or 0), device]
+def command(path: Path, threads: int | None = None, device: str = "auto", sliced: bool = False) -> list[str]:
+    """The command line of one reference process (`main` in a fresh interpreter); `sliced`: on
+    the check slice (measure.narrow)."""
+    return [sys.executable, "-c", CHILD, str(path), SLICE if sliced else str(threads or 0), device]
 
 
+SLICE = "slice"  # the THREADS argument of a process measuring on the check slice
 # Not `-m specdec_tune.app.reference`: the package imports this module first, and runpy warns.
 CHILD = "import sys; from specdec_tune.app.reference import main; sys.exit(main(sys.argv[1:]))"
 
 
-def process_seconds(pass_s: float, gamma_share: float = 0.5, policy: MeasurePolicy = MEASURE_POLICY) -> float:
+def process_seconds(
+    pass_s: float, gamma_share: float = 0.5, policy: MeasurePolicy = MEASURE_POLICY, rows: int = 1
+) -> float:
     """About how long one reference process takes (measurepolicy's reference fields): start-up,
     then its repeats' plain passes and as many speculative ones (`gamma_share` of a plain pass each)
-    and decode-anchor parts, plus the warm-up."""
+    and decode-anchor parts, plus the warm-up; for each of `rows` batch-table rows (the check
+    slice measures every one, each about a pass of B = 1 long: the same tokens, batched)."""
     passes_s = (policy.reference_repeats + 1) * pass_s * (1 + gamma_share + policy.reference_anchor_share)
-    return policy.reference_startup_s + passes_s
+    return policy.reference_startup_s + passes_s * rows
 
 
 def record_reference(
@@ -96,6 +125,8 @@ def record_reference(
     what: str = "reference process",
     extra: int | None = None,
     policy: CheckPolicy = CHECK_POLICY,
+    sliced: bool = False,
+    rows: int = 1,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
@@ -104,9 +135,11 @@ def record_reference(
     (disturbed though the OS saw nothing: its median would make a reference every later check is
     judged by) is left out and another takes its place (`extra` at most, by default the policy's
     `extra_processes`); each one is killed if it outlives four times
-    its estimate (a minute at least). `threads`: the engine's threads in the processes (the run's)."""
+    its estimate (a minute at least). `threads`: the engine's threads in the processes (the run's);
+    `sliced`: each on the check slice instead (measure.narrow), every batch-table row too (`rows`
+    of them, the first included: what the estimate counts)."""
     extra = policy.extra_processes if extra is None else extra
-    estimate = process_seconds(pass_s) if pass_s else 60.0
+    estimate = process_seconds(pass_s, rows=rows) if pass_s else 60.0 * rows
     started = time.monotonic()
     kept: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -118,7 +151,7 @@ def record_reference(
         i += 1
         try:
             done = run(
-                command(path, threads, device),
+                command(path, threads, device, sliced),
                 capture_output=True,
                 text=True,
                 timeout=max(4 * estimate, 60.0),
@@ -150,12 +183,17 @@ def record_reference(
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(args) <= 3 or (len(args) >= 2 and not args[1].isdigit()):
-        print("usage: reference PROFILE [THREADS (0: the engine's default) [DEVICE]]", file=sys.stderr)
+    if not 1 <= len(args) <= 3 or (len(args) >= 2 and not (args[1].isdigit() or args[1] == SLICE)):
+        print(
+            f"usage: reference PROFILE [THREADS (0: the engine's default; {SLICE}: the check slice) [DEVICE]]",
+            file=sys.stderr,
+        )
         return 2
-    threads = int(args[1]) if len(args) >= 2 and int(args[1]) > 0 else None
+    sliced = len(args) >= 2 and args[1] == SLICE
+    threads = int(args[1]) if len(args) >= 2 and not sliced and int(args[1]) > 0 else None
+    device = args[2] if len(args) == 3 else "auto"
     try:
-        print(json.dumps(measure_here(Path(args[0]), threads, args[2] if len(args) == 3 else "auto")))
+        print(json.dumps(measure_here(Path(args[0]), threads, device, sliced=sliced)))
     except SpecDecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -76,6 +76,7 @@ class SessionRun:
     reference_s: float = 0.0  # the budget's reserve for those processes, planned before the search
     prompt_tokens: int = 0
     costs: Costs | None = None  # measured in this session (None: --no-profile)
+    slices: bool = False  # the reference runs on the check slice (measure.narrow): the session's `slices`
     predictor: Predictor | None = (
         None  # the engine's model fitted from its trials (None: the closed-form model)
     )
@@ -123,10 +124,11 @@ def search_session(
         if line:
             progress.note(line)
         # The reference processes `check` will judge against (app.reference) come out of the
-        # budget too; on a busy machine there are none (`_reference`).
-        reserve_s = 0.0
-        if s.fresh_reference and settings.reference_processes and not busy(noise):
-            reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
+        # budget too; on a busy machine there are none (`_reference`), unless on the check slice.
+        reserve_s, sliced = 0.0, s.slices and hw.get("kind") == "cpu"
+        if (s.fresh_reference or sliced) and settings.reference_processes and (sliced or not busy(noise)):
+            rows = len(batch_sizes) if sliced else 1  # on the check slice, every row (app.reference)
+            reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s, rows=rows)
         cells = _Cells(s, models, hw["slug"], settings, progress, costs, s.first_trials(settings.max_gamma))
         # The engine's own defaults race in the final round at the first batch size, so the answer
         # is never below them and the profile shows them beside it (`engine_defaults`).
@@ -167,7 +169,7 @@ def search_session(
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in cells.results[b].rows]
     return SessionRun(
         profile, out, cells.results, trial_rows, noise, s.fresh_reference, s.threads, reserve_s,
-        s.prompt_tokens, costs, cells.predictor,
+        s.prompt_tokens, costs, cells.predictor, sliced,
     )  # fmt: skip
 
 

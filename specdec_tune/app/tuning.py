@@ -71,11 +71,12 @@ def tune(
         models, settings, inputs, out, progress, batch_sizes=batch_sizes, budget_s=budget_s, started=started
     )
     profile, csv_path = save_run(run.profile, run.out, run.trial_rows, settings.force)
-    if run.fresh_reference and settings.reference_processes and profile.anchors is not None:
+    if (run.fresh_reference or run.slices) and settings.reference_processes and profile.anchors is not None:
         left = reference_seconds(budget_s, time.monotonic() - started, run.reference_s)
         profile = _reference(
-            profile, run.out, settings.reference_processes, left, run.noise, progress, run.threads
-        )
+            profile, run.out, settings.reference_processes, left, run.noise, progress, run.threads,
+            sliced=run.slices,
+        )  # fmt: skip
     return TuneOutcome(profile, run.out, csv_path, run.results[batch_sizes[0]], run.results)
 
 
@@ -92,14 +93,22 @@ def reference_seconds(budget_s: float | None, spent_s: float, reserved_s: float)
 def _reference(
     profile: Profile, out: Path, processes: int, left_s: float | None, noise: Noise, progress: Progress,
     threads: int | None = None,
+    *,
+    sliced: bool = True,
 ) -> Profile:  # fmt: skip
     """The tokens/s `check` will judge against, measured in fresh processes (app.reference) with the
-    run's engine `threads`, and stored in the profile's anchors; skipped on a busy machine, whose
-    rates `check` never judges."""
-    if busy(noise):
+    run's engine `threads` (on a CPU: on the check slice, measure.narrow, which `check` then
+    measures on too), and stored in the profile's anchors. Skipped on a busy machine, whose rates
+    `check` never judges, unless on the slice: each process there says whether its own core was
+    busy, and is left out if it was (app.reference)."""
+    sliced = sliced and profile.hardware.get("kind") == "cpu"  # `sliced`: the engine's `slices`
+    if busy(noise) and not sliced:
         progress.note("no reference for check's plain tokens/s: the machine was busy during the run")
         return profile
-    kept, note = record_reference(out, processes, left_s, noise.plain_pass_s, threads)
+    rows = 1 + sum(r.batch_size != 1 for r in profile.batch_table) if sliced else 1
+    kept, note = record_reference(
+        out, processes, left_s, noise.plain_pass_s, threads, sliced=sliced, rows=rows
+    )
     if note:
         progress.note(note)
     least = CHECK_POLICY.min_reference_processes
@@ -112,6 +121,14 @@ def _reference(
     profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
     profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
     profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
+    slices = {k.get("threads") for k in kept}
+    profile.anchors.reference_threads = slices.pop() if len(slices) == 1 and None not in slices else None
+    profile.anchors.reference_speedup_repeats = [x for k in kept for x in k.get("speedups", [])]
+    for row in profile.batch_table:
+        at_row = [k["rows"][str(row.batch_size)] for k in kept if str(row.batch_size) in k.get("rows", {})]
+        whole = len(at_row) == len(kept)
+        row.reference_speedups = [round(statistics.median(xs), 4) for xs in at_row] if whole else []
+        row.reference_speedup_repeats = [x for xs in at_row for x in xs] if whole else []
     profile.anchors.machine = machine_id()  # absolute rates are judged on this machine only
     matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
     profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None

@@ -61,6 +61,7 @@ class LlamaCppSession(ServerSession):
     trial_shape = TRIAL_SHAPE
     fits_costs_from_trials = True  # acceptance in the engine comes from the search's first trials
     fresh_reference = False  # a server per config is a fresh process already
+    slices = True  # check measures on the check slice (measure.narrow): `-t 1`, pinned where it is free
     run_command = "specdec-tune run --backend llamacpp"
 
     def __init__(self, models: Models, purpose: Purpose, cache_dir: Path | None = None) -> None:

@@ -58,6 +58,7 @@ class NativeSession:
     busy_rule = None
     run_command = "specdec-tune run"
     fresh_reference = True  # check's reference and confirmations: fresh processes (app.reference)
+    slices = True  # check measures on the check slice (measure.narrow)
     settle_s = 0.0  # in this process: nothing runs once a pass returns
     screens = False  # prompts are interleaved inside each repeat: a trial is measured whole
 

@@ -106,6 +106,11 @@ class Judged(Protocol):
     # rate differs from one process to the next. False: in this session (a server per config is a
     # fresh process already).
     fresh_reference: bool
+    # `check` measures on the check slice (measure.narrow: one engine thread on the core other
+    # processes use least), against a reference `run` measured there in fresh processes: a load on
+    # the other cores then cannot reach the verdict. False: an engine that places its own threads
+    # (vLLM's CPU worker binds itself to its cores).
+    slices: bool
     busy_rule: Callable[[dict[str, Any]], bool] | None  # what counts as busy here (None: the OS rule)
     run_command: str  # the command that makes its profiles (for messages)
     # Seconds the engine's processes keep a core busy after their last request, waited before the

@@ -20,6 +20,7 @@ from typing import Any
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
 from ..domain import MachineWindow, Noise
 from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
+from . import narrow
 
 PROC = Path("/proc")
 
@@ -75,7 +76,7 @@ def process_ticks(
     return {pid: (name, t) for pid, (name, _, t) in seen.items() if pid not in ours}
 
 
-Snapshot = tuple[Any, dict[int, tuple[str, float]], float, Any]
+Snapshot = tuple[Any, dict[int, tuple[str, float]], float, Any, Any]
 
 
 def os_snapshot(proc: Path = PROC) -> Snapshot:
@@ -83,7 +84,9 @@ def os_snapshot(proc: Path = PROC) -> Snapshot:
     what this process and its children used), for `os_since` to tell what else the machine did."""
     children: dict[int, float] = {}
     procs = process_ticks(proc, excluded=children)
-    return cpu_times(proc), procs, time.monotonic(), (own_ticks(proc), children)
+    core = narrow.pinned_core() if proc == PROC else None
+    at_core = (core, narrow.core_busy(proc).get(core)) if core is not None else None
+    return cpu_times(proc), procs, time.monotonic(), (own_ticks(proc), children), at_core
 
 
 def unaccounted_share(before: Any, after: Any, before_cpu: Any, after_cpu: Any, total: float) -> float:
@@ -107,10 +110,12 @@ def os_since(
     of what the processes alive at both ends used and the busy time nothing of ours used (which
     also holds the processes that came and went meanwhile); that busy time is named in `busiest`
     as short-lived processes beyond the policy's `unseen_note_share`."""
-    before_cpu, before_procs, _, before_ours = snapshot
+    before_cpu, before_procs, _, before_ours, at_core = snapshot
     children: dict[int, float] = {}
     after_cpu, after_procs = cpu_times(proc), process_ticks(proc, excluded=children)
     after_ours = (own_ticks(proc), children)
+    if at_core is not None and at_core[1] is not None:
+        return on_core(at_core, before_ours, after_ours, before_procs, after_procs, proc)
     info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
     with contextlib.suppress(OSError, IndexError, ValueError):
         info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
@@ -133,6 +138,41 @@ def os_since(
     return info
 
 
+def on_core(
+    at_core: tuple[int, tuple[float, float, float]],
+    before_ours: Any,
+    after_ours: Any,
+    before_procs: dict[int, tuple[str, float]],
+    after_procs: dict[int, tuple[str, float]],
+    proc: Path = PROC,
+) -> dict[str, Any]:
+    """`os_since` for a process pinned to one core (measure.narrow): the machine is that core. Other
+    processes' share is its busy time that neither this process nor its children used (they run
+    there only), steal its own; what other cores do never reaches a pinned single-thread engine, and
+    is not counted. `core` says which; `busiest` names the machine's busiest others, wherever."""
+    core, (all_before, busy_before, steal_before) = at_core
+    after = narrow.core_busy(proc).get(core)
+    info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
+    info["core"] = core
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
+    (own_before, kids_before), (own_after, kids_after) = before_ours, after_ours
+    if after is None or after[0] <= all_before or own_before is None or own_after is None:
+        return info
+    total = after[0] - all_before
+    ours = own_after - own_before + sum(t - kids_before.get(pid, 0.0) for pid, t in kids_after.items())
+    info["others_cpu_share"] = round(min(1.0, max(0.0, (after[1] - busy_before - ours) / total)), 4)
+    info["steal_share"] = round((after[2] - steal_before) / total, 4)
+    used = {
+        pid: (name, ticks - before_procs[pid][1])
+        for pid, (name, ticks) in after_procs.items()
+        if pid in before_procs and ticks > before_procs[pid][1]
+    }
+    top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
+    info["busiest"] = [f"{name} ({pid}) {t / total:.0%} of a CPU" for pid, (name, t) in top]
+    return info
+
+
 def os_window(
     work: Callable[[], Any], proc: Path = PROC, cpus: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -149,6 +189,7 @@ def machine_window(
     `rule` (default `busy_info`; an engine with its threads on every core has a stricter one)."""
     info = os_since(snapshot, proc)
     busy = (rule or busy_info)(info)
+    info.pop("core", None)
     return MachineWindow(round(time.monotonic() - snapshot[2], 1), busy=busy, **info)
 
 
@@ -163,12 +204,15 @@ def busy_info(
     processes over `busy_others_share` of all CPUs, or the hypervisor's steal over
     `busy_steal_share`; where the policy has `busy_beyond_free_cores_share` (an engine whose
     `threads` wait for each other, e.g. llama.cpp), also other processes taking more than the
-    cores those threads leave free plus that share of all `cpus`."""
+    cores those threads leave free plus that share of all `cpus`. Shares said of one core (`core`
+    in `info`: a process pinned there, measure.narrow) are judged as of a one-CPU machine."""
     others = info.get("others_cpu_share") or 0.0
     if others > policy.busy_others_share or (info.get("steal_share") or 0.0) > policy.busy_steal_share:
         return True
     if policy.busy_beyond_free_cores_share is None:
         return False
+    if info.get("core") is not None:  # pinned to one core (measure.narrow): that core is the machine
+        cpus = threads = 1
     n = cpus or os.cpu_count() or 1
     free = max(0, n - (threads or n))
     return others * n > free + policy.busy_beyond_free_cores_share * n

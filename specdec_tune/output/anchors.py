@@ -95,14 +95,19 @@ def beyond(slowdown: float, tolerance: float) -> bool:
 
 def machine_slowdown(profile: Profile, machine: MachineSpeed) -> tuple[float | None, dict[str, list[float]]]:
     """Stored / measured of the deciding machine anchor (matmul; copy where it is the only one),
-    and every pair both have."""
+    and every pair both have. A profile whose reference was measured on the check slice (one
+    thread, measure.narrow) compares the matmul rate those processes measured there, as `check`
+    measures it now: the run's own anchors ran on every core."""
     a = profile.anchors
     if a is None or machine is None:
         return None, {}
+    stored = {name: getattr(a, name, None) for name in MACHINE_ANCHORS}
+    if a.sliced:  # measured on the check slice (measure.narrow): only the slice's own matmul compares
+        stored = {"matmul_gflops": a.reference_matmul_gflops}
     pairs = {
-        name: [getattr(a, name), getattr(machine, name)]
-        for name in MACHINE_ANCHORS
-        if getattr(a, name, None) and (getattr(machine, name, None) or 0) > 0
+        name: [value, getattr(machine, name)]
+        for name, value in stored.items()
+        if value and (getattr(machine, name, None) or 0) > 0
     }
     if not pairs:
         return None, {}

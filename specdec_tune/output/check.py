@@ -139,7 +139,8 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
             )
     ref = reference_speedups(e.reference, policy)
     if ref:
-        against = f"the reference ({len(ref)} fresh processes)"
+        repeats = len((e.reference or {}).get(REPEATS) or [])
+        against = f"the reference ({len(ref)} fresh processes" + (f", {repeats} repeats)" if repeats else ")")
     else:
         against = "stored repeats" if stored.speedup_samples else "stored median"
     note = f"{judged.note} vs {against}{confirm}"
@@ -259,7 +260,7 @@ def repeats_to_answer(
 def _against(e: Evidence, policy: CheckPolicy) -> tuple[list[float], float]:
     """What a speedup is judged against (`judge_measured`): the reference processes' speedups and
     their median, else the stored repeats (or median) and the stored speedup."""
-    ref = reference_speedups(e.reference, policy)
+    ref = reference_side(e.reference, policy)
     if ref:
         return ref, statistics.median(ref)
     stored = e.stored.metrics
@@ -293,11 +294,24 @@ def judge_measured(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_PO
     metrics (the final round's repeats, all from the one process that ran the search)."""
     check_tolerance(tolerance)
     now = load_free(e, policy) or samples_of(e.measured, e.again)
-    ref = reference_speedups(e.reference, policy)
+    ref = reference_side(e.reference, policy)
     if ref:
         return floor_test(now, ref, statistics.median(ref), tolerance, policy)
     stored = e.stored.metrics
     return floor_test(now, stored.speedup_samples, stored.speedup, tolerance, policy)
+
+
+REPEATS = "speedup_repeats"  # the reference's every repeat (on the check slice), beside its medians
+
+
+def reference_side(
+    reference: dict[str, list[float]] | None, policy: CheckPolicy = CHECK_POLICY
+) -> list[float]:
+    """The samples a speedup is judged against where the profile has a reference: every repeat of
+    the reference processes where they recorded them (the check slice), else one median each."""
+    if not reference_speedups(reference, policy):
+        return []
+    return list((reference or {}).get(REPEATS) or []) or reference_speedups(reference, policy)
 
 
 def reference_speedups(
@@ -320,6 +334,8 @@ def reference_of(profile: Profile) -> dict[str, list[float]]:
         "baseline_tokens_per_s": list(a.reference_baseline_tokens_per_s),
         "speedup": list(a.reference_speedups),
     }
+    if a.sliced and a.reference_speedup_repeats:
+        out[REPEATS] = list(a.reference_speedup_repeats)
     if a.has_anchor_reference:
         out[PER_ANCHOR] = list(a.reference_plain_per_anchor)
     return out

@@ -262,7 +262,13 @@ def _run_table(p: Profile) -> Table:
                     f"plain {plain} tokens/s, best {spec} tokens/s"
                     + (f" ({speedups})" if speedups else "")
                     + " "
-                    f"({len(a.reference_baseline_tokens_per_s)} fresh processes, measured as check measures)",
+                    f"({len(a.reference_baseline_tokens_per_s)} fresh processes, measured as check measures"
+                    + (
+                        f", on the check slice: {a.reference_threads} thread on a free core"
+                        if a.sliced
+                        else ""
+                    )
+                    + ")",
                 )
             )
         if a.has_anchor_reference:

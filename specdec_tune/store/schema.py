@@ -87,6 +87,10 @@ class BatchRow:
     # Not searched: the cell ("B=1") whose top configs raced head to head here against plain
     # (search.cells.confirm_candidates). None: searched here.
     confirmed_from: str | None = None
+    # This row's config against plain at this B in each reference process on the check slice
+    # (app.reference, measure.narrow): what `check` judges the row against. Absent in older profiles.
+    reference_speedups: list[float] = field(default_factory=list)
+    reference_speedup_repeats: list[float] = field(default_factory=list)  # their repeats, one after another
 
 
 @dataclass

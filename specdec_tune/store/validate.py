@@ -142,6 +142,9 @@ def _validate(p: Profile) -> None:
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
+        for name in ("reference_speedups", "reference_speedup_repeats"):
+            for j, x in enumerate(getattr(row, name)):
+                _positive(x, f"{where}.{name}[{j}]")
     categories: set[str] = set()
     for i, crow in enumerate(p.category_table):
         where = f"category_table[{i}]"
@@ -179,10 +182,13 @@ def _validate(p: Profile) -> None:
             "reference_tokens_per_s",
             "reference_baseline_tokens_per_s",
             "reference_speedups",
+            "reference_speedup_repeats",
             "reference_plain_per_anchor",
         ):
             for i, x in enumerate(getattr(p.anchors, name)):
                 _positive(x, f"anchors.{name}[{i}]")
+        if p.anchors.reference_threads is not None:
+            _in_range(p.anchors.reference_threads, 1, 4096, "anchors.reference_threads")
         if p.anchors.decode_anchor is not None:
             validate_decode_anchor(p.anchors.decode_anchor, "anchors.decode_anchor")
 

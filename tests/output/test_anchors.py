@@ -67,6 +67,24 @@ def test_the_matmul_anchor_decides_and_copy_is_reported():
     assert copy_only.slowdown == pytest.approx(2.0) and set(copy_only.compared) >= {"copy_bandwidth_gbps"}
 
 
+def test_a_profile_measured_on_the_check_slice_compares_the_slices_own_matmul_rate():
+    """The run's anchors ran on every core; a check on the slice (measure.narrow, one thread)
+    measures about half of that matmul rate on two cores, which is not other hardware: it is
+    compared with what the reference processes measured on the slice, and copy is not compared."""
+    ref = [2.0, 2.1, 2.05]
+    sliced = _profile(**MACHINE, reference_matmul_gflops=52.0, reference_threads=1, reference_speedups=ref)
+    assert sliced.anchors.sliced
+    same = anchor_verdict(sliced, 0.0, MachineSpeed(11.0, 50.0, 0.05), machine_busy=False)
+    assert not same.other_hardware and same.slowdown == pytest.approx(52 / 50)
+    assert set(same.compared) == {"matmul_gflops"}
+    slower = anchor_verdict(sliced, 0.0, MachineSpeed(11.0, 52 / 1.8, 0.05), machine_busy=False)
+    assert slower.other_hardware and slower.slowdown == pytest.approx(1.8)
+    # The same numbers against a reference measured on every core: other hardware (2x slower).
+    wide = _profile(**MACHINE, reference_matmul_gflops=100.0, reference_speedups=ref)
+    assert not wide.anchors.sliced
+    assert anchor_verdict(wide, 0.0, MachineSpeed(11.0, 50.0, 0.05), machine_busy=False).other_hardware
+
+
 def test_load_explains_slow_anchors_and_their_own_noise_widens_the_tolerance():
     p = _profile(**MACHINE)
     busy = anchor_verdict(p, 40.0, MachineSpeed(10.0, 50.0, 0.05), machine_busy=True)

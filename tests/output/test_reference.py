@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from specdec_tune.app.reference import process_seconds, record_reference
 from specdec_tune.measure.children import die_with_parent
 
@@ -106,12 +108,17 @@ def test_run_stores_the_quiet_processes_and_skips_a_busy_machine(tmp_path, monke
         shown.exit_code == 0 and "check's reference" in shown.stdout and "200.0, 201.0, 202.0" in shown.stdout
     )
     assert "decode anchor" in shown.stdout and "0.7000, 0.7100, 0.7200" in shown.stdout
-    # A busy machine: no reference at all (check never judges the rates of a loaded run).
+    # A busy machine: no reference at all off the check slice (a GPU's: check never judges the
+    # rates of a loaded run); a CPU's processes each judge their own core (measure.narrow).
     busy = Noise(1.0, 0.01, 3, 2, 2.0, 0.0, 0.6, [], 2)
     fresh = load_profile(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
+    fresh.hardware["kind"] = "cuda"
     assert tuning._reference(fresh, out, 3, 100.0, busy, progress).anchors.reference_tokens_per_s == []
     assert "busy" in notes[-1]
+    fresh.hardware["kind"] = "cpu"
+    assert tuning._reference(fresh, out, 3, 100.0, busy, progress).anchors.reference_tokens_per_s != []
     # One quiet process is not a spread: nothing stored, and the note says so.
+    fresh = load_profile(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml")
     monkeypatch.setattr(tuning, "record_reference", lambda *a, **k: (got[:1], "2 of 3 ... busy"))
     assert tuning._reference(fresh, out, 3, 100.0, quiet, progress).anchors.reference_tokens_per_s == []
     assert "fewer than 2" in notes[-1]
@@ -133,3 +140,66 @@ def test_a_search_that_ran_over_leaves_the_reference_its_reserved_time():
     budget = reference_seconds(240.0, 247.0, reserve)
     kept, note = record_reference(Path("p.yaml"), processes=processes, budget_s=budget, pass_s=2.44, run=run)
     assert len(kept) == len(calls) == processes and note == ""
+
+
+def test_a_cpu_run_measures_its_reference_on_the_check_slice_every_row_included(tmp_path, monkeypatch):
+    """app.tuning._reference on a CPU: the processes run on the check slice (measure.narrow), the
+    profile says so (`reference_threads`), and each batch-table row keeps its own speedups there,
+    which `check` judges that row by (app.checking.row_reference); a row some process missed keeps
+    none rather than a partial list."""
+    import shutil
+
+    from specdec_tune.app import tuning
+    from specdec_tune.app.check_rows import Judging
+    from specdec_tune.app.checking import row_reference
+    from specdec_tune.checkpolicy import CHECK_POLICY
+    from specdec_tune.domain import Noise
+    from specdec_tune.store.yamlio import load_profile
+
+    out = tmp_path / "demo.yaml"
+    shutil.copy(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml", out)
+    profile = load_profile(out)
+    sizes = [r.batch_size for r in profile.batch_table if r.batch_size != 1]
+    assert sizes, "the test profile needs batch-table rows beyond B = 1"
+    got = [
+        {"tokens_per_s": 400.0, "baseline_tokens_per_s": 200.0, "speedup": 2.0 + i / 10, "threads": 1}
+        | {"core": 0, "speedups": [2.0 + i / 10, 2.2 + i / 10, 1.9 + i / 10]}
+        | {
+            "rows": {
+                str(b): [1.4 + i / 10, 1.5 + i / 10, 1.6 + i / 10] for b in sizes[: len(sizes) - (i == 2)]
+            }
+        }
+        for i in range(3)
+    ]
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen.update(kwargs)
+        return list(got), ""
+
+    monkeypatch.setattr(tuning, "record_reference", record)
+    quiet = Noise(1.0, 0.01, 3, 2, 0.1, 0.0, 0.0, [], 2)
+    tuning._reference(profile, out, 3, 100.0, quiet, SimpleNamespace(note=print))
+    assert seen["sliced"] is True
+    again = load_profile(out)
+    assert again.anchors.reference_threads == 1 and again.anchors.sliced
+    assert again.anchors.reference_speedups == [2.0, 2.1, 2.2]  # one median per process
+    # and every repeat, which check judges the speedup by on the slice (output.check.reference_side)
+    assert again.anchors.reference_speedup_repeats == pytest.approx(
+        [2.0, 2.2, 1.9, 2.1, 2.3, 2.0, 2.2, 2.4, 2.1]
+    )
+    rows = {r.batch_size: r.reference_speedups for r in again.batch_table}
+    assert rows[sizes[0]] == ([1.5, 1.6, 1.7] if len(sizes) > 1 else [])
+    assert rows[sizes[-1]] == []  # the third process had no speedup there
+    j = Judging(0.1, None, 3, CHECK_POLICY, sliced=True)
+    if len(sizes) > 1:
+        row = row_reference(again, sizes[0], j)
+        assert row["speedup"] == [1.5, 1.6, 1.7] and len(row["speedup_repeats"]) == 9
+    assert row_reference(again, sizes[-1], j) == {}  # judged against its stored repeats
+    assert row_reference(again, sizes[0], Judging(0.1, None, 3, CHECK_POLICY)) == {}  # not on the slice
+
+
+def test_a_reference_process_on_the_slice_is_told_so_on_its_command_line(tmp_path):
+    run, calls = _runner([_line(110.0, 88.0)])
+    record_reference(tmp_path / "p.yaml", processes=1, run=run, sliced=True)
+    assert calls[0][0][3:] == [str(tmp_path / "p.yaml"), "slice", "auto"]

@@ -255,6 +255,21 @@ def test_the_speedup_is_judged_against_two_or_more_reference_processes():
     assert _verdict(speedup_item(one, 0.10)) == "pass"
 
 
+def test_on_the_check_slice_the_reference_processes_every_repeat_is_the_stored_side():
+    """Three process medians [2.0, 2.0, 2.0] say nothing of their spread; their nine repeats do. A
+    speedup 0.87 of theirs is judged against the repeats: with those 40 % apart it cannot be told
+    from an unchanged one (inconclusive), where the medians alone made it a regression."""
+    now = [1.74, 1.75, 1.73, 1.74]
+    medians = {"speedup": [2.0, 2.0, 2.0]}
+    assert _verdict(speedup_item(_evidence(now, reference=medians), 0.10)) == "regression"
+    wide = {**medians, "speedup_repeats": [1.6, 2.0, 2.4, 1.7, 2.0, 2.3, 1.8, 2.0, 2.2]}
+    item = speedup_item(_evidence(now, reference=wide), 0.10)
+    assert _verdict(item) == "inconclusive" and "the reference (3 fresh processes, 9 repeats)" in item.note
+    # repeats alone, without enough processes beside them, are not a reference
+    lone = _evidence(now, reference={"speedup": [2.0], "speedup_repeats": [2.0, 2.0, 2.0]})
+    assert "the reference" not in speedup_item(lone, 0.10).note
+
+
 def test_a_confirmed_speedup_is_judged_on_all_repeats_and_says_so():
     again = _measured([1.0, 1.05, 0.98])
     item = speedup_item(_evidence([0.85, 0.88, 0.80], again=again), 0.10)

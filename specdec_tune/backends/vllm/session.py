@@ -57,6 +57,7 @@ class VllmSession(ServerSession):
     policy = VLLM_CHECK_POLICY  # llama.cpp's busy rule (a server's every step), a pair's spread
     fits_costs_from_trials = True  # acceptance comes from the search's first trials
     fresh_reference = False  # a server per config is a fresh process already
+    slices = False  # vLLM's CPU worker binds its own cores (VLLM_CPU_OMP_THREADS_BIND)
     settle_s = SETTLE_S  # its workers poll a core for a second after a request (backends.vllm.measuring)
     busy_rule = None
     threads = None
