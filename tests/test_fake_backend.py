@@ -238,3 +238,34 @@ def test_the_ledger_counts_each_phase_from_the_last_mark_and_moves_the_trials_ou
     ledger.split("costs", "more than it had", 99.0)  # never more than the phase took
     assert ledger.spent["costs"] == 0.0 and ledger.spent["more than it had"] == 15.0
     assert ledger.note().startswith("128 s went to: opening the engine 10 s, ")
+
+
+@pytest.mark.slow  # the CLI end to end
+def test_an_engine_that_slices_ends_its_run_with_a_reference_on_the_check_slice(
+    tmp_path, fake_engine, monkeypatch
+):
+    """`slices` is a value of the session: a run of such an engine on a CPU hands the reference
+    processes the check slice and every batch-table row to measure (app.tuning._reference), plans
+    their time with those rows, and the profile says where they measured."""
+    from specdec_tune.app import tuning
+
+    asked = {}
+
+    def record(out, processes, left_s, pass_s, threads, **kwargs):
+        asked.update(kwargs, processes=processes)
+        one = {"tokens_per_s": 180.0, "baseline_tokens_per_s": 100.0, "speedup": 1.8, "threads": 1}
+        return [one | {"speedups": [1.8, 1.79], "rows": {"4": [1.3, 1.31]}} for _ in range(processes)], ""
+
+    monkeypatch.setattr(fake.FakeSession, "slices", True)
+    monkeypatch.setattr(tuning, "record_reference", record)
+    out = tmp_path / "fake.yaml"
+    r = invoke(
+        "run", "--backend", "fake", "--workload", "demo-code", "--prompts", "4", "--trials", "6",
+        "--batch-sizes", "1,4", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
+        "--reference-processes", "2",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert asked == {"sliced": True, "rows": 2, "processes": 2}
+    p = load_profile(out)
+    assert p.anchors.reference_threads == 1 and p.anchors.reference_speedup_repeats == [1.8, 1.79, 1.8, 1.79]
+    assert {row.batch_size: row.reference_speedups for row in p.batch_table}[4] == [1.305, 1.305]

@@ -15,7 +15,7 @@ from ..checkpolicy import CheckPolicy
 from ..domain import Config
 from ..errors import SpecDecError
 from ..limits import MAX_BATCH_SIZE, check_count
-from ..measure import noise
+from ..measure import narrow, noise
 from ..output.check import (
     CheckItem,
     Evidence,
@@ -25,6 +25,8 @@ from ..output.check import (
     needs_confirmation,
 )
 from ..output.environment import classify, load_of
+from ..output.references import REPEATS
+from ..runtime.models.devices import resolve_device
 from ..store.schema import Profile
 
 
@@ -123,3 +125,26 @@ def looked_again(e: Evidence, s: CheckSession, config: Config, batch_size: int, 
         load = load_of(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
         e = replace(e, again=e.again.joined(m), looks=e.looks + 1, environment=e.environment.at_worst(load))
     return e
+
+
+def row_reference(p: Any, batch_size: int, j: Judging) -> dict[str, list[float]]:
+    """What a batch-table row's speedup is judged against: on the check slice, that row's speedups in
+    the reference processes (`reference_speedups`), measured there too; {} (its stored repeats)
+    otherwise, or where the profile has too few of them."""
+    if not j.sliced:
+        return {}
+    row = next((r for r in p.batch_table if r.batch_size == batch_size), None)
+    if row is None or len(row.reference_speedups) < j.policy.min_reference_processes:
+        return {}
+    return {"speedup": list(row.reference_speedups), REPEATS: list(row.reference_speedup_repeats)}
+
+
+def check_slice(p: Any, device: str) -> narrow.Slice | None:
+    """This process moved to the check slice (measure.narrow: one engine thread on the core other
+    processes use least) where the profile's reference was measured there and the check runs on a
+    CPU; None (nothing moved) otherwise, or where the OS cannot pin."""
+    if p.anchors is None or not p.anchors.sliced or p.hardware.get("kind") != "cpu":
+        return None
+    if resolve_device(device) != "cpu":
+        return None
+    return narrow.take()

@@ -29,28 +29,28 @@ from ..measure.anchors import faster, measure_twice
 from ..measure.hardware import machine_id
 from ..output.anchors import anchor_verdict, other_hardware_message, rate_scale_for
 from ..output.check import (
-    REPEATS,
     CheckItem,
     CheckReport,
     Evidence,
     confirm_repeats,
     judge_config,
     needs_confirmation,
-    reference_of,
     speedup_floor,
     weights_item,
 )
 from ..output.environment import classify
 from ..output.junit import junit_xml
 from ..output.rates import per_anchor_of
-from ..runtime.models.devices import resolve_device
+from ..output.references import reference_of
 from ..store.yamlio import load_profile
 from .check_envelope import check_cells
 from .check_rows import (
     Judging,
+    check_slice,
     in_session,
     looked_again,
     row_items,
+    row_reference,
     stored_divergence,
     stored_rows,
     where_of,
@@ -100,44 +100,57 @@ def check(
         check_writable(junit)
     drafts = [r.config.draft for _, r in rows if r.config.gamma > 0]
     where = check_slice(p, device)
-    models = stored_models(
-        p, path, drafts, device=device, server=server, models_root=models_root,
-        threads=where.threads if where is not None else None,
-    )  # fmt: skip
-    refuse_other_build(p, path, models, allow_other_build)
-    anchored = p.anchors is not None and p.anchors.has_anchor_reference
-    purpose = Purpose(
-        "check",
-        batch_size=rows[0][0],
-        costs=p.costs,
-        decode_anchor=p.anchors.decode_anchor if anchored else None,
-    )
-    with open_stored(
-        p, path, models, purpose, allow_other_hardware=allow_other_hardware,
-        slug_threads=where.threads_before if where is not None else None,
-    ) as s:  # fmt: skip
-        j = Judging(tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p), where is not None)
-        report = CheckReport(profile=str(path), config=p.best.config.label)
-        report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
-        judge_rows(
-            p, path, s, rows, j, report, allow_other_hardware=allow_other_hardware, models_root=models_root
+    try:
+        models = stored_models(
+            p, path, drafts, device=device, server=server, models_root=models_root,
+            threads=where.threads if where is not None else None,
+        )  # fmt: skip
+        refuse_other_build(p, path, models, allow_other_build)
+        anchored = p.anchors is not None and p.anchors.has_anchor_reference
+        purpose = Purpose(
+            "check",
+            batch_size=rows[0][0],
+            costs=p.costs,
+            decode_anchor=p.anchors.decode_anchor if anchored else None,
         )
-    if batch_size is not None:
-        report.config = f"batch size {batch_size}: {rows[0][1].config.label}"
-    else:
-        if p.batch_table:
-            report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
-        if p.context_table:
-            if where is not None:  # the envelope's cells have no reference on the slice: as stored
-                narrow.release(where)
-            cells_j = dataclasses.replace(j, sliced=False)
-            report.items += check_cells(p, path, cells_j, device=device, server=server)
-            lengths = sorted({r.context_length for r in p.context_table})
-            report.config += f" + context lengths {', '.join(map(str, lengths))}"
-    report.seconds = time.monotonic() - started
-    if junit is not None:
-        atomic_write_text(junit, junit_xml(report))
-    return report
+        with open_stored(
+            p, path, models, purpose, allow_other_hardware=allow_other_hardware,
+            slug_threads=where.threads_before if where is not None else None,
+        ) as s:  # fmt: skip
+            j = Judging(
+                tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p), where is not None
+            )
+            report = CheckReport(profile=str(path), config=p.best.config.label)
+            report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
+            judge_rows(
+                p,
+                path,
+                s,
+                rows,
+                j,
+                report,
+                allow_other_hardware=allow_other_hardware,
+                models_root=models_root,
+            )
+        if batch_size is not None:
+            report.config = f"batch size {batch_size}: {rows[0][1].config.label}"
+        else:
+            if p.batch_table:
+                report.config += f" + batch sizes {', '.join(str(r.batch_size) for r in p.batch_table)}"
+            if p.context_table:
+                if where is not None:  # the envelope's cells have no reference on the slice: as stored
+                    narrow.release(where)
+                cells_j = dataclasses.replace(j, sliced=False)
+                report.items += check_cells(p, path, cells_j, device=device, server=server)
+                lengths = sorted({r.context_length for r in p.context_table})
+                report.config += f" + context lengths {', '.join(map(str, lengths))}"
+        report.seconds = time.monotonic() - started
+        if junit is not None:
+            atomic_write_text(junit, junit_xml(report))
+        return report
+    finally:  # the Python API's caller gets its cores back
+        if where is not None:
+            narrow.release(where)
 
 
 def judge_rows(
@@ -278,29 +291,6 @@ def first_row(
             round(statistics.median(now), 5),
         ]
     return judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
-
-
-def row_reference(p: Any, batch_size: int, j: Judging) -> dict[str, list[float]]:
-    """What a batch-table row's speedup is judged against: on the check slice, that row's speedups in
-    the reference processes (`reference_speedups`), measured there too; {} (its stored repeats)
-    otherwise, or where the profile has too few of them."""
-    if not j.sliced:
-        return {}
-    row = next((r for r in p.batch_table if r.batch_size == batch_size), None)
-    if row is None or len(row.reference_speedups) < j.policy.min_reference_processes:
-        return {}
-    return {"speedup": list(row.reference_speedups), REPEATS: list(row.reference_speedup_repeats)}
-
-
-def check_slice(p: Any, device: str) -> narrow.Slice | None:
-    """This process moved to the check slice (measure.narrow: one engine thread on the core other
-    processes use least) where the profile's reference was measured there and the check runs on a
-    CPU; None (nothing moved) otherwise, or where the OS cannot pin."""
-    if p.anchors is None or not p.anchors.sliced or p.hardware.get("kind") != "cpu":
-        return None
-    if resolve_device(device) != "cpu":
-        return None
-    return narrow.take()
 
 
 def same_machine(p: Any) -> bool:

@@ -102,15 +102,12 @@ SLICE = "slice"  # the THREADS argument of a process measuring on the check slic
 CHILD = "import sys; from specdec_tune.app.reference import main; sys.exit(main(sys.argv[1:]))"
 
 
-def process_seconds(
-    pass_s: float, gamma_share: float = 0.5, policy: MeasurePolicy = MEASURE_POLICY, rows: int = 1
-) -> float:
+def process_seconds(pass_s: float, gamma_share: float = 0.5, policy: MeasurePolicy = MEASURE_POLICY) -> float:
     """About how long one reference process takes (measurepolicy's reference fields): start-up,
     then its repeats' plain passes and as many speculative ones (`gamma_share` of a plain pass each)
-    and decode-anchor parts, plus the warm-up; for each of `rows` batch-table rows (the check
-    slice measures every one, each about a pass of B = 1 long: the same tokens, batched)."""
+    and decode-anchor parts, plus the warm-up."""
     passes_s = (policy.reference_repeats + 1) * pass_s * (1 + gamma_share + policy.reference_anchor_share)
-    return policy.reference_startup_s + passes_s * rows
+    return policy.reference_startup_s + passes_s
 
 
 def record_reference(
@@ -137,9 +134,10 @@ def record_reference(
     `extra_processes`); each one is killed if it outlives four times
     its estimate (a minute at least). `threads`: the engine's threads in the processes (the run's);
     `sliced`: each on the check slice instead (measure.narrow), every batch-table row too (`rows`
-    of them, the first included: what the estimate counts)."""
+    of them, the first included: each process may then take that many times its estimate before it
+    is killed; the budget plans the rows apart, app.session_plan.keep_for_reference_rows)."""
     extra = policy.extra_processes if extra is None else extra
-    estimate = process_seconds(pass_s, rows=rows) if pass_s else 60.0 * rows
+    estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
     kept: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -154,7 +152,7 @@ def record_reference(
                 command(path, threads, device, sliced),
                 capture_output=True,
                 text=True,
-                timeout=max(4 * estimate, 60.0),
+                timeout=max(4 * estimate * rows, 60.0),
                 preexec_fn=die_with_parent,  # a killed run or check leaves none behind
             )
         except subprocess.TimeoutExpired:

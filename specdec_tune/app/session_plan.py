@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 from ..backends.protocols import MeasuringSession, Progress, Schedules
 from ..domain import Config, Costs
 from ..measure.seam import Case
+from ..measurepolicy import MEASURE_POLICY
 from ..runtime.workloads import stratified
 from ..search.budget import Cell, cells_trial_size, first_cell_share, fit_budget, pass_share
 from ..search.cells import CONFIRM_RACED, CONFIRM_TOP, every_draft, union
 from ..search.pruning import screen_prompts, screened_share
 from ..search.space import TuneSettings
+from .reference import process_seconds
 
 if TYPE_CHECKING:
     from ..search.results import TuneResult
@@ -129,6 +131,28 @@ def _keep_for_schedule(plan: SessionPlan, s: MeasuringSession, progress: Progres
     kept = s.schedule_seconds(passes, plan.settings.repeats)
     plan.reserve_s += kept
     progress.note(f"budget: about {kept:.0f} s kept for measuring the batch-size schedule after the cells")
+
+
+def keep_for_reference_rows(
+    plan: SessionPlan, s: MeasuringSession, processes: int, progress: Progress
+) -> float:
+    """The reference processes on the check slice measure every batch-table row too (app.reference):
+    that time, planned on the trial's passes as cut (the profile's workload is the cut one, and the
+    processes measure it), is kept from what the cells share, as the schedule's is. Not planned
+    before the cut: on the uncut passes it took the whole of a 240 s budget at B = 1, 4, 16 and cut
+    the trial to 2 prompts of 32 tokens. Returns the seconds kept."""
+    k, t = len(plan.case.prompts), max(plan.case.max_new_tokens)
+    kept = 0.0
+    for b, pass_s in plan.pass_by_b.items():
+        if b != 1:
+            cut = pass_s * pass_share(s.trial_shape, b, k, plan.n, t, plan.tokens)
+            kept += processes * (process_seconds(cut) - MEASURE_POLICY.reference_startup_s)
+    plan.reserve_s += kept
+    if kept:
+        progress.note(
+            f"budget: about {kept:.0f} s kept for the reference's batch-table rows on the check slice"
+        )
+    return kept
 
 
 def _pass_times(s: MeasuringSession, plain_pass_s: float, batch_sizes: list[int]) -> dict[int, float]:

@@ -32,7 +32,7 @@ from .common import adapt_to_noise, check_writable, trial_params, watched
 from .reference import process_seconds
 from .run_options import SearchInputs
 from .session_engine import batched, cost_model_fit, default_rows, enqueue_predictions
-from .session_plan import SessionPlan, cell_budget, plan_session
+from .session_plan import SessionPlan, cell_budget, keep_for_reference_rows, plan_session
 
 
 class Ledger:
@@ -76,10 +76,10 @@ class SessionRun:
     reference_s: float = 0.0  # the budget's reserve for those processes, planned before the search
     prompt_tokens: int = 0
     costs: Costs | None = None  # measured in this session (None: --no-profile)
-    slices: bool = False  # the reference runs on the check slice (measure.narrow): the session's `slices`
     predictor: Predictor | None = (
         None  # the engine's model fitted from its trials (None: the closed-form model)
     )
+    slices: bool = False  # the reference runs on the check slice (measure.narrow): the session's `slices`
 
 
 def search_session(
@@ -126,9 +126,11 @@ def search_session(
         # The reference processes `check` will judge against (app.reference) come out of the
         # budget too; on a busy machine there are none (`_reference`), unless on the check slice.
         reserve_s, sliced = 0.0, s.slices and hw.get("kind") == "cpu"
-        if (s.fresh_reference or sliced) and settings.reference_processes and (sliced or not busy(noise)):
-            rows = len(batch_sizes) if sliced else 1  # on the check slice, every row (app.reference)
-            reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s, rows=rows)
+        referenced = (
+            (s.fresh_reference or sliced) and settings.reference_processes and (sliced or not busy(noise))
+        )
+        if referenced:
+            reserve_s = settings.reference_processes * process_seconds(noise.plain_pass_s)
         cells = _Cells(s, models, hw["slug"], settings, progress, costs, s.first_trials(settings.max_gamma))
         # The engine's own defaults race in the final round at the first batch size, so the answer
         # is never below them and the profile shows them beside it (`engine_defaults`).
@@ -138,6 +140,8 @@ def search_session(
             s, settings, costs, noise.plain_pass_s, batch_sizes=batch_sizes, budget_s=budget_s,
             started=started, reserve_s=reserve_s, defaults=cells.defaults, confirm=confirm, progress=progress,
         )  # fmt: skip
+        if referenced and sliced and len(batch_sizes) > 1:  # on the slice they measure every row too
+            reserve_s += keep_for_reference_rows(cells.plan, s, settings.reference_processes, progress)
         watch = os_snapshot()  # what else the machine does during the search and final round
         for i, b in enumerate(batch_sizes):
             _search_cell(cells, i, b)
@@ -169,7 +173,7 @@ def search_session(
     trial_rows = [{**row, "batch_size": b} for b in batch_sizes for row in cells.results[b].rows]
     return SessionRun(
         profile, out, cells.results, trial_rows, noise, s.fresh_reference, s.threads, reserve_s,
-        s.prompt_tokens, costs, cells.predictor, sliced,
+        s.prompt_tokens, costs, cells.predictor, slices=sliced,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ hardware, and tokens/s stays information only (a slower target reads as other ha
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,10 +62,12 @@ class AnchorVerdict:
 
 def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None:
     """How many times slower plain decoding runs here than where the profile was made (None:
-    the profile has no anchors)."""
+    the profile has no anchors); on the check slice, than the reference processes ran it there."""
     a = profile.anchors
     if a is None or not plain_tokens_per_s > 0:
         return None
+    if a.sliced and a.reference_baseline_tokens_per_s:
+        return statistics.median(a.reference_baseline_tokens_per_s) / plain_tokens_per_s
     return a.plain_tokens_per_s / plain_tokens_per_s
 
 

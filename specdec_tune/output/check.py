@@ -41,7 +41,8 @@ from ..measure.stats import INCONCLUSIVE, PASS, REGRESSION, Judgement
 from ..measurement import Measurement
 from ..store.schema import Profile
 from .items import acceptance_item, exactness_item, weights_item
-from .rates import OTHER_MACHINE, PER_ANCHOR, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
+from .rates import OTHER_MACHINE, RATES, floor_test, in_fresh, info_item, judge_rate, rate_items
+from .references import REPEATS, reference_side, reference_speedups
 from .verdicts import CheckItem, CheckReport, Evidence
 
 __all__ = [  # where callers have always found them
@@ -206,8 +207,9 @@ def answer_for(
     """
     ran = len(samples_of(e.measured, e.again))
     more, why = repeats_to_answer(e, tolerance, policy)
-    if more is not None:
-        return f"about {more} more repeats (--repeats {ran + more}) or a quiet machine"
+    if more is not None:  # on a quiet machine (the check slice's core included) the repeats alone
+        tail = "" if e.environment.quiet else " or a quiet machine"
+        return f"about {more} more repeats (--repeats {ran + more}){tail}"
     if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer
         lo, hi = (judged or judge_measured(e, tolerance, policy)).interval
         return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why},"
@@ -299,46 +301,6 @@ def judge_measured(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_PO
         return floor_test(now, ref, statistics.median(ref), tolerance, policy)
     stored = e.stored.metrics
     return floor_test(now, stored.speedup_samples, stored.speedup, tolerance, policy)
-
-
-REPEATS = "speedup_repeats"  # the reference's every repeat (on the check slice), beside its medians
-
-
-def reference_side(
-    reference: dict[str, list[float]] | None, policy: CheckPolicy = CHECK_POLICY
-) -> list[float]:
-    """The samples a speedup is judged against where the profile has a reference: every repeat of
-    the reference processes where they recorded them (the check slice), else one median each."""
-    if not reference_speedups(reference, policy):
-        return []
-    return list((reference or {}).get(REPEATS) or []) or reference_speedups(reference, policy)
-
-
-def reference_speedups(
-    reference: dict[str, list[float]] | None, policy: CheckPolicy = CHECK_POLICY
-) -> list[float]:
-    """The reference processes' speedups (one each), when at least the policy's
-    `min_reference_processes` recorded one."""
-    ref = (reference or {}).get("speedup") or []
-    return list(ref) if len(ref) >= policy.min_reference_processes else []
-
-
-def reference_of(profile: Profile) -> dict[str, list[float]]:
-    """The profile's reference tokens/s per metric (app.reference: one median per fresh process,
-    measured as `check` measures), where it has enough; {} for older profiles."""
-    a = profile.anchors
-    if a is None or not a.has_reference:
-        return {}
-    out = {
-        "tokens_per_s": list(a.reference_tokens_per_s),
-        "baseline_tokens_per_s": list(a.reference_baseline_tokens_per_s),
-        "speedup": list(a.reference_speedups),
-    }
-    if a.sliced and a.reference_speedup_repeats:
-        out[REPEATS] = list(a.reference_speedup_repeats)
-    if a.has_anchor_reference:
-        out[PER_ANCHOR] = list(a.reference_plain_per_anchor)
-    return out
 
 
 def needs_confirmation(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLICY) -> bool:

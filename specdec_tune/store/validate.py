@@ -142,9 +142,7 @@ def _validate(p: Profile) -> None:
         _validate_result(row.best, f"{where}.best")
         for j, r in enumerate(row.per_draft):
             _validate_result(r, f"{where}.per_draft[{j}]")
-        for name in ("reference_speedups", "reference_speedup_repeats"):
-            for j, x in enumerate(getattr(row, name)):
-                _positive(x, f"{where}.{name}[{j}]")
+        _positives(row, ("reference_speedups", "reference_speedup_repeats"), where)
     categories: set[str] = set()
     for i, crow in enumerate(p.category_table):
         where = f"category_table[{i}]"
@@ -178,15 +176,8 @@ def _validate(p: Profile) -> None:
         for name in ("copy_bandwidth_gbps", "matmul_gflops", "reference_matmul_gflops"):
             if getattr(p.anchors, name) is not None:
                 _positive(getattr(p.anchors, name), f"anchors.{name}")
-        for name in (
-            "reference_tokens_per_s",
-            "reference_baseline_tokens_per_s",
-            "reference_speedups",
-            "reference_speedup_repeats",
-            "reference_plain_per_anchor",
-        ):
-            for i, x in enumerate(getattr(p.anchors, name)):
-                _positive(x, f"anchors.{name}[{i}]")
+        lists = ("reference_tokens_per_s", "reference_baseline_tokens_per_s", "reference_speedups")
+        _positives(p.anchors, (*lists, "reference_speedup_repeats", "reference_plain_per_anchor"), "anchors")
         if p.anchors.reference_threads is not None:
             _in_range(p.anchors.reference_threads, 1, 4096, "anchors.reference_threads")
         if p.anchors.decode_anchor is not None:
@@ -341,6 +332,13 @@ def _at_least(value: float, low: float, path: str) -> None:
     if value < low:
         kind = "an int" if isinstance(low, int) else "a number"
         raise field_error(path, f"must be {kind} >= {low}", value)
+
+
+def _positives(obj: Any, names: tuple[str, ...], where: str) -> None:
+    """Every number of each list `names` of `obj` positive (`where.name[i]` in the error)."""
+    for name in names:
+        for i, x in enumerate(getattr(obj, name)):
+            _positive(x, f"{where}.{name}[{i}]")
 
 
 def _in_range(value: float, low: float, high: float, path: str) -> None:

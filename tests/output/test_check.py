@@ -782,3 +782,52 @@ def test_the_plain_rate_is_judged_per_decode_anchor_step_where_the_reference_has
     got = "information" if plain.note.startswith("information only") else got
     assert got == verdict, plain.note
     assert report.anchors["plain_per_anchor"][0] == pytest.approx(0.70)
+
+
+def test_a_profile_with_its_reference_on_the_check_slice_is_checked_there(
+    stored_profile, tmp_path, monkeypatch
+):
+    """A profile whose reference processes ran on the check slice (measure.narrow) is re-measured
+    there: the OS's window is the slice's core (`noise.core`), the verdict is against the reference,
+    a slower draft is still a regression, and the process has its cores back afterwards."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the check slice needs two cores to pin")
+    cores = os.sched_getaffinity(0)
+    doc = yaml.safe_load(stored_profile.read_text())
+    s = doc["best"]["metrics"]["speedup"]
+    doc["anchors"] = {
+        "plain_tokens_per_s": 1.0,
+        "reference_tokens_per_s": [1.0, 1.0, 1.0],
+        "reference_baseline_tokens_per_s": [1.0, 1.0, 1.0],
+        "reference_speedups": [s, s, s],
+        "reference_threads": 1,
+    }
+    sliced = tmp_path / "sliced.yaml"
+    sliced.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # What the slice measures here becomes the reference, as `run` would have stored it.
+    r = invoke("check", sliced, "--json", "--repeats", "3", "--allow-other-hardware", "--tolerance", "0.5")
+    got = json.loads(r.stdout)
+    assert got["noise"].get("core") in cores and os.sched_getaffinity(0) == cores
+    measured = {i["metric"]: i["measured"] for i in got["items"]}
+    doc["anchors"]["reference_speedups"] = [measured["speedup"]] * 3
+    doc["anchors"]["reference_speedup_repeats"] = [measured["speedup"] * f for f in (0.98, 1.0, 1.02)]
+    doc["anchors"]["reference_baseline_tokens_per_s"] = [measured["baseline_tokens_per_s"]] * 3
+    doc["anchors"]["reference_tokens_per_s"] = [measured["tokens_per_s"]] * 3
+    sliced.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = invoke("check", sliced, "--json", "--repeats", "3", "--tolerance", "0.5")
+    assert r.exit_code == 0, r.output
+    item = next(i for i in json.loads(r.stdout)["items"] if i["metric"] == "speedup")
+    assert "vs the reference (3 fresh processes, 3 repeats)" in item["note"]
+    real = drafters.ModelDrafter.propose
+
+    def slow(self, *a, **k):
+        time.sleep(0.1)  # every drafting step 100 ms slower
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(drafters.ModelDrafter, "propose", slow)
+    # (the tiny pair's plain rate swings past the anchors' tolerance on a busy runner: not judged here)
+    r = invoke("check", sliced, "--repeats", "1", "--tolerance", "0.5", "--allow-other-hardware")
+    assert r.exit_code == 1 and "speedup" in r.stderr, r.output
+    assert os.sched_getaffinity(0) == cores  # a regression gives the cores back too

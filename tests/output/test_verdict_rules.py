@@ -526,6 +526,14 @@ def test_a_uniform_slowdown_of_both_sides_passes_and_one_sides_fails():
         assert _verdict(speedup_item(_evidence(measured=bad, load=load, stored=stored), 0.10)) == "regression"
 
 
+def test_on_a_quiet_machine_the_answer_asks_for_repeats_alone():
+    """Quiet already (the check slice's own core included): "or a quiet machine" would ask for
+    what the check had."""
+    e = _evidence([0.85, 0.95, 0.82], stored=_stored(speedup=1.0, samples=(1.0, 1.01, 0.99)))
+    item = speedup_item(e, 0.10)
+    assert _verdict(item) == "inconclusive" and item.answer == "about 25 more repeats (--repeats 28)"
+
+
 def test_beside_other_work_too_few_unpreempted_prompts_is_inconclusive_and_says_how_many_repeats():
     m = _measured(LOADED, clean=[1.0], clean_share=0.25, waited=0.4)
     item = speedup_item(_evidence(measured=m, load=SHARED_LOAD), 0.10)
