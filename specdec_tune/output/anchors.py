@@ -66,9 +66,15 @@ def anchor_slowdown(profile: Profile, plain_tokens_per_s: float) -> float | None
     a = profile.anchors
     if a is None or not plain_tokens_per_s > 0:
         return None
+    return stored_plain(a) / plain_tokens_per_s
+
+
+def stored_plain(a: Any) -> float:
+    """The plain tokens/s this machine had where the profile was made: on the check slice, the
+    reference processes' median there (the run's own ran on every core)."""
     if a.sliced and a.reference_baseline_tokens_per_s:
-        return statistics.median(a.reference_baseline_tokens_per_s) / plain_tokens_per_s
-    return a.plain_tokens_per_s / plain_tokens_per_s
+        return float(statistics.median(a.reference_baseline_tokens_per_s))
+    return float(a.plain_tokens_per_s)
 
 
 def plain_tolerance(profile: Profile | None, policy: CheckPolicy = CHECK_POLICY) -> float:
@@ -162,7 +168,7 @@ def anchor_verdict(
         no machine anchors, plain 80 stored, 44.4 here -> other hardware (by plain tokens/s)"""
     plain = {}
     if profile.anchors is not None and plain_tokens_per_s > 0:
-        plain = {"plain_tokens_per_s": [profile.anchors.plain_tokens_per_s, round(plain_tokens_per_s, 3)]}
+        plain = {"plain_tokens_per_s": [stored_plain(profile.anchors), round(plain_tokens_per_s, 3)]}
     slow, pairs = machine_slowdown(profile, machine)
     if slow is not None:
         tolerance = max(policy.anchor_tolerance, deciding_spread(machine, pairs))

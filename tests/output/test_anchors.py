@@ -83,6 +83,11 @@ def test_a_profile_measured_on_the_check_slice_compares_the_slices_own_matmul_ra
     wide = _profile(**MACHINE, reference_matmul_gflops=100.0, reference_speedups=ref)
     assert not wide.anchors.sliced
     assert anchor_verdict(wide, 0.0, MachineSpeed(11.0, 50.0, 0.05), machine_busy=False).other_hardware
+    # Without a matmul rate on the slice, plain decoding decides, against the slice's own plain rate.
+    ref = {"reference_baseline_tokens_per_s": [40.0, 42.0, 41.0], "reference_tokens_per_s": [80.0] * 3}
+    plain = _profile(reference_threads=1, reference_speedups=[2.0] * 3, **ref)  # the run's: 80 tokens/s
+    same = anchor_verdict(plain, 40.0, None, machine_busy=False)
+    assert not same.other_hardware and same.compared["plain_tokens_per_s"] == [41.0, 40.0]
 
 
 def test_load_explains_slow_anchors_and_their_own_noise_widens_the_tolerance():

@@ -816,7 +816,8 @@ def test_a_profile_with_its_reference_on_the_check_slice_is_checked_there(
     doc["anchors"]["reference_baseline_tokens_per_s"] = [measured["baseline_tokens_per_s"]] * 3
     doc["anchors"]["reference_tokens_per_s"] = [measured["tokens_per_s"]] * 3
     sliced.write_text(yaml.safe_dump(doc, sort_keys=False))
-    r = invoke("check", sliced, "--json", "--repeats", "3", "--tolerance", "0.5")
+    # (the tiny pair's plain rate swings past the anchors' tolerance on a busy runner: not judged here)
+    r = invoke("check", sliced, "--json", "--repeats", "3", "--tolerance", "0.5", "--allow-other-hardware")
     assert r.exit_code == 0, r.output
     item = next(i for i in json.loads(r.stdout)["items"] if i["metric"] == "speedup")
     assert "vs the reference (3 fresh processes, 3 repeats)" in item["note"]
@@ -827,7 +828,6 @@ def test_a_profile_with_its_reference_on_the_check_slice_is_checked_there(
         return real(self, *a, **k)
 
     monkeypatch.setattr(drafters.ModelDrafter, "propose", slow)
-    # (the tiny pair's plain rate swings past the anchors' tolerance on a busy runner: not judged here)
     r = invoke("check", sliced, "--repeats", "1", "--tolerance", "0.5", "--allow-other-hardware")
     assert r.exit_code == 1 and "speedup" in r.stderr, r.output
     assert os.sched_getaffinity(0) == cores  # a regression gives the cores back too
