@@ -116,23 +116,16 @@ def os_since(
     after_ours = (own_ticks(proc), children)
     if at_core is not None and at_core[1] is not None:
         return on_core(at_core, before_ours, after_ours, before_procs, after_procs, proc)
-    info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
+    info = _empty_info(proc)
     if before_cpu and after_cpu and after_cpu[0] > before_cpu[0]:
         total = after_cpu[0] - before_cpu[0]  # jiffies over all CPUs
         info["steal_share"] = round((after_cpu[1] - before_cpu[1]) / total, 4)
-        used = {
-            pid: (name, ticks - before_procs[pid][1])
-            for pid, (name, ticks) in after_procs.items()
-            if pid in before_procs and ticks > before_procs[pid][1]
-        }
+        used = _used(before_procs, after_procs)
         seen = sum(t for _, t in used.values()) / total
         gone = unaccounted_share(before_ours, after_ours, before_cpu, after_cpu, total)
         info["others_cpu_share"] = round(min(1.0, max(seen, gone)), 4)
-        top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
         n = cpus or os.cpu_count() or 1
-        info["busiest"] = [f"{name} ({pid}) {t / total * n:.0%} of a CPU" for pid, (name, t) in top]
+        info["busiest"] = _busiest(used, total / n)
         if gone > seen + policy.unseen_note_share:
             info["busiest"].insert(0, f"short-lived processes {(gone - seen) * n:.0%} of a CPU")
     return info
@@ -152,10 +145,7 @@ def on_core(
     is not counted. `core` says which; `busiest` names the machine's busiest others, wherever."""
     core, (all_before, busy_before, steal_before) = at_core
     after = narrow.core_busy(proc).get(core)
-    info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
-    info["core"] = core
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
+    info = {**_empty_info(proc), "core": core}
     (own_before, kids_before), (own_after, kids_after) = before_ours, after_ours
     if after is None or after[0] <= all_before or own_before is None or own_after is None:
         return info
@@ -163,14 +153,33 @@ def on_core(
     ours = own_after - own_before + sum(t - kids_before.get(pid, 0.0) for pid, t in kids_after.items())
     info["others_cpu_share"] = round(min(1.0, max(0.0, (after[1] - busy_before - ours) / total)), 4)
     info["steal_share"] = round((after[2] - steal_before) / total, 4)
-    used = {
-        pid: (name, ticks - before_procs[pid][1])
-        for pid, (name, ticks) in after_procs.items()
-        if pid in before_procs and ticks > before_procs[pid][1]
-    }
-    top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
-    info["busiest"] = [f"{name} ({pid}) {t / total:.0%} of a CPU" for pid, (name, t) in top]
+    info["busiest"] = _busiest(_used(before_procs, after_procs), total)
     return info
+
+
+def _empty_info(proc: Path) -> dict[str, Any]:
+    """`os_since`'s fields with only the load average read (None where /proc cannot tell)."""
+    info: dict[str, Any] = {"load_avg": None, "steal_share": None, "others_cpu_share": None, "busiest": []}
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        info["load_avg"] = float((proc / "loadavg").read_text().split()[0])
+    return info
+
+
+def _used(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[int, tuple[str, float]]:
+    """{pid: (name, jiffies)} each process alive at both ends used in between."""
+    return {
+        pid: (name, t - before[pid][1])
+        for pid, (name, t) in after.items()
+        if pid in before and t > before[pid][1]
+    }
+
+
+def _busiest(used: dict[int, tuple[str, float]], per_cpu: float) -> list[str]:
+    """The three processes that used the most, as shares of one CPU's `per_cpu` jiffies."""
+    top = sorted(used.items(), key=lambda kv: -kv[1][1])[:3]
+    return [f"{name} ({pid}) {t / per_cpu:.0%} of a CPU" for pid, (name, t) in top]
 
 
 def os_window(
