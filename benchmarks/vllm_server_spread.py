@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.vllm_aot import TASKS  # noqa: E402  (the same prompts as the AOT comparison)
 from specdec_tune.backends.vllm.args import measure_only_args, parse_vllm_draft, server_args  # noqa: E402
+from specdec_tune.backends.vllm.costs import PREFILL_S  # noqa: E402
 from specdec_tune.backends.vllm.measuring import DECODE_S, SETTLE_S  # noqa: E402
 from specdec_tune.backends.vllm.models import resolve_target  # noqa: E402
 from specdec_tune.backends.vllm.server import (  # noqa: E402
@@ -123,6 +124,8 @@ def main() -> None:
     test: VllmServer | None = None
     levels: dict[str, list[float]] = {name: [] for name in conditions}
     within: dict[str, list[float]] = {name: [] for name in conditions}
+    steps: dict[str, list[float]] = {name: [] for name in conditions}
+    shorts: dict[str, list[float]] = {name: [] for name in conditions}
 
     everywhere = os.sched_getaffinity(0)
 
@@ -140,11 +143,30 @@ def main() -> None:
             reference.tokenize(f"Write a Python function that {t}. Explain it step by step.") for t in TASKS
         ]
 
-        def rate(server: VllmServer) -> float:
+        block = 16
+        long = [t for p in prompts for t in p]
+        prefix = (long * (256 // max(1, len(long)) + 1))[: 256 // block * block]
+
+        def step_ms(server: VllmServer) -> float:
+            """The anchor: ms of one forward over 2 new tokens after a cached prefix (median of 5),
+            a step that no speculative config changes."""
+            server.complete([*prefix, 11, 12], 1, 0.0)  # caches the prefix
+            samples = []
+            for r in range(5):
+                c0 = server.counters()
+                server.complete([*prefix, 13, 20 + r], 1, 0.0)
+                samples.append(1000.0 * counters_since(c0, server.counters()).get(PREFILL_S, 0.0))
+            return statistics.median(samples)
+
+        def rate(server: VllmServer, anchors: dict[int, list[float]] | None = None) -> float:
             time.sleep(SETTLE_S)  # the other server's worker lets go of its core first
             before = server.counters()
             n = sum(server.complete(p, a.n, 0.0)["n"] - 1 for p in prompts)
-            return n / counters_since(before, server.counters())[DECODE_S]
+            d = counters_since(before, server.counters())
+            if anchors is not None:
+                anchors.setdefault(id(server), []).append(step_ms(server))
+                short.setdefault(id(server), []).append(1000.0 * d.get(PREFILL_S, 0.0) / len(prompts))
+            return n / d[DECODE_S]
 
         rate(reference)  # untimed
         for i in range(a.servers):
@@ -157,10 +179,24 @@ def main() -> None:
                 start_s = time.monotonic() - started
                 rate(test)  # untimed
                 ratios = []
+                anchors: dict[int, list[float]] = {}
+                short: dict[int, list[float]] = {}
                 for r in range(a.repeats):
                     pair = (test, reference) if r % 2 == 0 else (reference, test)
-                    got = {id(s): rate(s) for s in pair}
+                    got = {id(s): rate(s, anchors) for s in pair}
                     ratios.append(got[id(test)] / got[id(reference)])
+                # the anchors' ratios: reference ms / test ms, as the rates' test / reference
+                step_level = statistics.median(
+                    x / y for x, y in zip(anchors[id(reference)], anchors[id(test)], strict=True)
+                )
+                short_level = statistics.median(
+                    x / y for x, y in zip(short[id(reference)], short[id(test)], strict=True)
+                )
+                steps[name].append(step_level)
+                shorts[name].append(short_level)
+                print(
+                    f"  anchor levels: cached-prefix step {step_level:.3f}, short prefill {short_level:.3f}"
+                )
                 test.stop()
                 test = None
                 level = statistics.median(ratios)
@@ -180,7 +216,9 @@ def main() -> None:
                 f"median {100 * statistics.median(within[name]):.1f} %"
             )
         if a.out:
-            a.out.write_text(json.dumps({"levels": levels, "within": within}, indent=1))
+            a.out.write_text(
+                json.dumps({"levels": levels, "within": within, "step": steps, "short": shorts}, indent=1)
+            )
     finally:
         for server in (test, reference):
             if server is not None:

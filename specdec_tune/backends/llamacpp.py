@@ -64,6 +64,13 @@ class LlamaCppSession(ServerSession):
     slices = True  # check measures on the check slice (measure.narrow): `-t 1`, pinned where it is free
     run_command = "specdec-tune run --backend llamacpp"
 
+    def renew(self) -> bool:
+        """A doubtful check is measured again in a new server pair (the config's server is new at
+        every measurement; the plain one is renewed here): its repeats then stand for a second
+        pair's level, not for the first one's again (measure.llamacpp.backend.renew)."""
+        self.backend.renew()
+        return True
+
     def __init__(self, models: Models, purpose: Purpose, cache_dir: Path | None = None) -> None:
         check_count(models.max_new_tokens, "max_new_tokens")
         check_temperature(models.temperature)

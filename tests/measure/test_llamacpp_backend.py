@@ -26,7 +26,7 @@ from specdec_tune.cli import app  # noqa: E402
 from specdec_tune.domain import Config  # noqa: E402
 from specdec_tune.measure.llamacpp import server as srv  # noqa: E402
 from specdec_tune.measure.llamacpp.args import parse_llamacpp_draft  # noqa: E402
-from specdec_tune.measure.llamacpp.backend import LlamaCppBackend, TextCase  # noqa: E402
+from specdec_tune.measure.llamacpp.backend import WARMUP_PROMPT, LlamaCppBackend, TextCase  # noqa: E402
 from specdec_tune.measure.llamacpp.states import state_name  # noqa: E402
 
 # alone: llama-server decodes on every core, and these tests judge what it measured (tests/conftest.py)
@@ -412,6 +412,40 @@ def test_each_prompt_is_processed_once_and_restored_into_every_other_server(demo
         assert m.metrics.acceptance_rate > 0.9, m.metrics
         assert m.exactness["prompts"] == len(prompts)  # checked against plain at T = 0
     assert not folder.exists()
+
+
+def test_renew_gives_a_confirmation_a_new_warmed_plain_server_and_keeps_the_saved_states(demo):
+    """measure.llamacpp.backend.renew (a doubtful check's confirmation, backends.llamacpp.renew):
+    the plain server is stopped and a new one started, whose first request is the untimed warm-up;
+    the next measurement runs in it and restores every prompt instead of processing it again."""
+    prompts = [f"def h{i}(x):\n    return x - {i}\n\n" * 4 for i in range(2)]
+    case = TextCase(prompts, [12, 12])
+    config = Config(parse_llamacpp_draft("ngram-simple:3"), 4)
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        b.measure([config], case, 1, 1)
+        old = b.plain(1)
+        calls = []
+        real_complete, real_restore = b.complete, b.states.restore
+
+        def complete(server, prompt, n_predict, temperature, **kw):
+            calls.append((server, prompt))
+            return real_complete(server, prompt, n_predict, temperature, **kw)
+
+        processed = []
+
+        def restore(server, prompt, complete):
+            processed.append(prompt_cached(b, prompt))
+            real_restore(server, prompt, complete)
+
+        b.complete, b.states.restore = complete, restore
+        b.renew()
+        new = b.plain(1)
+        assert new is not old and not old.alive and new.alive
+        assert calls and calls[0] == (new, WARMUP_PROMPT)  # warmed up before anything is timed
+        (m,) = b.measure([config], case, 1, 1)
+        assert any(server is new for server, _ in calls[1:])  # the plain side ran in the new server
+        assert processed and all(processed)  # every prompt's state restored, none processed again
+        assert m.metrics.speedup > 0 and len(m.speedups) == 1
 
 
 def test_a_batched_pass_times_decoding_with_every_prompt_already_in_its_slot(demo):
