@@ -120,6 +120,9 @@ class LlamaCppSession(ServerSession):
             self.backend.close()
             raise
         self.case = TextCase(texts, budgets, models.temperature)
+        # `check` and the reference it is judged against (app.reference opens a check session)
+        # measure each repeat in a new server pair; a search keeps its servers (trials are many).
+        self.backend.pair_per_repeat = purpose.name == "check"
         self.threads = self.backend.threads
         cpus = os.cpu_count() or 1
         self.busy_rule = lambda info: engine_busy(info, self.threads, cpus)

@@ -448,6 +448,42 @@ def test_renew_gives_a_confirmation_a_new_warmed_plain_server_and_keeps_the_save
         assert m.metrics.speedup > 0 and len(m.speedups) == 1
 
 
+def test_a_check_measures_each_repeat_in_a_new_server_pair_warmed_up_first(demo):
+    """`pair_per_repeat` (a check session and its reference): every repeat's plain and speculative
+    passes run in servers no other repeat used, each of which answered an untimed request first,
+    and the servers of the repeats before are stopped; a search's measurement keeps its pair."""
+    prompts = [f"def k{i}(x):\n    return x + {i}\n\n" * 4 for i in range(2)]
+    case = TextCase(prompts, [12, 12])
+    config = Config(parse_llamacpp_draft("ngram-simple:3"), 4)
+    with LlamaCppBackend(demo["target"], threads=1, context=512) as b:
+        events = []  # ("timed", server) before a timed pass; ("asked", server) for every request
+        real_pass, real_complete = b._watched_pass, b.complete
+
+        def watched_pass(server, part, batch_size):
+            events.append(("timed", server))
+            return real_pass(server, part, batch_size)
+
+        def complete(server, prompt, n_predict, temperature, **kw):
+            events.append(("asked", server))
+            return real_complete(server, prompt, n_predict, temperature, **kw)
+
+        b._watched_pass, b.complete = watched_pass, complete
+        b.measure([config], case, 1, 2)  # a search's: one pair for every repeat
+        timed = [s for what, s in events if what == "timed"]
+        assert len(timed) == 4 and len(set(timed)) == 2
+        events.clear()
+        b.pair_per_repeat = True
+        (m,) = b.measure([config], case, 1, 3)
+        assert len(m.speedups) == 3
+        timed = [s for what, s in events if what == "timed"]
+        assert len(timed) == 6 and len(set(timed)) == 6  # 3 repeats x (plain, speculative), all new
+        for server in timed[2:]:  # a renewed server answered an untimed request before its pass
+            assert events.index(("asked", server)) < events.index(("timed", server))
+        plain = [s for s in timed if "--spec-type" not in s.args]
+        assert len(plain) == 3 and b.plain(1) is plain[-1]
+        assert [s for s in timed if s.alive] == [plain[-1]]  # the others stopped
+
+
 def test_a_batched_pass_times_decoding_with_every_prompt_already_in_its_slot(demo):
     """measure.llamacpp.closedloop: at B = 2 each prompt is processed once for the two-slot layout
     (its state saved beside the one-slot states), before any clock starts; every request of a pass,

@@ -72,6 +72,9 @@ class LlamaCppBackend(ExactnessChecks):
         self._reference: dict[tuple[int, str], _Reply] = {}
         self._exact: dict[tuple, dict[str, Any]] = {}  # (config, prompt, budget) -> exact at T = 0?
         self.states = PromptStates()  # each prompt processed once per slot layout, then restored
+        # Each repeat after the first in a new server pair (`_measure_together`): what `check` and
+        # its reference set, so that one server's level is one repeat's, not a whole check's.
+        self.pair_per_repeat = False
 
     # -- lifecycle
     def __enter__(self) -> LlamaCppBackend:
@@ -98,6 +101,25 @@ class LlamaCppBackend(ExactnessChecks):
         self._plain.clear()
         for b in sizes:
             self.complete(self.plain(b), WARMUP_PROMPT, 8, 0.0)
+
+    def _new_pair(
+        self, servers: dict[int, LlamaServer], configs: list[Config], part: TextCase, batch_size: int
+    ) -> LlamaServer:
+        """A new plain server and a new server for each config (but a stateful draft's, new at
+        every pass already), each warmed up untimed as the first ones were: one request at B = 1,
+        a warm-up pass at B > 1. Returns the plain one; `servers` is updated in place."""
+        self._plain.pop(batch_size).stop()
+        fresh = {-1: self.plain(batch_size)}
+        for i, config in enumerate(configs):
+            if config.draft.kind not in STATEFUL_KINDS:
+                servers[i].stop()
+                servers[i] = fresh[i] = self._server(config, batch_size)
+        for server in fresh.values():
+            if batch_size > 1:
+                self._pass(server, warm_up(part), batch_size)
+            else:
+                self.complete(server, WARMUP_PROMPT, 8, 0.0)
+        return fresh[-1]
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "build": dict(self.build), "threads": self.threads}
@@ -290,6 +312,11 @@ class LlamaCppBackend(ExactnessChecks):
                         self._pass(servers[i], warm, batch_size)
                 last = j == len(parts) - 1
                 for r in range(repeats):
+                    if r > 0 and self.pair_per_repeat:
+                        # One server's level is then one repeat's: on the check slice a plain
+                        # llama-server read 71 tokens/s in one check where others read 79-81 (the
+                        # config's servers alike), and that check's speedup passed 9 % high.
+                        plain = self._new_pair(servers, configs, part, batch_size)
                     order = [-1, *range(k)]
                     if r % 2:
                         order.reverse()  # ABBA: drift hits both sides alike
