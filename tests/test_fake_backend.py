@@ -240,6 +240,44 @@ def test_the_ledger_counts_each_phase_from_the_last_mark_and_moves_the_trials_ou
     assert ledger.note().startswith("128 s went to: opening the engine 10 s, ")
 
 
+@pytest.mark.slow  # the CLI end to end: a run, two checks
+def test_on_the_check_slice_a_first_look_passes_at_once_only_with_its_interval_clear_of_the_floor(
+    tmp_path, fake_engine
+):
+    """checkpolicy.on_slice: a check on the check slice whose first speedup clears the floor by its
+    estimate while its interval reaches below it is measured again before it passes; one whose
+    interval clears the floor passes at once."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the check slice needs two cores to pin")
+    r, out = _run(tmp_path, "--trials", "6")
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(out.read_text())
+    s = doc["best"]["metrics"]["speedup"]
+
+    def check(spread: float) -> str:
+        doc["anchors"] = {
+            "plain_tokens_per_s": 1.0,
+            "reference_tokens_per_s": [1.0, 1.0, 1.0],
+            "reference_baseline_tokens_per_s": [1.0, 1.0, 1.0],
+            "reference_speedups": [s, s, s],
+            "reference_threads": 1,  # measured on the slice: the check measures there too
+            "reference_speedup_repeats": [s * (1 + spread * k) for k in (-2, -1, 0, 0, 1, 2)],
+        }
+        out.write_text(yaml.safe_dump(doc, sort_keys=False))
+        c = invoke(
+            "check", str(out), "--repeats", "3", "--tolerance", "0.05", "--allow-other-hardware", "--json"
+        )
+        assert c.exit_code == 0, c.output
+        got = json.loads(c.stdout)
+        assert got["noise"].get("core") in os.sched_getaffinity(0)  # it ran on the slice
+        return next(i for i in got["items"] if i["metric"] == "speedup")["note"]
+
+    assert "re-measured" not in check(0.004)  # [0.99, 1.01]-ish of stored: clear of 0.95
+    assert "re-measured" in check(0.04)  # the estimate 1.0, the interval below 0.95: confirmed
+
+
 @pytest.mark.slow  # the CLI end to end
 def test_an_engine_that_slices_ends_its_run_with_a_reference_on_the_check_slice(
     tmp_path, fake_engine, monkeypatch

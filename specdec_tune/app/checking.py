@@ -20,7 +20,7 @@ from typing import Any
 
 from ..atomic import atomic_write_text
 from ..backends.base import CheckSession, Purpose
-from ..checkpolicy import CHECK_POLICY, CheckPolicy
+from ..checkpolicy import CHECK_POLICY, CheckPolicy, on_slice
 from ..errors import OtherHardwareError, SpecDecError
 from ..limits import MAX_REPEATS, check_count
 from ..measure import anchors as machine_anchors
@@ -117,9 +117,8 @@ def check(
             p, path, models, purpose, allow_other_hardware=allow_other_hardware,
             slug_threads=where.threads_before if where is not None else None,
         ) as s:  # fmt: skip
-            j = Judging(
-                tolerance, acceptance_tolerance, repeats, s.policy, same_machine(p), where is not None
-            )
+            policy = on_slice(s.policy) if where is not None else s.policy
+            j = Judging(tolerance, acceptance_tolerance, repeats, policy, same_machine(p), where is not None)
             report = CheckReport(profile=str(path), config=p.best.config.label)
             report.items.append(weights_item(p.target.content_hash, s.content_hash(p.target.content_hash)))
             judge_rows(
@@ -140,7 +139,7 @@ def check(
             if p.context_table:
                 if where is not None:  # the envelope's cells have no reference on the slice: as stored
                     narrow.release(where)
-                cells_j = dataclasses.replace(j, sliced=False)
+                cells_j = dataclasses.replace(j, sliced=False, policy=s.policy)
                 report.items += check_cells(p, path, cells_j, device=device, server=server)
                 lengths = sorted({r.context_length for r in p.context_table})
                 report.config += f" + context lengths {', '.join(map(str, lengths))}"
