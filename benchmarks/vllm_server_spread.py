@@ -7,6 +7,10 @@ ratios, so drift of the machine over the run cancels. Test servers alternate bet
 (environments beside the user's) so that a setting that makes servers more alike shows up as a
 smaller spread of levels.
 
+Each server also times a step no speculative config changes (one forward of 2 new tokens after a
+cached 256-token prefix, median of 5) and its prompts' prefill, turn by turn with the rates: does a
+server's level follow a slower forward that an anchor could divide out? (Stop 60: no; r = 0.40.)
+
 Why: `check` and the schedule's verdict compare servers, and two servers of one config have read
 2.5-10 % apart here (docs/vllm.md), an error no number of repeats in one server pair removes.
 
@@ -158,12 +162,18 @@ def main() -> None:
                 samples.append(1000.0 * counters_since(c0, server.counters()).get(PREFILL_S, 0.0))
             return statistics.median(samples)
 
-        def rate(server: VllmServer, anchors: dict[int, list[float]] | None = None) -> float:
+        def rate(
+            server: VllmServer,
+            anchors: dict[int, list[float]] | None = None,
+            short: dict[int, list[float]] | None = None,
+        ) -> float:
+            """The server's plain decode rate over the prompts; with `anchors` and `short`, its step
+            anchor and its prompts' mean prefill ms are appended there (by the server's id)."""
             time.sleep(SETTLE_S)  # the other server's worker lets go of its core first
             before = server.counters()
             n = sum(server.complete(p, a.n, 0.0)["n"] - 1 for p in prompts)
             d = counters_since(before, server.counters())
-            if anchors is not None:
+            if anchors is not None and short is not None:
                 anchors.setdefault(id(server), []).append(step_ms(server))
                 short.setdefault(id(server), []).append(1000.0 * d.get(PREFILL_S, 0.0) / len(prompts))
             return n / d[DECODE_S]
@@ -183,7 +193,7 @@ def main() -> None:
                 short: dict[int, list[float]] = {}
                 for r in range(a.repeats):
                     pair = (test, reference) if r % 2 == 0 else (reference, test)
-                    got = {id(s): rate(s, anchors) for s in pair}
+                    got = {id(s): rate(s, anchors, short) for s in pair}
                     ratios.append(got[id(test)] / got[id(reference)])
                 # the anchors' ratios: reference ms / test ms, as the rates' test / reference
                 step_level = statistics.median(

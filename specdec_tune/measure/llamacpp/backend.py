@@ -92,9 +92,9 @@ class LlamaCppBackend(ExactnessChecks):
     def renew(self) -> None:
         """A new plain server for what follows, warmed up by one untimed request: each config's
         server is new at every measurement already, so a confirmation then runs in a server pair
-        of its own. Two pairs of one config read a few per cent apart (the reference's processes
-        on the check slice: 1.166-1.254x), a level that more repeats in one pair never average out.
-        The saved prompt states stay: the new server restores them."""
+        of its own. One plain server can read 10 % slower than others of its config for as long as
+        it runs (71 tokens/s against 79-81 on the check slice), a level that more repeats in it
+        never average out. The saved prompt states stay: the new server restores them."""
         sizes = list(self._plain)
         for server in self._plain.values():
             server.stop()
@@ -314,8 +314,8 @@ class LlamaCppBackend(ExactnessChecks):
                 for r in range(repeats):
                     if r > 0 and self.pair_per_repeat:
                         # One server's level is then one repeat's: on the check slice a plain
-                        # llama-server read 71 tokens/s in one check where others read 79-81 (the
-                        # config's servers alike), and that check's speedup passed 9 % high.
+                        # llama-server read 71 tokens/s in one check where others read 79-81, and
+                        # that check's speedup read 9 % high in every repeat.
                         plain = self._new_pair(servers, configs, part, batch_size)
                     order = [-1, *range(k)]
                     if r % 2:
