@@ -482,6 +482,10 @@ def test_a_check_measures_each_repeat_in_a_new_server_pair_warmed_up_first(demo)
         plain = [s for s in timed if "--spec-type" not in s.args]
         assert len(plain) == 3 and b.plain(1) is plain[-1]
         assert [s for s in timed if s.alive] == [plain[-1]]  # the others stopped
+        events.clear()
+        (m,) = b.measure([config], case, 2, 2)  # at B = 2: warmed by a pass, every slot primed
+        timed = [s for what, s in events if what == "timed"]
+        assert len(m.speedups) == 2 and len(set(timed)) == 4
 
 
 def test_a_batched_pass_times_decoding_with_every_prompt_already_in_its_slot(demo):
