@@ -38,16 +38,15 @@ from .cases import NEAR_TIE, STATEFUL_KINDS, WARMUP_PROMPT, TextCase, _Reply
 from .closedloop import closed_loop, prime, slot_lanes
 from .counters import request_stats
 from .exactness import ExactnessChecks
+from .pairs import ServerPairs, warm_up
 from .server import LlamaServer, ServerError, build_info, find_server
 from .states import PromptStates
 
 # re-exported: callers import the case and measurement types from the backend
-WARM_TOKENS = 8  # new tokens a request of an untimed B > 1 warm-up pass asks for
-
 __all__ = ["NEAR_TIE", "STATEFUL_KINDS", "WARMUP_PROMPT", "LlamaCppBackend", "TextCase"]
 
 
-class LlamaCppBackend(ExactnessChecks):
+class LlamaCppBackend(ExactnessChecks, ServerPairs):
     """Measures configs in llama-server. Use as a context manager: servers stop at its end."""
 
     name = "llamacpp"
@@ -88,38 +87,6 @@ class LlamaCppBackend(ExactnessChecks):
             server.stop()
         self._plain.clear()
         self.states.close()
-
-    def renew(self) -> None:
-        """A new plain server for what follows, warmed up by one untimed request: each config's
-        server is new at every measurement already, so a confirmation then runs in a server pair
-        of its own. One plain server can read 10 % slower than others of its config for as long as
-        it runs (71 tokens/s against 79-81 on the check slice), a level that more repeats in it
-        never average out. The saved prompt states stay: the new server restores them."""
-        sizes = list(self._plain)
-        for server in self._plain.values():
-            server.stop()
-        self._plain.clear()
-        for b in sizes:
-            self.complete(self.plain(b), WARMUP_PROMPT, 8, 0.0)
-
-    def _new_pair(
-        self, servers: dict[int, LlamaServer], configs: list[Config], part: TextCase, batch_size: int
-    ) -> LlamaServer:
-        """A new plain server and a new server for each config (but a stateful draft's, new at
-        every pass already), each warmed up untimed as the first ones were: one request at B = 1,
-        a warm-up pass at B > 1. Returns the plain one; `servers` is updated in place."""
-        self._plain.pop(batch_size).stop()
-        fresh = {-1: self.plain(batch_size)}
-        for i, config in enumerate(configs):
-            if config.draft.kind not in STATEFUL_KINDS:
-                servers[i].stop()
-                servers[i] = fresh[i] = self._server(config, batch_size)
-        for server in fresh.values():
-            if batch_size > 1:
-                self._pass(server, warm_up(part), batch_size)
-            else:
-                self.complete(server, WARMUP_PROMPT, 8, 0.0)
-        return fresh[-1]
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "build": dict(self.build), "threads": self.threads}
@@ -431,10 +398,3 @@ class LlamaCppBackend(ExactnessChecks):
                 replies, "spec" if "--spec-type" in server.args else "plain", batch_size
             ),
         }
-
-
-def warm_up(case: TextCase) -> TextCase:
-    """The untimed pass before a B > 1 measurement: every prompt of `case` (each slot primed with
-    its own, `closedloop.prime`), B rows decoding together, WARM_TOKENS new tokens a request. It
-    warms the server at its batch shape; a whole pass took 7 s a config at B = 4, L = 6 144."""
-    return case.pick(list(range(len(case.prompts))), WARM_TOKENS)
