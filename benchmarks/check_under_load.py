@@ -12,6 +12,7 @@ counted apart. Wanted: unchanged -> pass, quiet and loaded; planted -> regressio
     python benchmarks/check_under_load.py -n 2 --repeats 3 --json results/check_under_load.json
     python benchmarks/check_under_load.py PROFILE --factor 1.15 --core 1 --allow-other-hardware
     python benchmarks/check_under_load.py -n 1 --batch-size 1 --quiet-only      # smoke test, no hog
+    python benchmarks/check_under_load.py -n 3 --reference-here   # the reference measured here first
 
 The conditions alternate (unchanged quiet, unchanged loaded, planted quiet, planted loaded, ...), so
 a slow drift of the machine lands on all four alike. A check's process is killed after --timeout s
@@ -119,9 +120,24 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="check only this batch table row")
     ap.add_argument("--quiet-only", action="store_true", help="no hog: the two quiet conditions only")
     ap.add_argument("--json", type=Path, default=None, help="also write every check's result here")
+    ap.add_argument(
+        "--reference-here",
+        action="store_true",
+        help="first measure the profile's reference on this machine (`specdec-tune reference`, quiet, "
+        "nothing planted) into PROFILE's folder as <name>.here.yaml, and check that: a gate on changing runners",
+    )
     args = ap.parse_args()
     if args.core is None:
         args.core = max(os.sched_getaffinity(0))
+    if args.reference_here:
+        here = args.profile.with_name(args.profile.stem + ".here.yaml")
+        env = {k: v for k, v in os.environ.items() if k != SLOWER_SPEC_ENV}
+        cmd = [*CLI, "reference", str(args.profile), "--out", str(here)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=die_with_parent)
+        print(done.stdout.strip() or done.stderr.strip())
+        if done.returncode != 0:
+            sys.exit(done.returncode)
+        args.profile = here
     results = []
     for i in range(args.n):
         for planted in (False, True):

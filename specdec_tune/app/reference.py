@@ -16,22 +16,25 @@ against their spread (output.check.rate_items).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..backends.base import Purpose
 from ..checkpolicy import CHECK_POLICY, CheckPolicy
-from ..errors import SpecDecError
+from ..errors import SpecDecError, Unsettled
 from ..measure import narrow, noise
 from ..measure.anchors import measure_twice
 from ..measure.children import die_with_parent
+from ..measure.hardware import machine_id
 from ..measure.timing import median, spread
 from ..measurepolicy import MEASURE_POLICY, MeasurePolicy
-from ..store.yamlio import load_profile
+from ..store.schema import Profile
+from ..store.yamlio import load_profile, save_profile
 from .profile_models import open_stored, stored_models
 
 
@@ -177,6 +180,83 @@ def record_reference(
         else:
             kept.append(got)
     return kept, "; ".join(notes)
+
+
+def store_reference(profile: Profile, kept: list[dict[str, Any]]) -> Profile:
+    """The quiet reference processes' measurements (`record_reference`) into `profile.anchors` and
+    its batch table, with this machine's id: what `check` judges against."""
+    profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
+    profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
+    profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
+    slices = {k.get("threads") for k in kept}
+    profile.anchors.reference_threads = slices.pop() if len(slices) == 1 and None not in slices else None
+    profile.anchors.reference_speedup_repeats = [x for k in kept for x in k.get("speedups", [])]
+    for row in profile.batch_table:
+        at_row = [k["rows"][str(row.batch_size)] for k in kept if str(row.batch_size) in k.get("rows", {})]
+        whole = len(at_row) == len(kept)
+        row.reference_speedups = [round(statistics.median(xs), 4) for xs in at_row] if whole else []
+        row.reference_speedup_repeats = [x for xs in at_row for x in xs] if whole else []
+    profile.anchors.machine = machine_id()  # absolute rates are judged on this machine only
+    matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
+    profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
+    per_anchor = [k["plain_per_anchor"] for k in kept if k.get("plain_per_anchor")]
+    if len(per_anchor) >= CHECK_POLICY.min_reference_processes:
+        profile.anchors.reference_plain_per_anchor = per_anchor
+    return profile
+
+
+@dataclass
+class Rebased:
+    """What `specdec-tune reference` measured: the profile written, the quiet processes' speedups
+    and plain tokens/s, whether they ran on the check slice, and what was left out."""
+
+    out: Path
+    speedups: list[float]
+    baseline_tokens_per_s: list[float]
+    sliced: bool
+    note: str
+
+
+def rebase(
+    path: Path,
+    out: Path | None = None,
+    processes: int = MEASURE_POLICY.reference_processes,
+    *,
+    device: str = "auto",
+    policy: CheckPolicy = CHECK_POLICY,
+) -> Rebased:
+    """`specdec-tune reference`: the profile's reference measured again on this machine, by the
+    code that runs this (in fresh processes, as `run` ends), and written to `out` (default: the
+    profile itself). A speedup is the machine's as much as the code's: on another VM of one slug
+    the unchanged committed profiles read 0.87-0.93x their stored speedup (docs/ci.md), so a gate
+    on changing runners first measures the reference on the runner with the base revision's code,
+    then checks the candidate against it. Measured as the stored reference was: on the check slice
+    where it was (`anchors.reference_threads`), else with the engine's own threads. Raises
+    SpecDecError for a profile without anchors, and `Unsettled` (exit 6) when fewer than the
+    policy's quiet processes came back."""
+    p = load_profile(path)
+    if p.anchors is None:
+        raise SpecDecError(
+            f"{path} has no machine anchors, so `check` keeps no reference for it: run it again"
+        )
+    out = path if out is None else out
+    sliced = p.hardware.get("kind") == "cpu" and p.anchors.reference_threads is not None
+    rows = 1 + sum(r.batch_size != 1 for r in p.batch_table) if sliced else 1
+    pass_s = p.noise.plain_pass_s if p.noise is not None else None
+    kept, note = record_reference(
+        path, processes, None, pass_s, None, device=device, sliced=sliced, rows=rows
+    )
+    if len(kept) < policy.min_reference_processes:
+        raise Unsettled(
+            f"{len(kept)} of {processes} reference processes came back quiet ({note or 'none kept'}); "
+            "measure it again on a quieter machine"
+        )
+    store_reference(p, kept)
+    save_profile(p, out)
+    return Rebased(
+        out, [k["speedup"] for k in kept if k.get("speedup")], [k["baseline_tokens_per_s"] for k in kept],
+        sliced, note,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

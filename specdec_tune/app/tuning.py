@@ -4,7 +4,6 @@ One pipeline for every backend: everything engine-specific is asked of its measu
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from ..checkpolicy import CHECK_POLICY
 from ..domain import Noise
 from ..errors import SpecDecError
 from ..limits import check_count
-from ..measure.hardware import machine_id
 from ..measure.noise import busy
 from ..search.space import TuneSettings
 from ..store.runfiles import save_run
@@ -21,7 +19,7 @@ from ..store.schema import Profile
 from ..store.yamlio import save_profile
 from .common import TuneOutcome, check_writable
 from .envelope import tune_envelope
-from .reference import record_reference
+from .reference import record_reference, store_reference
 from .run_options import Envelope, SearchInputs
 from .session_search import search_session
 
@@ -118,22 +116,6 @@ def _reference(
             "against the final round"
         )
         return profile
-    profile.anchors.reference_tokens_per_s = [k["tokens_per_s"] for k in kept]
-    profile.anchors.reference_baseline_tokens_per_s = [k["baseline_tokens_per_s"] for k in kept]
-    profile.anchors.reference_speedups = [k["speedup"] for k in kept if k.get("speedup")]
-    slices = {k.get("threads") for k in kept}
-    profile.anchors.reference_threads = slices.pop() if len(slices) == 1 and None not in slices else None
-    profile.anchors.reference_speedup_repeats = [x for k in kept for x in k.get("speedups", [])]
-    for row in profile.batch_table:
-        at_row = [k["rows"][str(row.batch_size)] for k in kept if str(row.batch_size) in k.get("rows", {})]
-        whole = len(at_row) == len(kept)
-        row.reference_speedups = [round(statistics.median(xs), 4) for xs in at_row] if whole else []
-        row.reference_speedup_repeats = [x for xs in at_row for x in xs] if whole else []
-    profile.anchors.machine = machine_id()  # absolute rates are judged on this machine only
-    matmul = [k["matmul_gflops"] for k in kept if k.get("matmul_gflops")]
-    profile.anchors.reference_matmul_gflops = statistics.median_high(matmul) if matmul else None
-    per_anchor = [k["plain_per_anchor"] for k in kept if k.get("plain_per_anchor")]
-    if len(per_anchor) >= least:
-        profile.anchors.reference_plain_per_anchor = per_anchor
+    store_reference(profile, kept)
     save_profile(profile, out)
     return profile

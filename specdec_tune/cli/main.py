@@ -44,6 +44,7 @@ from .options import (
     models_from,
 )
 from .profiles import export, show
+from .reference import reference
 from .run import run
 from .studies import studies_app
 from .terminal import CliProgress, console, error_line, print_json, quiet_libraries, spinner, user_errors
@@ -381,6 +382,7 @@ def _render_check(report: CheckReport, output_format: str, json_out: bool) -> No
 app.command()(export)
 app.command()(show)
 app.command()(run)
+app.command()(reference)
 
 
 def main() -> None:

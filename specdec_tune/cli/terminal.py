@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from ..errors import OtherHardwareError, SpecDecError
+from ..errors import OtherHardwareError, SpecDecError, Unsettled
 from ..output.fmt import plain, styled
 
 # The width stdout is drawn at when nothing gives one (a pipe or a file, no COLUMNS): wide enough
@@ -98,6 +98,9 @@ def user_errors() -> Iterator[None]:
     except OtherHardwareError as exc:
         error_line("error", exc)
         raise typer.Exit(3) from None
+    except Unsettled as exc:
+        error_line("inconclusive", exc, style="yellow")
+        raise typer.Exit(6) from None
     except SpecDecError as exc:
         error_line("error", exc)
         raise typer.Exit(2) from None

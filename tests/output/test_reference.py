@@ -203,3 +203,84 @@ def test_a_reference_process_on_the_slice_is_told_so_on_its_command_line(tmp_pat
     run, calls = _runner([_line(110.0, 88.0)])
     record_reference(tmp_path / "p.yaml", processes=1, run=run, sliced=True)
     assert calls[0][0][3:] == [str(tmp_path / "p.yaml"), "slice", "auto"]
+
+
+def _rebase_setup(tmp_path, monkeypatch, kept, threads=1):
+    """The test data's demo profile in `tmp_path`, its stored reference made on another machine (on
+    the check slice where `threads`), and `record_reference` answering `kept`."""
+    import shutil
+
+    from specdec_tune.app import reference
+    from specdec_tune.store.yamlio import load_profile, save_profile
+
+    path = tmp_path / "demo.yaml"
+    shutil.copy(Path(__file__).parents[1] / "data" / "profiles" / "cpu-amd-epyc-2t" / "demo.yaml", path)
+    p = load_profile(path)
+    p.anchors.reference_threads, p.anchors.machine, p.anchors.reference_speedups = threads, "elsewhere", [9.0]
+    save_profile(p, path)
+    asked = {}
+
+    def record(path_, processes, budget_s, pass_s, threads_, **kwargs):
+        asked.update(kwargs, path=path_, processes=processes, budget_s=budget_s, threads=threads_)
+        return list(kept), "1 of 4 reference processes left out: other work was running"
+
+    monkeypatch.setattr(reference, "record_reference", record)
+    return path, asked
+
+
+def test_reference_measures_the_profile_again_here_and_writes_it_with_this_machine(tmp_path, monkeypatch):
+    """`specdec-tune reference`: the stored reference, another machine's, is replaced by one
+    measured here as the stored one was (on the check slice, every batch-table row), and the
+    profile says it is this machine's; with --out the original stays as it was."""
+    from helpers import invoke
+
+    from specdec_tune.measure.hardware import machine_id
+    from specdec_tune.store.yamlio import load_profile
+
+    kept = [
+        {"tokens_per_s": 90.0 + i, "baseline_tokens_per_s": 80.0 + i, "speedup": 1.1 + i / 100, "threads": 1}
+        | {"speedups": [1.1, 1.2], "rows": {"4": [1.3, 1.4], "16": [0.9, 1.0]}}
+        for i in range(3)
+    ]
+    path, asked = _rebase_setup(tmp_path, monkeypatch, kept)
+    out = tmp_path / "demo.here.yaml"
+    r = invoke("reference", path, "--out", out, "--processes", "4")
+    assert r.exit_code == 0, r.output
+    assert asked["path"] == path and asked["processes"] == 4 and asked["sliced"] is True
+    assert asked["rows"] == 3  # B = 1 and the two other rows of the batch table
+    assert "speedup 1.100, 1.110, 1.120" in r.output and "left out: other work" in r.output
+    here = load_profile(out)
+    assert here.anchors.machine == machine_id() and here.anchors.reference_speedups == [1.1, 1.11, 1.12]
+    assert here.anchors.reference_baseline_tokens_per_s == [80.0, 81.0, 82.0]
+    assert here.anchors.reference_speedup_repeats == [1.1, 1.2] * 3
+    rows = {row.batch_size: row.reference_speedups for row in here.batch_table}
+    assert rows == {1: [], 4: [1.35] * 3, 16: [0.95] * 3}  # each row's per-process medians
+    before = load_profile(path)
+    assert before.anchors.machine == "elsewhere" and before.anchors.reference_speedups == [9.0]
+
+
+def test_reference_without_enough_quiet_processes_is_inconclusive_and_writes_nothing(tmp_path, monkeypatch):
+    from helpers import invoke
+
+    from specdec_tune.store.yamlio import load_profile
+
+    one = {"tokens_per_s": 90.0, "baseline_tokens_per_s": 80.0, "speedup": 1.1}
+    path, asked = _rebase_setup(tmp_path, monkeypatch, [one], threads=None)
+    r = invoke("reference", path)
+    assert r.exit_code == 6 and "1 of 3 reference processes came back quiet" in r.output, r.output
+    assert asked["sliced"] is False and asked["rows"] == 1  # measured as the stored one was
+    assert load_profile(path).anchors.reference_speedups == [9.0]
+
+
+def test_reference_of_a_profile_without_anchors_is_one_red_line(tmp_path, monkeypatch):
+    from helpers import invoke, one_red_line
+
+    from specdec_tune.store.yamlio import load_profile, save_profile
+
+    path, _ = _rebase_setup(tmp_path, monkeypatch, [])
+    p = load_profile(path)
+    p.anchors = None
+    save_profile(p, path)
+    r = invoke("reference", path)
+    one_red_line(r)
+    assert "has no machine anchors" in r.output

@@ -347,6 +347,21 @@ def test_an_absolute_rate_beside_other_work_is_information_only_not_inconclusive
         assert _verdict(item) == "pass" and item.note == SHARED_RATE
 
 
+def test_a_speedup_drop_against_another_machines_reference_says_how_to_measure_one_here():
+    """A speedup does not carry between VMs of one slug (docs/ci.md): a regression judged against
+    another machine's reference stays a regression, and its note names `specdec-tune reference`;
+    on the profile's own machine, or where it passes, the note does not."""
+    from specdec_tune.output.check import ELSEWHERE
+
+    e = _evidence(speedups=(0.86, 0.87, 0.85), same_machine=False)
+    item = _items(e)["speedup"]
+    assert _verdict(item) == "regression" and item.note.endswith(ELSEWHERE)
+    own = _items(dataclasses.replace(e, same_machine=True))["speedup"]
+    assert _verdict(own) == "regression" and ELSEWHERE not in own.note
+    passing = _items(_evidence(same_machine=False))["speedup"]
+    assert _verdict(passing) == "pass" and ELSEWHERE not in passing.note
+
+
 def test_an_absolute_rate_on_another_machine_of_the_slug_is_other_machine_information():
     # The issue's quiet check on another VM: plain 0.76x the stored rate, speedup unchanged.
     m = _measured([1.0, 1.01, 0.99], baseline=(60.8, 61.0, 60.5))
