@@ -228,7 +228,7 @@ def rebase(
     """`specdec-tune reference`: the profile's reference measured again on this machine, by the
     code that runs this (in fresh processes, as `run` ends), and written to `out` (default: the
     profile itself). A speedup is the machine's as much as the code's: on another VM of one slug
-    the unchanged committed profiles read 0.87-0.93x their stored speedup (docs/ci.md), so a gate
+    the unchanged committed profiles read 0.85-0.93x their stored speedup (docs/ci.md), so a gate
     on changing runners first measures the reference on the runner with the base revision's code,
     then checks the candidate against it. Measured as the stored reference was: on the check slice
     where it was (`anchors.reference_threads`), else with the engine's own threads. Raises
