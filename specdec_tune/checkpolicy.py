@@ -179,6 +179,16 @@ class CheckPolicy:
     """Up to this many more processes take the places of those left out (75126e8; none when the
     check was busy: `busy_confirm_processes`)."""
 
+    reference_agreement: float = 0.04
+    """`specdec-tune reference` keeps the largest group of quiet processes whose speedups agree
+    within this (largest / smallest - 1), and starts more while fewer than it asked for agree. On
+    another VM of the slug, checks against 3 quiet processes that read 1.866, 1.985 and 2.071 caught
+    a planted 15 % drop 0 times in 10 (their intervals carried that spread); against 2 that read
+    1.972 and 1.983, 3 times in 4 (docs/ci.md)."""
+
+    reference_max_processes: int = 8
+    """The most processes `specdec-tune reference` starts looking for agreeing ones."""
+
     def acceptance_tolerance(self, temperature: float) -> float:
         """The default allowed change of α at `temperature`."""
         return self.greedy_acceptance_tolerance if temperature == 0 else self.sampled_acceptance_tolerance

@@ -127,6 +127,7 @@ def record_reference(
     policy: CheckPolicy = CHECK_POLICY,
     sliced: bool = False,
     rows: int = 1,
+    first: int = 1,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
@@ -138,7 +139,8 @@ def record_reference(
     its estimate (a minute at least). `threads`: the engine's threads in the processes (the run's);
     `sliced`: each on the check slice instead (measure.narrow), every batch-table row too (`rows`
     of them, the first included: each process may then take that many times its estimate before it
-    is killed; the budget plans the rows apart, app.session_plan.keep_for_reference_rows)."""
+    is killed; the budget plans the rows apart, app.session_plan.keep_for_reference_rows). `first`:
+    the number the notes give the first process."""
     extra = policy.extra_processes if extra is None else extra
     estimate = process_seconds(pass_s) if pass_s else 60.0
     started = time.monotonic()
@@ -159,7 +161,7 @@ def record_reference(
                 preexec_fn=die_with_parent,  # a killed run or check leaves none behind
             )
         except subprocess.TimeoutExpired:
-            notes.append(f"{what} {i} timed out")
+            notes.append(f"{what} {i + first - 1} timed out")
             continue
         line = (done.stdout.strip().splitlines() or [""])[-1]
         try:
@@ -168,14 +170,14 @@ def record_reference(
             got = None
         if not isinstance(got, dict):
             why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            notes.append(f"{what} {i} failed: {why}")
+            notes.append(f"{what} {i + first - 1} failed: {why}")
         elif got.get("busy") or (got.get("baseline_spread") or 0.0) > policy.max_plain_spread:
             why = (
                 "other work was running"
                 if got.get("busy")
                 else f"its plain passes varied {got['baseline_spread']:.0%}, disturbed"
             )
-            notes.append(f"{what} {i} left out: {why}")
+            notes.append(f"{what} {i + first - 1} left out: {why}")
             planned = min(planned + 1, processes + extra)
         else:
             kept.append(got)
@@ -231,9 +233,10 @@ def rebase(
     the unchanged committed profiles read 0.85-0.93x their stored speedup (docs/ci.md), so a gate
     on changing runners first measures the reference on the runner with the base revision's code,
     then checks the candidate against it. Measured as the stored reference was: on the check slice
-    where it was (`anchors.reference_threads`), else with the engine's own threads. Raises
-    SpecDecError for a profile without anchors, and `Unsettled` (exit 6) when fewer than the
-    policy's quiet processes came back."""
+    where it was (`anchors.reference_threads`), else with the engine's own threads; one process at
+    a time until `processes` quiet ones agree (the policy's `reference_agreement`), at most
+    `reference_max_processes`, the largest agreeing group kept. Raises SpecDecError for a profile
+    without anchors, and `Unsettled` (exit 6) when fewer than the policy's minimum agree."""
     p = load_profile(path)
     if p.anchors is None:
         raise SpecDecError(
@@ -243,20 +246,53 @@ def rebase(
     sliced = p.hardware.get("kind") == "cpu" and p.anchors.reference_threads is not None
     rows = 1 + sum(r.batch_size != 1 for r in p.batch_table) if sliced else 1
     pass_s = p.noise.plain_pass_s if p.noise is not None else None
-    kept, note = record_reference(
-        path, processes, None, pass_s, None, device=device, sliced=sliced, rows=rows
-    )
-    if len(kept) < policy.min_reference_processes:
-        raise Unsettled(
-            f"{len(kept)} of {processes} reference processes came back quiet ({note or 'none kept'}); "
-            "measure it again on a quieter machine"
+    # One process at a time until `processes` quiet ones agree (`reference_agreement`), or the cap.
+    kept: list[dict[str, Any]] = []
+    notes: list[str] = []
+    group: list[int] = []
+    started, cap = 0, max(processes, policy.reference_max_processes)
+    while started < cap and len(group) < processes:
+        started += 1
+        got, note = record_reference(
+            path, 1, None, pass_s, None, device=device, sliced=sliced, rows=rows, extra=0, first=started
         )
-    store_reference(p, kept)
+        kept += got
+        notes += [note] if note else []
+        group = agreeing([k.get("speedup") or 0.0 for k in kept], policy.reference_agreement)
+    speeds = ", ".join(f"{k.get('speedup') or 0.0:.3f}" for k in kept)
+    if len(group) < policy.min_reference_processes:
+        raise Unsettled(
+            f"no {policy.min_reference_processes} of {started} reference processes agreed within "
+            f"{policy.reference_agreement:.0%} (quiet ones read {speeds or 'nothing'}"
+            + (f"; {'; '.join(notes)}" if notes else "")
+            + "): measure it again on a quieter machine"
+        )
+    if len(group) < len(kept):
+        notes.append(
+            f"{len(kept) - len(group)} quiet processes left out: of their speedups {speeds}, "
+            f"the {len(group)} kept agree within {policy.reference_agreement:.0%}"
+        )
+    chosen = [kept[i] for i in group]
+    store_reference(p, chosen)
     save_profile(p, out)
     return Rebased(
-        out, [k["speedup"] for k in kept if k.get("speedup")], [k["baseline_tokens_per_s"] for k in kept],
-        sliced, note,
+        out, [k["speedup"] for k in chosen if k.get("speedup")], [k["baseline_tokens_per_s"] for k in chosen],
+        sliced, "; ".join(notes),
     )  # fmt: skip
+
+
+def agreeing(values: list[float], within: float) -> list[int]:
+    """The indices (ascending) of the largest group of `values` whose largest is at most
+    (1 + `within`) times its smallest; of equally large groups, the lowest."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    best: list[int] = []
+    low = 0
+    for high in range(len(order)):
+        while values[order[high]] > values[order[low]] * (1 + within):
+            low += 1
+        if high - low + 1 > len(best):
+            best = order[low : high + 1]
+    return sorted(best)
 
 
 def main(argv: list[str] | None = None) -> int:
