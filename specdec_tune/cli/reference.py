@@ -45,9 +45,12 @@ def reference(
             return
         where = "on the check slice" if r.sliced else "with the engine's threads"
         speedups = ", ".join(f"{x:.3f}" for x in r.speedups)
-        console().print(
-            f"reference measured {where} in {len(r.baseline_tokens_per_s)} processes: speedup {speedups}"
+        # soft_wrap: a path or a number list is never broken across lines (80 columns in CI)
+        out = console()
+        out.print(
+            f"reference measured {where} in {len(r.baseline_tokens_per_s)} processes: speedup {speedups}",
+            soft_wrap=True,
         )
         if r.note:
-            console().print(f"note: {r.note}")
-        console().print(f"wrote {r.out}")
+            out.print(f"note: {r.note}", soft_wrap=True, markup=False)
+        out.print(f"wrote {r.out}", soft_wrap=True, markup=False)
