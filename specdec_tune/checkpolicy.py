@@ -156,8 +156,10 @@ class CheckPolicy:
     and at least as many as ran so far (at most `max_confirm_repeats`), and judged on all of them:
     this many confirmations at most. A 15 % slower vLLM speculative side read 0.864 [0.794, 0.905]
     over two server pairs, 6 repeats, an interval 0.111 wide where 0.10 decides, 2 checks of 2
-    (stop 56, docs/vllm.md). A third look comes only where the estimate is below the floor already
-    (above it is a pass), so it can only turn "too noisy to tell" into an answer, either way."""
+    (stop 56, docs/vllm.md). A third look comes where the estimate is below the floor already, so
+    it can only turn "too noisy to tell" into an answer, either way; and, with `confirm_pair_spread`,
+    where the estimate passes but the interval reaches below the floor (output.check.straddling_pass):
+    a planted 15 % drop passed so, 0.915 [0.852, 0.946] (stop 61, docs/ci.md)."""
 
     confirm_processes: int = 2
     """A doubtful result of a profile with a fresh-process reference is confirmed in this many fresh

@@ -285,17 +285,18 @@ def test_an_engine_that_slices_ends_its_run_with_a_reference_on_the_check_slice(
     """`slices` is a value of the session: a run of such an engine on a CPU hands the reference
     processes the check slice and every batch-table row to measure (app.tuning._reference), plans
     their time with those rows, and the profile says where they measured."""
-    from specdec_tune.app import tuning
+    from specdec_tune.app import reference
 
-    asked = {}
+    asked = {"calls": 0}
 
     def record(out, processes, left_s, pass_s, threads, **kwargs):
         asked.update(kwargs, processes=processes)
+        asked["calls"] += 1
         one = {"tokens_per_s": 180.0, "baseline_tokens_per_s": 100.0, "speedup": 1.8, "threads": 1}
         return [one | {"speedups": [1.8, 1.79], "rows": {"4": [1.3, 1.31]}} for _ in range(processes)], ""
 
     monkeypatch.setattr(fake.FakeSession, "slices", True)
-    monkeypatch.setattr(tuning, "record_reference", record)
+    monkeypatch.setattr(reference, "record_reference", record)
     out = tmp_path / "fake.yaml"
     r = invoke(
         "run", "--backend", "fake", "--workload", "demo-code", "--prompts", "4", "--trials", "6",
@@ -303,7 +304,8 @@ def test_an_engine_that_slices_ends_its_run_with_a_reference_on_the_check_slice(
         "--reference-processes", "2",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert asked == {"sliced": True, "rows": 2, "processes": 2}
+    # one process at a time (app.reference.settle), two that agree
+    assert asked["sliced"] is True and asked["rows"] == 2 and asked["processes"] == 1 and asked["calls"] == 2
     p = load_profile(out)
     assert p.anchors.reference_threads == 1 and p.anchors.reference_speedup_repeats == [1.8, 1.79, 1.8, 1.79]
     assert {row.batch_size: row.reference_speedups for row in p.batch_table}[4] == [1.305, 1.305]

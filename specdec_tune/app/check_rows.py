@@ -41,6 +41,7 @@ class Judging:
     policy: CheckPolicy
     same_machine: bool = True  # the profile's own machine (app.checking.same_machine): rates judged
     sliced: bool = False  # measured on the check slice (measure.narrow), as the reference was
+    machine_ratio: float | None = None  # matmul here / the reference's (output.elsewhere), once measured
 
 
 def stored_rows(p: Profile, path: Path, batch_size: int | None) -> list[tuple[int, Any]]:
@@ -98,7 +99,7 @@ def row_items(
     env = classify(os_noise, j.policy, busy_seen=busy_seen, threads=s.threads, cpus=os.cpu_count() or 1)
     e = Evidence(
         stored, m, temperature=temperature, environment=env, where=where, same_machine=j.same_machine,
-        reference=reference or {},
+        reference=reference or {}, machine_ratio=j.machine_ratio,
     )  # fmt: skip
     if needs_confirmation(e, j.tolerance, j.policy):
         n = j.repeats if s.renew() else confirm_repeats(m, j.repeats, j.policy, shared=not env.quiet)

@@ -174,10 +174,12 @@ def judge_rows(
             current = (b, r)
             config = dataclasses.replace(r.config, draft=by_name.get(r.config.draft.name, r.config.draft))
             if i == 0:
-                report.items += first_row(
+                items, ratio = first_row(
                     p, path, s, b, r, config, j, report, allow_other_hardware=allow_other_hardware,
                     models_root=models_root,
                 )  # fmt: skip
+                report.items += items
+                j = dataclasses.replace(j, machine_ratio=ratio)  # the other rows are judged alike
             else:
                 report.items += row_items(
                     s, r, config, b, j, p.workload.temperature, where_of(b), row_reference(p, b, j)
@@ -209,12 +211,13 @@ def first_row(
     *,
     allow_other_hardware: bool,
     models_root: Path | None,
-) -> list[CheckItem]:
+) -> tuple[list[CheckItem], float | None]:
     """The items of the first row (the best, at batch size 1 unless `--batch-size`): the measurement
     with the machine anchors before and after it and the OS watching, the anchors again before
     "other hardware", and a confirmation where the first did not clearly pass (in fresh processes
     where the session's `fresh_reference` and the profile has such a reference, else in the
-    session). Fills `report.noise` and `report.anchors`."""
+    session). Fills `report.noise` and `report.anchors`. Also returns this machine's matmul anchor
+    over the reference's (`machine_ratio`), by which the other rows are judged too."""
     policy, cpus = j.policy, os.cpu_count() or 1
 
     def once(n: int = j.repeats, seed: int = 0) -> Any:
@@ -235,12 +238,13 @@ def first_row(
     if verdict.other_hardware and not allow_other_hardware:
         raise OtherHardwareError(other_hardware_message(path, verdict, s.run_command))
     moved = getattr(machine, "drift", 0.0)
+    ratio = machine_ratio(p, machine)
     scale = rate_scale_for(p, verdict, machine) if env.quiet else 1.0  # a load's rates are not judged
     first = Evidence(
         stored, m, temperature=p.workload.temperature, environment=env,
         judge_rates=verdict.judge_rates and b == 1 and bool(policy.judged_rates), rate_scale=scale,
         reference=reference_of(p) if b == 1 else {}, where=where_of(b), same_machine=j.same_machine,
-        stored_divergence=stored_divergence(p, stored) if b == 1 else (0, 0),
+        stored_divergence=stored_divergence(p, stored) if b == 1 else (0, 0), machine_ratio=ratio,
     )  # fmt: skip
     again = None
     # Beside other work, with what it took from each prompt accounted (measure.preemption): more
@@ -289,7 +293,19 @@ def first_row(
             round(statistics.median(ref), 5),
             round(statistics.median(now), 5),
         ]
-    return judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
+    if ratio is not None:
+        report.anchors["matmul_ratio"] = round(ratio, 4)
+    items = judge_config(evidence, j.tolerance, acceptance_tolerance=j.acceptance_tolerance, policy=policy)
+    return items, ratio
+
+
+def machine_ratio(p: Any, machine: Any) -> float | None:
+    """This machine's matmul anchor over the reference processes' (measured as this check measures
+    it); None where either is missing. Another machine's reference is judged with it
+    (output.elsewhere.machine_floor)."""
+    now = getattr(machine, "matmul_gflops", None)
+    ref = p.anchors.reference_matmul_gflops if p.anchors is not None else None
+    return now / ref if now and ref else None
 
 
 def same_machine(p: Any) -> bool:

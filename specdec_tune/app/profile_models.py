@@ -14,7 +14,7 @@ from pathlib import Path
 from ..backends.base import CheckSession, Models, Purpose, engine_build, open_session
 from ..domain import DraftSpec
 from ..errors import OtherHardwareError, SpecDecError
-from ..measure.hardware import hardware_info, hardware_slug, same_hardware
+from ..measure.hardware import hardware_difference, hardware_info, hardware_slug
 from ..output.environment import other_software
 from ..store.refs import resolve_ref, target_ref
 from ..store.schema import Profile
@@ -98,10 +98,11 @@ def open_stored(
         if slug_threads is not None and hw.get("kind") == "cpu":
             hw = {**hw, "torch_threads": slug_threads}
             hw["slug"] = hardware_slug(hw)
-        if not same_hardware(p.hardware, hw) and not allow_other_hardware:
+        differs = hardware_difference(p.hardware, hw)
+        if differs is not None and not allow_other_hardware:
             raise OtherHardwareError(
-                f"{path} was measured on {p.hardware.get('slug')}, this machine is {hardware_slug(hw)}; "
-                f"re-run `{s.run_command}` here or pass --allow-other-hardware"
+                f"{path} is other hardware's ({differs}); re-run `{s.run_command}` here or pass "
+                "--allow-other-hardware"
             )
         if s.workload.sha256 != p.workload.sha256:
             raise SpecDecError(

@@ -244,33 +244,19 @@ def rebase(
         )
     out = path if out is None else out
     sliced = p.hardware.get("kind") == "cpu" and p.anchors.reference_threads is not None
-    rows = 1 + sum(r.batch_size != 1 for r in p.batch_table) if sliced else 1
+    rows = slice_rows(p) if sliced else 1
     pass_s = p.noise.plain_pass_s if p.noise is not None else None
-    # One process at a time until `processes` quiet ones agree (`reference_agreement`), or the cap.
-    kept: list[dict[str, Any]] = []
-    notes: list[str] = []
-    group: list[int] = []
-    started, cap = 0, max(processes, policy.reference_max_processes)
-    while started < cap and len(group) < processes:
-        started += 1
-        got, note = record_reference(
-            path, 1, None, pass_s, None, device=device, sliced=sliced, rows=rows, extra=0, first=started
-        )
-        kept += got
-        notes += [note] if note else []
-        group = agreeing([k.get("speedup") or 0.0 for k in kept], policy.reference_agreement)
-    speeds = ", ".join(f"{k.get('speedup') or 0.0:.3f}" for k in kept)
+    cap = max(processes, policy.reference_max_processes)
+    settled = settle(
+        path, processes, cap, None, pass_s, None, device=device, sliced=sliced, rows=rows, policy=policy
+    )
+    kept, group, notes = settled.kept, settled.group, settled.notes
     if len(group) < policy.min_reference_processes:
         raise Unsettled(
-            f"no {policy.min_reference_processes} of {started} reference processes agreed within "
-            f"{policy.reference_agreement:.0%} (quiet ones read {speeds or 'nothing'}"
+            f"no {policy.min_reference_processes} of {settled.started} reference processes agreed within "
+            f"{policy.reference_agreement:.0%} (quiet ones read {settled.speeds or 'nothing'}"
             + (f"; {'; '.join(notes)}" if notes else "")
             + "): measure it again on a quieter machine"
-        )
-    if len(group) < len(kept):
-        notes.append(
-            f"{len(kept) - len(group)} quiet processes left out: of their speedups {speeds}, "
-            f"the {len(group)} kept agree within {policy.reference_agreement:.0%}"
         )
     chosen = [kept[i] for i in group]
     store_reference(p, chosen)
@@ -279,6 +265,74 @@ def rebase(
         out, [k["speedup"] for k in chosen if k.get("speedup")], [k["baseline_tokens_per_s"] for k in chosen],
         sliced, "; ".join(notes),
     )  # fmt: skip
+
+
+def slice_rows(p: Profile) -> int:
+    """The rows a reference process on the check slice measures: the best config's, and every other
+    batch-table row's (`measure_here`)."""
+    return 1 + sum(r.batch_size != 1 for r in p.batch_table)
+
+
+@dataclass
+class Settled:
+    """Reference processes started one at a time (`settle`): the quiet ones' measurements, the
+    indices of the largest group of them that agrees, the notes on what was left out, and how many
+    were started."""
+
+    kept: list[dict[str, Any]]
+    group: list[int]
+    notes: list[str]
+    started: int
+
+    @property
+    def speeds(self) -> str:
+        return ", ".join(f"{k.get('speedup') or 0.0:.3f}" for k in self.kept)
+
+
+def settle(
+    path: Path,
+    processes: int,
+    cap: int,
+    budget_s: float | None,
+    pass_s: float | None,
+    threads: int | None,
+    *,
+    device: str = "auto",
+    sliced: bool = False,
+    rows: int = 1,
+    policy: CheckPolicy = CHECK_POLICY,
+    run: Any = subprocess.run,
+) -> Settled:
+    """Reference processes (`record_reference`), one at a time, until `processes` quiet ones agree
+    within the policy's `reference_agreement`, at most `cap` started and within `budget_s`; where the
+    quiet ones do not all agree, a note says which were left out of the largest agreeing group."""
+    started_at = time.monotonic()
+    kept: list[dict[str, Any]] = []
+    notes: list[str] = []
+    group: list[int] = []
+    started = 0
+    while started < cap and len(group) < processes:
+        left = None if budget_s is None else budget_s - (time.monotonic() - started_at)
+        got, note = [], "did not fit the budget"
+        if left is None or left > 0:
+            got, note = record_reference(
+                path, 1, left, pass_s, threads, device=device, sliced=sliced, rows=rows, extra=0,
+                first=started + 1, policy=policy, run=run,
+            )  # fmt: skip
+        if not got and "did not fit the budget" in note:
+            notes.append(f"reference processes {started + 1} to {cap} did not fit the budget")
+            break
+        started += 1
+        kept += got
+        notes += [note] if note else []
+        group = agreeing([k.get("speedup") or 0.0 for k in kept], policy.reference_agreement)
+    settled = Settled(kept, group, notes, started)
+    if policy.min_reference_processes <= len(group) < len(kept):
+        notes.append(
+            f"{len(kept) - len(group)} quiet processes left out: of their speedups {settled.speeds}, "
+            f"the {len(group)} kept agree within {policy.reference_agreement:.0%}"
+        )
+    return settled
 
 
 def agreeing(values: list[float], within: float) -> list[int]:

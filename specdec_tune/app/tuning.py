@@ -19,7 +19,7 @@ from ..store.schema import Profile
 from ..store.yamlio import save_profile
 from .common import TuneOutcome, check_writable
 from .envelope import tune_envelope
-from .reference import record_reference, store_reference
+from .reference import settle, slice_rows, store_reference
 from .run_options import Envelope, SearchInputs
 from .session_search import search_session
 
@@ -103,19 +103,32 @@ def _reference(
     if busy(noise) and not sliced:
         progress.note("no reference for check's plain tokens/s: the machine was busy during the run")
         return profile
-    rows = 1 + sum(r.batch_size != 1 for r in profile.batch_table) if sliced else 1
-    kept, note = record_reference(
-        out, processes, left_s, noise.plain_pass_s, threads, sliced=sliced, rows=rows
-    )
-    if note:
-        progress.note(note)
-    least = CHECK_POLICY.min_reference_processes
-    if len(kept) < least:
+    rows = slice_rows(profile) if sliced else 1
+    # One process at a time until `processes` quiet ones agree (the policy's `reference_agreement`),
+    # up to `extra_processes` more, within the time left: the largest agreeing group is kept.
+    policy = CHECK_POLICY
+    settled = settle(
+        out, processes, processes + policy.extra_processes, left_s, noise.plain_pass_s, threads,
+        sliced=sliced, rows=rows, policy=policy,
+    )  # fmt: skip
+    if settled.notes:
+        progress.note("; ".join(settled.notes))
+    least = policy.min_reference_processes
+    if len(settled.kept) < least:
         progress.note(
             f"fewer than {least} quiet reference processes: check judges plain tokens/s "
             "against the final round"
         )
         return profile
+    kept = settled.kept
+    if len(settled.group) >= least:
+        kept = [settled.kept[i] for i in settled.group]
+    else:
+        progress.note(
+            f"the reference processes' speedups ({settled.speeds}) do not agree within "
+            f"{policy.reference_agreement:.0%}: a check against them can tell only a larger drop; "
+            "`specdec-tune reference` measures them again"
+        )
     store_reference(profile, kept)
     save_profile(profile, out)
     return profile

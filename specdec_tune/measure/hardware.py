@@ -46,28 +46,60 @@ def hardware_slug(info: dict[str, Any]) -> str:
 
 def same_hardware(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two fingerprints describe the same machine, as far as speed is concerned."""
-    if a.get("kind") != b.get("kind"):
-        return False
-    if (a.get("slug") or hardware_slug(a)) != (b.get("slug") or hardware_slug(b)):
-        return False
+    return hardware_difference(a, b) is None
+
+
+def hardware_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """What differs between fingerprint `a` (a profile's) and `b` (this machine's) as far as speed
+    is concerned, in a few words; None where nothing does. A CPU's vector instruction set counts
+    where both say it (`cpu_isa`; older profiles do not): VMs of one slug came with AVX-512 on one
+    and AVX2 only on another, and there vLLM's CPU build decoded SmolLM2 at 24 tokens/s against 35
+    and its tuned speedup read 1.14x against 3.27x, the native demo pair's 0.85x of stored."""
+    slug_a, slug_b = a.get("slug") or hardware_slug(a), b.get("slug") or hardware_slug(b)
+    if slug_a != slug_b or a.get("kind") != b.get("kind"):
+        return f"measured on {slug_a}, this machine is {slug_b}"
     if a.get("kind") == "cuda":
-        return a.get("gpu_name") == b.get("gpu_name")
-    return a.get("cpu_model") == b.get("cpu_model") and a.get("torch_threads") == b.get("torch_threads")
+        same = a.get("gpu_name") == b.get("gpu_name")
+        return None if same else f"measured on {a.get('gpu_name')}, this is {b.get('gpu_name')}"
+    if a.get("cpu_model") != b.get("cpu_model") or a.get("torch_threads") != b.get("torch_threads"):
+        return f"measured on {a.get('cpu_model')} with {a.get('torch_threads')} threads"
+    isa_a, isa_b = a.get("cpu_isa"), b.get("cpu_isa")
+    if isa_a and isa_b and isa_a != isa_b:
+        return f"measured on a {slug_a} with {isa_a}, this one has {isa_b}"
+    return None
+
+
+def cpu_isa(cpuinfo: str) -> str:
+    """The widest vector instruction set this CPU offers its kernels (/proc/cpuinfo's flags), from
+    "amx" (Intel AMX tiles) through "avx512-bf16", "avx512", "avx2" (x86) to "sve" and "neon" (Arm);
+    "" where the flags cannot be read."""
+    match = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", cpuinfo, flags=re.MULTILINE)
+    flags = set(match.group(1).split()) if match else set()
+    ladder = [
+        ("amx_tile", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2"),
+        ("sve", "sve"), ("asimd", "neon"),
+    ]  # fmt: skip
+    return next((name for flag, name in ladder if flag in flags), "")
 
 
 def machine_id() -> str | None:
-    """This machine itself, not its kind: a short hash of the OS's machine id (/etc/machine-id, made
-    at a VM's first boot; the boot id where there is none) and the host name, or None where neither
-    can be read. Two VMs of one slug differ in it, and their absolute rates differ too (a quiet
-    check on another VM of the same kind read plain decoding 0.76x the stored rate, and 1.98x at
-    B = 16), so `check` judges absolute rates only where it matches the profile's (output.rates)."""
+    """This machine itself, not its kind, in this boot: a short hash of the OS's machine id
+    (/etc/machine-id), the host name and the boot id (/proc/sys/kernel/random/boot_id), or None
+    where none can be read. Two VMs of one slug differ in their absolute rates (a quiet check on
+    another VM of the same kind read plain decoding 0.76x the stored rate, and 1.98x at B = 16), so
+    `check` judges absolute rates only where this matches the profile's (output.rates). The boot id
+    is in it because VMs made from one image share the other two: two VMs of `cpu-amd-epyc-2t`,
+    whose matmul anchors read 102.8 and 87.0 GFLOP/s, both had the machine id 3d1219c7... and the
+    host name `vm`, so a check on the second took the first's rates and speedup for its own
+    (2026-12-06). A machine that reboots counts as another one: conservative, its absolute rates
+    are then reported, not judged, until a run or `specdec-tune reference` stores its id again."""
     import hashlib
     import socket
 
-    ident = _read("/etc/machine-id").strip() or _read("/proc/sys/kernel/random/boot_id").strip()
-    if not ident:
+    parts = [_read(f).strip() for f in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id")]
+    if not any(parts):
         return None
-    return hashlib.sha256(f"{ident}|{socket.gethostname()}".encode()).hexdigest()[:16]
+    return hashlib.sha256("|".join([*parts, socket.gethostname()]).encode()).hexdigest()[:16]
 
 
 def _read(path: str) -> str:
@@ -167,6 +199,7 @@ def hardware_info(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_model": _cpu_model(cpuinfo),
+        "cpu_isa": cpu_isa(cpuinfo),
         "physical_cores": _physical_cores(cpuinfo),
         "logical_cores": os.cpu_count() or 1,
         "torch_threads": torch.get_num_threads(),

@@ -127,7 +127,7 @@ class Judgement:
     @property
     def note(self) -> str:
         lo, hi = self.interval
-        return f"now/stored {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] ({self.confidence:.0%}), regressed below {self.floor:.3f}"
+        return f"now/stored {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] ({self.confidence:.0%}; a regression is below {self.floor:.3f})"
 
 
 def judge_speedup(

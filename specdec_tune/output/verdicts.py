@@ -41,6 +41,9 @@ class Evidence:
     # a larger share of prompts parts now; ours is exact, so any prompt that parts fails.
     stored_divergence: tuple[int, int] = (0, 0)
     looks: int = 1  # the confirmations pooled in `again` (checkpolicy's `confirm_looks`)
+    # This machine's matmul anchor over the reference's (None: not compared), which bounds how far
+    # another machine can move the speedup (output.elsewhere.machine_floor).
+    machine_ratio: float | None = None
 
 
 @dataclass

@@ -84,6 +84,28 @@ def test_same_hardware():
     assert same_hardware({k: v for k, v in cpu.items() if k != "slug"}, cpu)
 
 
+def test_one_slug_with_another_vector_instruction_set_is_other_hardware():
+    """Two VMs of cpu-amd-epyc-2t, both "AMD EPYC", came with AVX-512 and with AVX2 only: the
+    fingerprint says which, and a profile whose CPU had the other is other hardware; a profile from
+    before `cpu_isa` is compared without it."""
+    from specdec_tune.measure.hardware import cpu_isa, hardware_difference
+
+    assert cpu_isa("flags\t\t: fpu sse2 avx2 fma avx512f avx512bw avx512_bf16\n") == "avx512-bf16"
+    assert cpu_isa("flags\t\t: fpu sse2 avx2 fma\n") == "avx2"
+    assert cpu_isa("Features\t: fp asimd evtstrm sve\n") == "sve"
+    assert cpu_isa("processor\t: 0\n") == ""
+    genoa = {"kind": "cpu", "cpu_model": "AMD EPYC", "torch_threads": 2, "cpu_isa": "avx512-bf16"}
+    milan = dict(genoa, cpu_isa="avx2")
+    assert hardware_slug(genoa) == hardware_slug(milan) == "cpu-amd-epyc-2t"
+    assert (
+        hardware_difference(genoa, milan)
+        == "measured on a cpu-amd-epyc-2t with avx512-bf16, this one has avx2"
+    )
+    assert not same_hardware(genoa, milan)
+    older = {k: v for k, v in genoa.items() if k != "cpu_isa"}
+    assert same_hardware(older, milan) and hardware_difference(genoa, dict(genoa)) is None
+
+
 def test_resolve_device_cpu_and_auto_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("cpu") == "cpu"

@@ -362,6 +362,29 @@ def test_a_speedup_drop_against_another_machines_reference_says_how_to_measure_o
     assert _verdict(passing) == "pass" and ELSEWHERE not in passing.note
 
 
+def test_a_drop_another_machines_matmul_speed_explains_cannot_be_told_from_the_machine():
+    """output.elsewhere: against another machine's reference, a drop down to the floor times the
+    two machines' matmul ratio is inconclusive (the unchanged demo profile read 0.843-0.869x its
+    stored speedup on a VM whose matmul read 0.846x, docs/ci.md), with `specdec-tune reference` as
+    the answer; a drop beyond it (a planted 15 % on top: 0.73) is still a regression, and on the
+    reference's own machine nothing changes."""
+    from specdec_tune.output.elsewhere import ANSWER, ELSEWHERE, machine_floor
+
+    e = _evidence(speedups=(0.84, 0.85, 0.83), same_machine=False, machine_ratio=0.846)
+    assert machine_floor(e, 0.10) == pytest.approx(0.9 * 0.846)
+    item = _items(e)["speedup"]
+    assert _verdict(item) == "inconclusive" and item.answer == ANSWER
+    assert "another machine's, whose matmul anchor this one reads at 0.846x" in item.note
+    assert "down to 0.761" in item.note and ELSEWHERE not in item.note
+    # a machine faster at matmul moves it as far the other way round
+    assert machine_floor(dataclasses.replace(e, machine_ratio=1 / 0.846), 0.10) == pytest.approx(0.9 * 0.846)
+    planted = _items(dataclasses.replace(e, measured=_measured([0.73, 0.74, 0.72])))["speedup"]
+    assert _verdict(planted) == "regression" and planted.note.endswith(ELSEWHERE)
+    for same in (dataclasses.replace(e, same_machine=True), dataclasses.replace(e, machine_ratio=None)):
+        assert machine_floor(same, 0.10) is None and _verdict(_items(same)["speedup"]) == "regression"
+    assert machine_floor(dataclasses.replace(e, machine_ratio=1.0), 0.10) is None  # anchors agree
+
+
 def test_an_absolute_rate_on_another_machine_of_the_slug_is_other_machine_information():
     # The issue's quiet check on another VM: plain 0.76x the stored rate, speedup unchanged.
     m = _measured([1.0, 1.01, 0.99], baseline=(60.8, 61.0, 60.5))
@@ -457,6 +480,25 @@ def test_a_speedup_still_too_noisy_after_its_confirmation_gets_one_more_look():
     looked = dataclasses.replace(e, again=e.again.joined(_measured([0.86, 0.85, 0.86, 0.87])), looks=2)
     item = speedup_item(looked, 0.10)
     assert _verdict(item) == "regression" and "re-measured twice: 10 repeats" in item.note
+
+
+def test_a_pass_by_its_estimate_alone_gets_another_look_where_a_pair_passes_only_clear_of_the_floor():
+    pair = dataclasses.replace(CHECK_POLICY, confirm_pair_spread=True)
+    stored = _stored(samples=[1.0])
+    # stop 61's planted check: an estimate above the floor, the interval reaching below it
+    e = _evidence([0.95, 0.86, 0.93], stored=stored, again=_measured([0.96, 0.85, 0.92]))
+    judged = judge_measured(e, 0.10, pair)
+    assert judged.verdict == "pass" and judged.interval[0] < 0.90 < judged.ratio
+    assert another_look(e, 0.10, pair) == 6  # as many again as ran
+    assert another_look(e, 0.10) is None  # without the pair rule the estimate decides at once
+    assert another_look(dataclasses.replace(e, looks=2), 0.10, pair) is None  # confirm_looks: 2
+    clear = _evidence([0.99, 1.0, 1.01], stored=stored, again=_measured([1.0, 0.98, 1.02]))
+    assert another_look(clear, 0.10, pair) is None  # a clear pass is answered
+    # the look moves the estimate to where the drop is: judged on all twelve, a regression
+    looked = dataclasses.replace(
+        e, again=e.again.joined(_measured([0.86, 0.85, 0.87, 0.86, 0.84, 0.86])), looks=1
+    )
+    assert _verdict(speedup_item(looked, 0.10, pair)) == "regression"
 
 
 def test_a_measurement_joined_with_its_repeat_pools_every_repeat():
