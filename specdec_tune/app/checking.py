@@ -113,8 +113,10 @@ def check(
             costs=p.costs,
             decode_anchor=p.anchors.decode_anchor if anchored else None,
         )
+        # A reference measured on this very machine (`specdec-tune reference`) is judged here,
+        # whatever hardware the search ran on.
         with open_stored(
-            p, path, models, purpose, allow_other_hardware=allow_other_hardware,
+            p, path, models, purpose, allow_other_hardware=allow_other_hardware or same_machine(p),
             slug_threads=where.threads_before if where is not None else None,
         ) as s:  # fmt: skip
             policy = on_slice(s.policy) if where is not None else s.policy
@@ -238,7 +240,7 @@ def first_row(
     if verdict.other_hardware and not allow_other_hardware:
         raise OtherHardwareError(other_hardware_message(path, verdict, s.run_command))
     moved = getattr(machine, "drift", 0.0)
-    ratio = machine_ratio(p, machine)
+    ratio = machine_ratio(p, machine, j.sliced)
     scale = rate_scale_for(p, verdict, machine) if env.quiet else 1.0  # a load's rates are not judged
     first = Evidence(
         stored, m, temperature=p.workload.temperature, environment=env,
@@ -299,12 +301,14 @@ def first_row(
     return items, ratio
 
 
-def machine_ratio(p: Any, machine: Any) -> float | None:
-    """This machine's matmul anchor over the reference processes' (measured as this check measures
-    it); None where either is missing. Another machine's reference is judged with it
+def machine_ratio(p: Any, machine: Any, sliced: bool) -> float | None:
+    """This machine's matmul anchor over the one measured where the reference was, as this check
+    measures it: the reference processes', else (off the check slice, with the engine's threads)
+    the run's; None where either is missing. Another machine's reference is judged with it
     (output.elsewhere.machine_floor)."""
+    a = p.anchors
     now = getattr(machine, "matmul_gflops", None)
-    ref = p.anchors.reference_matmul_gflops if p.anchors is not None else None
+    ref = None if a is None else a.reference_matmul_gflops or (None if sliced else a.matmul_gflops)
     return now / ref if now and ref else None
 
 

@@ -136,6 +136,30 @@ def test_other_hardware_is_exit_3(stored_profile, tmp_path):
     a_verdict(r)
 
 
+def test_another_vector_isa_is_other_hardware_unless_the_reference_was_measured_here(
+    stored_profile, tmp_path
+):
+    """A profile whose CPU had another vector instruction set (`cpu_isa`) than this one is other
+    hardware's, exit 3, naming both; once `specdec-tune reference` stored a reference measured on
+    this very machine (its id), it is judged here."""
+    from specdec_tune.measure.hardware import hardware_info, machine_id
+
+    here = hardware_info("cpu")["cpu_isa"]
+    other = "amx" if here != "amx" else "neon"
+    doc = yaml.safe_load(stored_profile.read_text())
+    doc["hardware"]["cpu_isa"] = other
+    p = tmp_path / "isa.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = invoke("check", p, "--repeats", "1")
+    assert r.exit_code == 3, r.output
+    said = " ".join(r.stderr.split())
+    assert f"with {other}, this one has {here or ''}".rstrip() in said and "--allow-other-hardware" in said
+    doc["anchors"] = {**(doc.get("anchors") or {}), "machine": machine_id()}
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = invoke("check", p, "--repeats", "1", "--tolerance", "0.5")
+    assert r.exit_code != 3, r.output
+
+
 def test_missing_profile_is_exit_2(tmp_path):
     one_red_line(invoke("check", tmp_path / "nope.yaml"))
 

@@ -385,6 +385,21 @@ def test_a_drop_another_machines_matmul_speed_explains_cannot_be_told_from_the_m
     assert machine_floor(dataclasses.replace(e, machine_ratio=1.0), 0.10) is None  # anchors agree
 
 
+def test_the_machine_ratio_is_taken_against_the_anchor_measured_where_the_reference_was():
+    """app.checking.machine_ratio: on the check slice against the reference processes' matmul (one
+    thread there), off it against theirs or else the run's (the engine's threads, as this check)."""
+    from specdec_tune.app.checking import machine_ratio
+
+    both = SimpleNamespace(anchors=SimpleNamespace(reference_matmul_gflops=102.8, matmul_gflops=184.4))
+    run_only = SimpleNamespace(anchors=SimpleNamespace(reference_matmul_gflops=None, matmul_gflops=179.6))
+    assert machine_ratio(both, SimpleNamespace(matmul_gflops=87.0), True) == pytest.approx(87.0 / 102.8)
+    assert machine_ratio(run_only, SimpleNamespace(matmul_gflops=165.9), False) == pytest.approx(
+        165.9 / 179.6
+    )
+    assert machine_ratio(run_only, SimpleNamespace(matmul_gflops=87.0), True) is None  # not like for like
+    assert machine_ratio(SimpleNamespace(anchors=None), SimpleNamespace(matmul_gflops=87.0), False) is None
+
+
 def test_an_absolute_rate_on_another_machine_of_the_slug_is_other_machine_information():
     # The issue's quiet check on another VM: plain 0.76x the stored rate, speedup unchanged.
     m = _measured([1.0, 1.01, 0.99], baseline=(60.8, 61.0, 60.5))
