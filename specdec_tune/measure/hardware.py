@@ -62,7 +62,10 @@ def hardware_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
         same = a.get("gpu_name") == b.get("gpu_name")
         return None if same else f"measured on {a.get('gpu_name')}, this is {b.get('gpu_name')}"
     if a.get("cpu_model") != b.get("cpu_model") or a.get("torch_threads") != b.get("torch_threads"):
-        return f"measured on {a.get('cpu_model')} with {a.get('torch_threads')} threads"
+        return (
+            f"measured on {a.get('cpu_model')} with {a.get('torch_threads')} threads, "
+            f"this is {b.get('cpu_model')} with {b.get('torch_threads')}"
+        )
     isa_a, isa_b = a.get("cpu_isa"), b.get("cpu_isa")
     if isa_a and isa_b and isa_a != isa_b:
         return f"measured on a {slug_a} with {isa_a}, this one has {isa_b}"
