@@ -2,8 +2,8 @@
 
 A speedup is the machine's as much as the code's: verifying γ + 1 tokens is matrix-multiply work
 where decoding one token is mostly reading weights, so a VM whose cores multiply more slowly moves
-the speedup though one-token decode does not slow. On a VM of `cpu-amd-epyc-2t` with AVX2 where the
-committed demo profile's reference came from one with AVX-512, `profile` found C_ver(7) at 14.47 ms
+the speedup though one-token decode does not slow. On a VM of `cpu-amd-epyc-2t` with AVX2, where the
+committed demo profile's reference came from one with AVX-512 (issue 50's account), `profile` found C_ver(7) at 14.47 ms
 against 9.47 with T_target 7.77 against 7.40, and quiet checks of the unchanged profile read
 0.836-0.856x its stored speedup while their matmul anchor read 0.884-0.912x the reference's
 (2026-12-06). So against another machine's reference the floor is scaled by the two machines'
