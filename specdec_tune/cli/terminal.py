@@ -110,6 +110,9 @@ def user_errors() -> Iterator[None]:
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:
+        if _while_interrupted(exc):  # raised while an interrupt unwound: the interrupt
+            error_line("interrupted", "")
+            raise typer.Exit(130) from None
         # Not a user mistake: a bug or the machine (e.g. out of memory). Exit 4 keeps it apart from
         # check's 1 (regression); SPECDEC_DEBUG=1 shows the traceback.
         if os.environ.get("SPECDEC_DEBUG"):
@@ -118,6 +121,21 @@ def user_errors() -> Iterator[None]:
             "internal error", f"{type(exc).__name__}: {_safe_str(exc)} (SPECDEC_DEBUG=1 shows the traceback)"
         )
         raise typer.Exit(4) from None
+
+
+def _while_interrupted(exc: BaseException) -> bool:
+    """Whether `exc` was raised while a KeyboardInterrupt (Ctrl-C, or SIGTERM as app.workers turns
+    it) was being handled. Optuna 5.1's `_run_trial` reads an unbound `updated_state` in a `finally`
+    when the interrupt lands inside its tell, and the UnboundLocalError replaces the interrupt: a
+    SIGTERM of a run then exited 4, "internal error", once in a CI run (stop 62)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
 
 
 def _safe_str(exc: BaseException) -> str:
