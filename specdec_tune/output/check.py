@@ -128,10 +128,10 @@ def speedup_item(e: Evidence, tolerance: float, policy: CheckPolicy = CHECK_POLI
     if shared and judged.verdict == REGRESSION and not beyond_load:
         judged.verdict = INCONCLUSIVE
     lowered = machine_floor(e, tolerance)  # another machine's reference: what its anchors explain
-    explained = judged.verdict == REGRESSION and lowered is not None
-    if explained and judge_measured(e, 1 - lowered, policy).verdict != REGRESSION:
+    rejudged = judge_measured(e, 1 - lowered, policy) if judged.verdict == REGRESSION and lowered else None
+    explained = rejudged is not None and rejudged.verdict != REGRESSION
+    if explained:
         judged.verdict = INCONCLUSIVE
-    explained = explained and judged.verdict == INCONCLUSIVE
     confirm = ""
     if again is not None:
         # Judged on all repeats together: a real regression stays below the floor, one noisy run
