@@ -314,7 +314,8 @@ def machine_ratio(p: Any, machine: Any, sliced: bool) -> float | None:
 
 def same_machine(p: Any) -> bool:
     """Whether this is the machine the profile was made on, not only one of its kind: the machine
-    id `run` stored with the reference (measure.hardware.machine_id). Older profiles have none, and
+    id `run` stored (measure.hardware.machine_id; with the reference, or with the run's own rates in
+    vLLM, app.tuning). Older profiles have none, and
     their absolute rates are then reported as another machine's (output.rates.unjudged)."""
     stored = p.anchors.machine if p.anchors is not None else None
     return stored is not None and stored == machine_id()

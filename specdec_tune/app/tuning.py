@@ -12,6 +12,7 @@ from ..checkpolicy import CHECK_POLICY
 from ..domain import Noise
 from ..errors import SpecDecError
 from ..limits import check_count
+from ..measure.hardware import machine_id
 from ..measure.noise import busy
 from ..search.space import TuneSettings
 from ..store.runfiles import save_run
@@ -68,6 +69,10 @@ def tune(
     run = search_session(
         models, settings, inputs, out, progress, batch_sizes=batch_sizes, budget_s=budget_s, started=started
     )
+    if not (run.fresh_reference or run.slices) and run.profile.anchors is not None:
+        # a server engine without a check slice (vLLM): its rates came from servers it started fresh,
+        # this machine's level as `check` will measure it, so this machine may judge them again
+        run.profile.anchors.machine = machine_id()
     profile, csv_path = save_run(run.profile, run.out, run.trial_rows, settings.force)
     if (run.fresh_reference or run.slices) and settings.reference_processes and profile.anchors is not None:
         left = reference_seconds(budget_s, time.monotonic() - started, run.reference_s)
