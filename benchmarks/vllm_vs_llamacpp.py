@@ -37,6 +37,7 @@ def measure(backend: str, profile: Path, repeats: int, prompts: int, new_tokens:
     models = app.Models(
         target=p.target.path, workload=p.workload.name, prompts=prompts, max_new_tokens=new_tokens,
         backend=backend, drafts=[best.draft] if best.gamma else [],
+        **({"dtype": p.target.dtype} if backend == "vllm" and p.target.dtype else {}),  # the dtype that ran
     )  # fmt: skip
     with open_session(models, Purpose("bench")) as s:
         (m,) = s.measure([best], s.case, 1, repeats)
