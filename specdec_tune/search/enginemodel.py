@@ -48,7 +48,7 @@ Assumed, and why:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..domain import Config
@@ -75,9 +75,6 @@ class DraftFit:
     token_share: float  # q
     gammas: list[int]
     fixed_length: bool
-    # replayed, not fitted (an engine's `simulate`): per drafting forward, at this config's gamma
-    accepted: float | None = None
-    drafted: float | None = None
 
 
 @dataclass
@@ -100,7 +97,7 @@ class EnginePrediction:
     tokens_per_s: float
     coverage: float
     accepted_per_draft: float
-    drafted_per_draft: float
+    drafted_per_draft: int
     verify: VerifyFit | None
     t_plain_ms: float
     t_draft_ms: float = 0.0
@@ -129,9 +126,6 @@ class EngineCostModel:
         self.verify: dict[str, VerifyFit] = {}  # family -> its verification cost
         self.t_draft_ms: dict[str, float] = {}  # draft model -> ms per draft forward
         self.carried_from: int | None = None  # the context length fitted at, when carried to another
-        # an engine's replay of a draft at a config's gamma (backends.vllm.ngram_sim at T = 0): its
-        # coverage and drafted and accepted tokens per draft, exact where the fit of alpha is not
-        self.simulate: Callable[[Config], DraftFit | None] | None = None
         self._fitted = False
 
     def add(self, observation: Observation) -> None:
@@ -222,19 +216,17 @@ class EngineCostModel:
         if not _speculates(config):
             return EnginePrediction(config, 1.0, 1000.0 / t_plain, 0.0, 0.0, 0, None, t_plain)
         fit = self._draft_fit(config)
-        if self.simulate is not None and family(config) == "ngram":
-            fit = self.simulate(config) or fit
         verify = self.verify.get(family(config))
         t_draft = self.t_draft_ms.get(config.draft.name, 0.0 if family(config) == "ngram" else None)
         if config.gamma_policy != "fixed" or fit is None or verify is None or t_draft is None:
             return None
-        acc = fit.accepted if fit.accepted is not None else expected_accepted(fit.alpha, config.gamma)
-        drafted = fit.drafted if fit.drafted is not None else config.gamma
+        gamma = config.gamma
+        acc = expected_accepted(fit.alpha, gamma)
         steps = fit.token_share / (1.0 + acc)
         forwards = 1.0 - fit.token_share + steps
-        ms = ms_per_token(fit.token_share, acc, drafted, t_plain, verify, t_draft)
+        ms = ms_per_token(fit.token_share, acc, gamma, t_plain, verify, t_draft)
         return EnginePrediction(
-            config, t_plain / ms, 1000.0 / ms, steps / forwards, acc, drafted, verify, t_plain, t_draft, fit
+            config, t_plain / ms, 1000.0 / ms, steps / forwards, acc, gamma, verify, t_plain, t_draft, fit
         )
 
     def predict(self, config: Config) -> float | None:
@@ -268,10 +260,8 @@ class EngineCostModel:
         if p.fit is None:
             return f"{config.label}: plain decoding, T_target {p.t_plain_ms:.1f} ms per token"
         v, f = p.verify, p.fit
-        at_most = "" if f.fixed_length or f.drafted is not None else "≥ "
-        of = f"{p.drafted_per_draft:g}" if f.fixed_length else f"≤ {p.drafted_per_draft:g}"
-        if f.drafted is not None:
-            of = f"{p.drafted_per_draft:.1f} drafted"
+        at_most = "" if f.fixed_length else "≥ "
+        of = f"{p.drafted_per_draft}" if f.fixed_length else f"≤ {p.drafted_per_draft}"
         text = (
             f"{config.label}: {p.speedup:.2f}x predicted; drafts on {at_most}{100 * p.coverage:.0f} % "
             f"of forwards, {p.accepted_per_draft:.1f} accepted of {of}, verify {v.ms_per_token:.2f} ms "
@@ -285,11 +275,9 @@ class EngineCostModel:
         if family(config) == "model":
             text += f", draft model {p.t_draft_ms:.2f} ms per forward"
         notes = []
-        if f.drafted is not None:
-            notes.append("acceptance replayed at T = 0 on the plain server's replies")
         if v.borrowed_from:
             notes.append(f"verification cost from the {v.borrowed_from} drafts")
-        if config.gamma not in f.gammas and f.drafted is None:
+        if config.gamma not in f.gammas:
             notes.append("measured at γ " + ", ".join(map(str, f.gammas)))
         if _group(config)[1] != f.threshold:
             notes.append(f"acceptance from t={f.threshold:.2f}")
@@ -329,7 +317,7 @@ class EngineCostModel:
 
 
 def ms_per_token(
-    q: float, accepted: float, gamma: float, t_forward: float, verify: VerifyFit, t_draft: float = 0.0
+    q: float, accepted: float, gamma: int, t_forward: float, verify: VerifyFit, t_draft: float = 0.0
 ) -> float:
     """ms per decode token (module docstring): a share q of tokens comes from forwards that carry a
     gamma-token draft with `accepted` of it accepted; a forward costs `t_forward` (and o in a

@@ -41,13 +41,12 @@ of its predictions then shows.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Protocol
 
 from ..domain import Config, Costs
 from ..measurement import Measurement
 from .enginefit import ranked
-from .enginemodel import DraftFit, EngineCostModel, Observation, ms_per_token
+from .enginemodel import EngineCostModel, Observation, ms_per_token
 
 
 class EnginePredictor:
@@ -56,11 +55,8 @@ class EnginePredictor:
     first speculative trial, from a model carried from another context length (`carry_from`), if
     given."""
 
-    def __init__(
-        self, *, forward_overhead: bool = False, simulate: Callable[[Config], DraftFit | None] | None = None
-    ) -> None:
+    def __init__(self, *, forward_overhead: bool = False) -> None:
         self.model = EngineCostModel(forward_overhead=forward_overhead)
-        self.model.simulate = simulate  # an engine's replay of its drafts (EngineCostModel.simulate)
         self.carried: EngineCostModel | None = None
 
     def carry_from(self, other: EnginePredictor, costs_from: Costs, costs_to: Costs) -> None:

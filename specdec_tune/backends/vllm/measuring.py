@@ -225,10 +225,6 @@ class VllmBackend:
             out.append(self._reference[key])
         return out
 
-    def plain_replies(self) -> list[tuple[list[int], list[int]]]:
-        """Every (prompt, T = 0 reply) the plain server gave so far (`reference`)."""
-        return [(list(prompt), tokens) for (prompt, _), tokens in self._reference.items()]
-
     def exactness(self, config: Config, case: TextCase) -> dict[str, Any]:
         """`config`'s T = 0 tokens against the plain server's, per prompt (those not compared yet
         are sent once, untimed): prompts, mismatches, the first position where each parts."""

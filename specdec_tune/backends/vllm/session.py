@@ -20,7 +20,7 @@ from ... import __version__
 from ...checkpolicy import VLLM_CHECK_POLICY
 from ...domain import Config, Costs
 from ...errors import SpecDecError
-from ...limits import MAX_GAMMA, check_context, check_count, check_temperature
+from ...limits import check_context, check_count, check_temperature
 from ...measure.hardware import cpu_isa
 from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import sent_tokens
@@ -29,7 +29,6 @@ from ...measure.timing import median
 from ...runtime.contexts import workload_as_sent
 from ...runtime.workloads import prompt_text
 from ...search.budget import TrialShape
-from ...search.enginemodel import DraftFit
 from ...search.enginepredictor import EnginePredictor
 from ...search.space import TuneSettings
 from ...store.build import EngineFields
@@ -42,7 +41,6 @@ from .args import EXAMPLE_MODEL_GAMMA, EXAMPLE_NGRAM, parse_vllm_draft
 from .costs import measure_costs
 from .measuring import SETTLE_S, VllmBackend
 from .models import engine_drafts, resolve_target
-from .ngram_sim import Replay, Replayer, as_fit
 from .schedule import measure_schedule, schedule_seconds
 from .server import build_info, extra_args, find_python, is_cpu_build, run_dtype
 
@@ -116,10 +114,9 @@ class VllmSession(ServerSession):
         # the finalists race on the servers their trials started (MAX_SERVERS)
         self.trial_shape = TrialShape(
             overhead_s=start_s, warmup_passes=1.0, own_baseline=False, plans_speedup=False, batch_requests=2.0,
-            min_trials=len(self._probed()) + 2, finalist_overhead_s=0.0,
+            min_trials=len(self.specs) + 2, finalist_overhead_s=0.0,
         )  # fmt: skip
         self._stack: contextlib.ExitStack | None = None
-        self._replayers: dict[tuple[Any, ...], Replayer] = {}
 
     def _case(self, models: Models, budgets: list[int]) -> TextCase:
         """The workload as token ids: each prompt through the target's chat template, fitted to the
@@ -167,39 +164,8 @@ class VllmSession(ServerSession):
     # -- what the search needs
     def predictor(self) -> EnginePredictor:
         """The engine model with a cost per forward of a speculative server (search.enginemodel's
-        o): vLLM runs a speculative server's every step without async scheduling. At T = 0 the
-        n-gram drafts are replayed on the plain server's replies (backends.vllm.ngram_sim): their
-        acceptance at every γ is known without a server, only their costs come from trials."""
-        return EnginePredictor(forward_overhead=True, simulate=self._replayed if self._replays() else None)
-
-    def _replays(self) -> bool:
-        return self.case.temperature == 0 and any(d.kind == "prompt_lookup" for d in self.specs)
-
-    def _replayed(self, config: Config) -> DraftFit | None:
-        """`config`'s n-gram draft replayed on every T = 0 reply the plain server gave (the prompts
-        the trials measured), as the engine model's fit at its γ; None before any reply."""
-        d = config.draft
-        pairs = self.backend.plain_replies()
-        if d.kind != "prompt_lookup" or not pairs or config.gamma <= 0:
-            return None
-        r = Replay()
-        for prompt, reply in pairs:
-            key = (d.ngram_min, d.ngram_max, tuple(prompt), tuple(reply))
-            if key not in self._replayers:
-                self._replayers[key] = Replayer(prompt, reply, d.ngram_min, d.ngram_max, MAX_GAMMA)
-            r = r.add(self._replayers[key].replay(config.gamma))
-        return as_fit(r, d.name, config.gamma)
-
-    def _probed(self) -> list[Any]:
-        """The drafts the search measures first, each once: all of them, except that where n-gram
-        drafts are replayed (T = 0) one of them stands for all (vLLM's example's, else the first):
-        its trial fits the verification cost the others share, and a server start is a trial's
-        largest cost."""
-        ngrams = [d for d in self.specs if d.kind == "prompt_lookup"]
-        if not self._replays() or len(ngrams) < 2:
-            return list(self.specs)
-        keep = next((d for d in ngrams if d.name == EXAMPLE_NGRAM[0]), ngrams[0])
-        return [d for d in self.specs if d.kind != "prompt_lookup" or d is keep]
+        o): vLLM runs a speculative server's every step without async scheduling."""
+        return EnginePredictor(forward_overhead=True)
 
     def settings_for(self, settings: TuneSettings, progress: Progress) -> TuneSettings:
         if settings.gamma_policies and set(settings.gamma_policies) != {"fixed"}:
@@ -237,14 +203,14 @@ class VllmSession(ServerSession):
         return measure_costs(self.backend, self.case.head(2), self.specs, max_gamma, repeats)
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
-        """Every draft once first (`_probed`: its acceptance in this engine feeds the cost model): vLLM's
+        """Every draft once first (its acceptance in this engine feeds the cost model): vLLM's
         documented example where the draft is the example's (its server then races in the final
         round without another start), other n-gram drafts at three quarters of the range. The model
         tells a step's cost from a drafted token's once a family ran at two lengths: the model's best
         prediction, tried next, is the second."""
         examples = {c.draft.name: c.gamma for c in self.default_configs()}
         out = []
-        for d in self._probed():
+        for d in self.specs:
             gamma = examples.get(d.name) or max(1, max_gamma * 3 // 4)
             out.append({"draft": d.name, "gamma": min(max_gamma, gamma)})
         return out
