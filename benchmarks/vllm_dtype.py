@@ -23,7 +23,7 @@ from specdec_tune.backends.vllm.costs import decode_ms, verify_curve_ms
 from specdec_tune.backends.vllm.measuring import VllmBackend
 from specdec_tune.backends.vllm.models import resolve_target
 from specdec_tune.backends.vllm.server import build_info, find_python
-from specdec_tune.measure.hardware import cpu_isa
+from specdec_tune.measure.hardware import local_cpu_isa
 from specdec_tune.measure.llamacpp.cases import TextCase
 from specdec_tune.measure.servers import servers_die_with_us
 
@@ -64,7 +64,7 @@ def main() -> None:
     target = resolve_target(args.target).path
     with servers_die_with_us():
         rows = [measure(target, d, args.max_gamma) for d in args.dtypes.split(",")]
-    out = {"cpu_isa": cpu_isa(Path("/proc/cpuinfo").read_text()), "target": args.target, "rows": rows}
+    out = {"cpu_isa": local_cpu_isa(), "target": args.target, "rows": rows}
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
     for r in rows:
         print(json.dumps(r))

@@ -85,6 +85,11 @@ def cpu_isa(cpuinfo: str) -> str:
     return next((name for flag, name in ladder if flag in flags), "")
 
 
+def local_cpu_isa() -> str:
+    """This machine's `cpu_isa`, from /proc/cpuinfo ("" where it cannot be read)."""
+    return cpu_isa(_read("/proc/cpuinfo"))
+
+
 def machine_id() -> str | None:
     """This machine itself, not its kind, in this boot: a short hash of the OS's machine id
     (/etc/machine-id), the host name and the boot id (/proc/sys/kernel/random/boot_id), or None

@@ -186,11 +186,11 @@ def test_run_check_export_end_to_end(tmp_path):
     assert p.backend.engine_args == [EXTRA] and p.backend.start_s and p.backend.start_s > 0
     assert p.costs.engine_mode == "engine" and p.costs.t_target_ms > 0 and len(p.costs.verify_ms) == 4
     # vLLM's auto dtype, resolved where this CPU has no bfloat16 matmul (backends.vllm.server.run_dtype)
-    from specdec_tune.measure.hardware import cpu_isa, machine_id
+    from specdec_tune.measure.hardware import local_cpu_isa, machine_id
 
     assert p.anchors.machine == machine_id()  # its plain rates came from fresh servers: judged here again
 
-    avx2 = cpu_isa(Path("/proc/cpuinfo").read_text()) == "avx2"
+    avx2 = local_cpu_isa() == "avx2"
     assert p.target.dtype == ("float32" if avx2 else "auto")
     assert ("--dtype" in p.best.backend_args) == avx2
     assert p.baseline.tokens_per_s > 0 and p.noise is not None

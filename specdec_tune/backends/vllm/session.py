@@ -21,7 +21,7 @@ from ...checkpolicy import VLLM_CHECK_POLICY
 from ...domain import Config, Costs
 from ...errors import SpecDecError
 from ...limits import check_context, check_count, check_temperature
-from ...measure.hardware import cpu_isa
+from ...measure.hardware import local_cpu_isa
 from ...measure.llamacpp.cases import TextCase
 from ...measure.llamacpp.closedloop import sent_tokens
 from ...measure.servers import ServerError
@@ -47,13 +47,6 @@ from .server import build_info, extra_args, find_python, is_cpu_build, run_dtype
 NOISE_PASSES = 3
 SERVER_MEMORY_GIB = 2.0  # the CPU build's share of memory a server takes (its KV cache beside the weights)
 CONTEXT_ROOM = 64  # tokens beside the longest prompt and reply
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
 
 
 class VllmSession(ServerSession):
@@ -83,7 +76,7 @@ class VllmSession(ServerSession):
         # a search may resolve vLLM's auto (run_dtype); check measures the profile's own dtype as stored
         self.dtype, self.dtype_note = (models.dtype, None)
         if purpose.name != "check":
-            self.dtype, self.dtype_note = run_dtype(build, models.dtype, extra, cpu_isa(_cpuinfo()))
+            self.dtype, self.dtype_note = run_dtype(build, models.dtype, extra, local_cpu_isa())
         self.target_dtype = self.dtype
         self.specs = engine_drafts(models.drafts, self.target)
         self.workload = engine_workload(models)
