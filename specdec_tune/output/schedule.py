@@ -10,7 +10,22 @@ from rich.table import Table
 
 
 def schedule_table(schedule: dict[str, Any]) -> Table | None:
-    """The measured schedule's rows; None when the profile holds none."""
+    """The measured schedule's rows (or why none was needed: one γ served every batch size); None
+    when the profile holds none."""
+    if schedule and schedule.get("one_gamma") is not None and not schedule.get("rows"):
+        k = schedule["tiers"][0][2]
+        kept = schedule["one_gamma"]
+        t = Table(
+            title=f"No batch-size schedule: {schedule['draft']} γ {k} at every measured batch size",
+            title_justify="left",
+            caption="a faster-looking γ, not resolved faster than the γ of the size below, does not switch K" if kept else None,
+        )  # fmt: skip
+        t.add_column("B")
+        t.add_column("the fastest there, and the γ kept")
+        for line in kept:
+            b, _, rest = line.partition(": ")
+            t.add_row(b, rest)
+        return t
     if not schedule or not schedule.get("rows"):
         return None
     tiers = ", ".join(f"B {s}-{e}: γ {k}" for s, e, k in schedule["tiers"])

@@ -105,11 +105,14 @@ def test_tiers_put_each_measured_size_in_its_own_tier():
 
 
 class _R:
-    def __init__(self, name, gamma, speedup, interval=None):
+    def __init__(self, name, gamma, speedup, interval=None, samples=None):
         from specdec_tune.domain import DraftSpec, Metrics
 
         self.config = Config(DraftSpec(name, "prompt_lookup", ngram_min=2, ngram_max=4), gamma)
-        self.metrics = Metrics(100.0 * speedup, 100.0, speedup, 0.0, 0.5, 2.0, speedup_interval=interval)
+        self.metrics = Metrics(
+            100.0 * speedup, 100.0, speedup, 0.0, 0.5, 2.0, speedup_interval=interval,
+            speedup_samples=list(samples or []),
+        )  # fmt: skip
 
 
 class _Result:
@@ -131,6 +134,58 @@ def test_best_gammas_per_batch_size_of_one_draft():
     results[16] = _Result(_R("ngram:2-4", 3, 0.9, [0.85, 0.95]))
     assert best_gammas("ngram:2-4", results)[16] == 0
     assert best_gammas("ngram:4", results) == {1: 6, 4: 0, 16: 0}  # not measured there: K = 0
+
+
+def test_a_gamma_switches_only_where_the_faster_one_is_resolved_faster():
+    # SmolLM2 on the AVX2 VM (stop 63): γ 8 at B = 1, then γ 6 "won" B = 4 by noise and γ 8 came
+    # back at B = 16, a schedule of three tiers whose measurement then found γ 6 and γ 8 tied at B = 4
+    # (1.002 [0.995, 1.007]). From the cells' paired repeats, that switch is not made.
+    tied_6 = [1.50, 1.38, 1.45, 1.47, 1.40]
+    tied_8 = [1.46, 1.41, 1.43, 1.45, 1.42]
+    results = {
+        1: _Result(_R("ngram:2-4", 8, 3.19), _R("ngram:2-4", 6, 3.05)),
+        4: _Result(_R("ngram:2-4", 6, 1.445, samples=tied_6), _R("ngram:2-4", 8, 1.43, samples=tied_8)),
+        16: _Result(_R("ngram:2-4", 8, 1.08), _R("ngram:2-4", 6, 1.07)),
+    }
+    assert best_gammas("ngram:2-4", results) == {1: 8, 4: 8, 16: 8}
+    assert tiers(best_gammas("ngram:2-4", results)) == [[1, 1024, 8]]
+    # resolved faster in every repeat: K switches
+    results[4] = _Result(
+        _R("ngram:2-4", 6, 1.60, samples=[1.6, 1.62, 1.58, 1.61, 1.59]),
+        _R("ngram:2-4", 8, 1.40, samples=[1.4, 1.41, 1.39, 1.42, 1.40]),
+    )
+    assert best_gammas("ngram:2-4", results) == {1: 8, 4: 6, 16: 8}
+    # without samples, the intervals: apart switches, overlapping keeps
+    results[4] = _Result(_R("ngram:2-4", 6, 1.6, [1.55, 1.65]), _R("ngram:2-4", 8, 1.4, [1.35, 1.5]))
+    assert best_gammas("ngram:2-4", results)[4] == 6
+    results[4] = _Result(_R("ngram:2-4", 6, 1.6, [1.45, 1.65]), _R("ngram:2-4", 8, 1.4, [1.35, 1.5]))
+    assert best_gammas("ngram:2-4", results)[4] == 8
+    # the gamma below resolved slower than plain decoding there is not kept
+    results[4] = _Result(_R("ngram:2-4", 6, 1.01, [0.98, 1.04]), _R("ngram:2-4", 8, 0.9, [0.85, 0.95]))
+    assert best_gammas("ngram:2-4", results)[4] == 6
+
+
+def test_one_gamma_everywhere_is_recorded_not_measured():
+    from specdec_tune.backends.vllm.schedule import measure_schedule
+    from specdec_tune.output.schedule import schedule_table
+
+    results = {
+        1: _Result(_R("ngram:2-4", 8, 3.19), _R("ngram:2-4", 6, 3.05)),
+        4: _Result(
+            _R("ngram:2-4", 6, 1.445, samples=[1.50, 1.38, 1.45, 1.47, 1.40]),
+            _R("ngram:2-4", 8, 1.43, samples=[1.46, 1.41, 1.43, 1.45, 1.42]),
+        ),
+    }
+
+    class NoServers:  # measuring anything would start a server: none may be touched
+        def __getattr__(self, name):
+            raise AssertionError(f"measured: {name}")
+
+    record = measure_schedule(NoServers(), results, case=None)
+    assert record["tiers"] == [[1, 1024, 8]] and not record["emitted"] and record["rows"] == []
+    assert record["one_gamma"] == ["B=4: γ 6 1.445x, γ 8 1.430x"]
+    table = schedule_table(record)
+    assert "γ 8 at every measured batch size" in table.title and table.row_count == 1
 
 
 @pytest.mark.slow

@@ -2,10 +2,12 @@
 rows and then measured itself, since a schedule is a config of its own: it switches K as requests
 come and go, and a hand-written one collapsed throughput at its threshold (vllm#49548).
 
-1. `tiers`: each measured batch size's best gamma of the tuned draft (0 only where plain decoding
-   was resolved faster there: a K = 0 tier costs more than the plain server) becomes a tier; a
-   boundary lies at the geometric middle of two measured sizes, so every measured size sits inside
-   its own tier, and equal neighbours merge.
+1. `tiers`: each measured batch size's gamma of the tuned draft becomes a tier (`best_gammas`: the
+   fastest there, unless it is not resolved faster than the gamma of the size below; 0 only where
+   plain decoding was resolved faster: a K = 0 tier costs more than the plain server); a boundary
+   lies at the geometric middle of two measured sizes, so every measured size sits inside its own
+   tier, and equal neighbours merge. One gamma everywhere is no schedule: the fixed config is the
+   answer, and nothing more is measured (`one_gamma`).
 2. `measure_schedule`: the schedule's server against each fixed gamma it mixes, interleaved, at
    every measured batch size and at each boundary (where the running batch crosses it as requests
    finish and refill). Paired per repeat (`measure.stats.compare`). Plain decoding is a side of its
@@ -76,17 +78,38 @@ def schedule_seconds(start_s: float, pass_by_b: dict[int, float], repeats: int) 
 
 
 def best_gammas(draft: str, results: dict[int, Any]) -> dict[int, int]:
-    """Per batch size, the fastest measured gamma of `draft` there; 0 only where plain decoding was
-    resolved faster than it (its interval wholly below 1) or it was not measured there. A K = 0
-    tier is not plain decoding: in a speculative server it ran at 0.909 [0.874, 0.945] of the plain
-    server (SmolLM2, B = 9) and 0.47x (demo, B = 4), so where the draft only ties with plain
-    decoding its own gamma stays on (docs/vllm.md)."""
-    out = {}
-    for b, result in results.items():
-        rows = [r for r in result.results if r.config.draft.name == draft and r.config.gamma > 0]
+    """Per batch size, from the smallest up, the gamma of `draft` to serve there: the fastest
+    measured, unless the gamma of the size below was raced there too and the fastest is not
+    resolved faster than it (`_resolved_faster`): a switch the noise decided would add a threshold
+    where K flips step to step (vllm#49548) and buy nothing, so K changes only where the run
+    measured a reason. 0 only where plain decoding was resolved faster than the fastest (its
+    interval wholly below 1) or `draft` was not measured there. A K = 0 tier is not plain decoding:
+    in a speculative server it ran at 0.909 [0.874, 0.945] of the plain server (SmolLM2, B = 9) and
+    0.47x (demo, B = 4), so where the draft only ties with plain decoding its own gamma stays on
+    (docs/vllm.md)."""
+    out: dict[int, int] = {}
+    below = 0  # the gamma served at the size below (0: none yet, or plain decoding there)
+    for b in sorted(results):
+        rows = [r for r in results[b].results if r.config.draft.name == draft and r.config.gamma > 0]
         best = max(rows, key=lambda r: r.metrics.speedup, default=None)
-        out[b] = 0 if best is None or _resolved_slower(best.metrics) else best.config.gamma
+        kept = next((r for r in rows if below and r.config.gamma == below), None)
+        if best is not None and kept is not None and kept is not best and not _resolved_slower(kept.metrics):
+            best = best if _resolved_faster(best.metrics, kept.metrics) else kept
+        out[b] = below = 0 if best is None or _resolved_slower(best.metrics) else best.config.gamma
     return out
+
+
+def _resolved_faster(a: Any, b: Any) -> bool:
+    """Whether metrics `a` are resolved faster than `b`, both from one cell's race: their paired
+    interval (per-repeat speedups over the same plain passes, the first repeats both have: a race's
+    first round measures every finalist together) wholly above 1; without samples, their own
+    intervals apart; without those, the higher speedup."""
+    n = min(len(a.speedup_samples or []), len(b.speedup_samples or []))
+    if n >= 2:
+        return compare(a.speedup_samples[:n], b.speedup_samples[:n]).interval[0] > 1.0
+    if a.speedup_interval and b.speedup_interval:
+        return a.speedup_interval[0] > b.speedup_interval[1]
+    return a.speedup > b.speedup
 
 
 def _resolved_slower(m: Any) -> bool:
@@ -100,8 +123,8 @@ def measure_schedule(
     backend: VllmBackend, results: dict[int, Any], case: Any, repeats: int = 3
 ) -> dict[str, Any] | None:
     """The schedule of the first batch size's best draft, measured against each fixed gamma it
-    mixes; None when there is nothing to schedule (plain decoding everywhere, or one gamma
-    everywhere: a fixed config is then the whole answer)."""
+    mixes; None when plain decoding is the answer everywhere, and `one_gamma`'s record, nothing
+    measured, when one gamma serves every size (the fixed config is then the whole answer)."""
     first = results[min(results)]
     spec = next((r.config for r in first.results if r.config.gamma > 0), None)
     if spec is None:
@@ -109,8 +132,10 @@ def measure_schedule(
     points = best_gammas(spec.draft.name, results)
     schedule = tiers(points)
     ks = sorted({t[2] for t in schedule if t[2] > 0})
-    if not ks or len(schedule) == 1:
+    if not ks:
         return None
+    if len(schedule) == 1:
+        return one_gamma(spec.draft.name, schedule, results)
     config = Config(spec.draft, max(ks), gamma_policy=SCHEDULE_POLICY)
     backend.schedules[config.key] = schedule
     fixed = [replace(spec, gamma=k) for k in ks]
@@ -145,6 +170,24 @@ def measure_schedule(
         "below_plain": below_plain,
         "flags": backend.flags(config),
     }
+
+
+def one_gamma(draft: str, schedule: list[list[int]], results: dict[int, Any]) -> dict[str, Any]:
+    """The record of a run whose draft serves one gamma at every measured batch size: no schedule
+    is measured or emitted (the fixed config is the answer), and `kept` says at which sizes a
+    faster-looking gamma was not resolved faster than it."""
+    k = schedule[0][2]
+    kept = []
+    for b in sorted(results):
+        rows = [r for r in results[b].results if r.config.draft.name == draft and r.config.gamma > 0]
+        best = max(rows, key=lambda r: r.metrics.speedup, default=None)
+        if best is not None and best.config.gamma != k:
+            mine = next((r for r in rows if r.config.gamma == k), None)
+            if mine is not None:
+                kept.append(
+                    f"B={b}: γ {best.config.gamma} {best.metrics.speedup:.3f}x, γ {k} {mine.metrics.speedup:.3f}x"
+                )
+    return {"draft": draft, "tiers": schedule, "rows": [], "emitted": False, "lost": [], "one_gamma": kept}
 
 
 # A loss this close to 1 is measured again in a new server pair before it counts: two servers of one
