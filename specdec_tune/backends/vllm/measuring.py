@@ -286,18 +286,19 @@ class VllmBackend:
         if case.temperature == 0 and batch_size == 1 and not self.checked(config, case):
             self.exactness(config, case)
         elif batch_size > 1:
-            self._pass(server, case.pick(list(range(len(case.prompts))), 8), batch_size, "warm")
+            self._warm_pass(server, case, batch_size)
         else:
             self._untimed(server, case.prompts[0], min(8, case.max_new_tokens[0]), case.temperature)
 
+    def _warm_pass(self, server: VllmServer, case: TextCase, batch_size: int) -> None:
+        """Untimed: one prompt (B = 1), or a closed loop of 8-token requests (B > 1: its batch shapes)."""
+        short = case.head(1) if batch_size == 1 else case.pick(list(range(len(case.prompts))), 8)
+        self._pass(server, short, batch_size, "warm")
+
     def _together(
-        self,
-        configs: list[Config],
-        case: TextCase,
-        batch_size: int,
-        repeats: int,
+        self, configs: list[Config], case: TextCase, batch_size: int, repeats: int,
         on_repeat: Callable[[int, float], None] | None,
-    ) -> list[Measurement]:
+    ) -> list[Measurement]:  # fmt: skip
         """Speculative `configs` against one plain side: per repeat a plain pass and each config's,
         in turn, reversed every other repeat (ABBA): 1 + k passes a repeat."""
         pinned = tuple(c.key for c in configs)
@@ -305,7 +306,7 @@ class VllmBackend:
         plain = self.server(None)
         for c in configs:
             self._warm(c, case, batch_size)
-        self._pass(plain, case.head(1) if batch_size == 1 else case, batch_size, "warm")
+        self._warm_pass(plain, case, batch_size)
         k = len(configs)
         passes: dict[int, list[dict[str, Any]]] = {i: [] for i in range(-1, k)}
         speedups: list[list[float]] = [[] for _ in configs]
@@ -366,7 +367,7 @@ class VllmBackend:
 
     def _baseline(self, case: TextCase, batch_size: int, repeats: int) -> Measurement:
         plain = self.server(None)
-        self._pass(plain, case.head(1) if batch_size == 1 else case, batch_size, "warm")
+        self._warm_pass(plain, case, batch_size)
         passes = [self._pass(plain, case, batch_size, "plain") for _ in range(max(1, repeats))]
         tok_s = median([p["tok_s"] for p in passes])
         metrics, rates = Metrics(tok_s, tok_s, 1.0, 0.0, 0.0, 1.0, repeats=repeats), [p["tok_s"] for p in passes]  # fmt: skip
@@ -378,7 +379,7 @@ class VllmBackend:
     def plain_pass_s(self, case: TextCase, batch_size: int) -> float:
         """Seconds of one timed plain pass over `case` at `batch_size` (after an untimed one)."""
         plain = self.server(None)
-        self._pass(plain, case.head(1) if batch_size == 1 else case, batch_size, "warm")
+        self._warm_pass(plain, case, batch_size)
         started = time.monotonic()
         self._pass(plain, case, batch_size, "plain")
         return time.monotonic() - started
