@@ -212,7 +212,7 @@ def answer_for(
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
         shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
         quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "--tolerance 0.70, what a quiet machine
-                                                                   resolves here (the speedup varied 33% ...),"
+                                                                   resolves here (the speedup varied 33% ...)"
         shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
                                                                -> "about 13 more repeats (--repeats 16) or ..."
     """
@@ -223,7 +223,7 @@ def answer_for(
         return f"about {more} more repeats (--repeats {ran + more}){tail}"
     if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer
         lo, hi = (judged or judge_measured(e, tolerance, policy)).interval
-        return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why},"
+        return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why}"
     return f"a quiet machine{why}"
 
 

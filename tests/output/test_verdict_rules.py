@@ -652,7 +652,7 @@ def test_a_quiet_check_too_noisy_to_resolve_names_the_tolerance_it_resolves():
     wide = math.ceil(100 * (hi - lo)) / 100
     assert item.answer == (
         f"--tolerance {wide:.2f}, what a quiet machine resolves here "
-        "(the speedup varied 33% from repeat to repeat),"
+        "(the speedup varied 33% from repeat to repeat)"
     )
     assert _verdict(speedup_item(e, wide)) != "inconclusive"
 
