@@ -174,8 +174,8 @@ def measure_schedule(
 
 def one_gamma(draft: str, schedule: list[list[int]], results: dict[int, Any]) -> dict[str, Any]:
     """The record of a run whose draft serves one gamma at every measured batch size: no schedule
-    is measured or emitted (the fixed config is the answer), and `kept` says at which sizes a
-    faster-looking gamma was not resolved faster than it."""
+    is measured or emitted (the fixed config is the answer); its `one_gamma` lists the sizes where
+    a faster-looking gamma was not resolved faster than it, with both speedups."""
     k = schedule[0][2]
     kept = []
     for b in sorted(results):
