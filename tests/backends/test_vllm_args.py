@@ -330,6 +330,22 @@ def test_export_emits_the_schedule_only_where_it_never_lost():
     out = export(p, "vllm")
     assert out.argv[3:] == ran and not out.schedule  # the best fixed config, and why
     assert any("lost to a fixed γ at B=3" in w for w in out.warnings)
+    # one gamma at every size (`one_gamma`): no schedule measured, the fixed config that ran
+    one = {
+        "draft": "ngram:2-4",
+        "tiers": [[1, 1024, 8]],
+        "rows": [],
+        "emitted": False,
+        "lost": [],
+        "one_gamma": [],
+    }
+    p, ran = _vllm_profile(one)
+    out = export(p, "vllm")
+    assert (
+        out.argv[3:] == ran
+        and not out.schedule
+        and "num_speculative_tokens_per_batch_size" not in " ".join(out.argv)
+    )
 
 
 def test_show_prints_the_measured_schedule_and_where_it_lost():
