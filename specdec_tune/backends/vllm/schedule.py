@@ -90,13 +90,18 @@ def best_gammas(draft: str, results: dict[int, Any]) -> dict[int, int]:
     out: dict[int, int] = {}
     below = 0  # the gamma served at the size below (0: none yet, or plain decoding there)
     for b in sorted(results):
-        rows = [r for r in results[b].results if r.config.draft.name == draft and r.config.gamma > 0]
-        best = max(rows, key=lambda r: r.metrics.speedup, default=None)
+        rows, best = _draft_rows(draft, results[b])
         kept = next((r for r in rows if below and r.config.gamma == below), None)
         if best is not None and kept is not None and kept is not best and not _resolved_slower(kept.metrics):
             best = best if _resolved_faster(best.metrics, kept.metrics) else kept
         out[b] = below = 0 if best is None or _resolved_slower(best.metrics) else best.config.gamma
     return out
+
+
+def _draft_rows(draft: str, result: Any) -> tuple[list[Any], Any]:
+    """A cell's speculative rows of `draft`, and the fastest of them (None without any)."""
+    rows = [r for r in result.results if r.config.draft.name == draft and r.config.gamma > 0]
+    return rows, max(rows, key=lambda r: r.metrics.speedup, default=None)
 
 
 def _resolved_faster(a: Any, b: Any) -> bool:
@@ -179,8 +184,7 @@ def one_gamma(draft: str, schedule: list[list[int]], results: dict[int, Any]) ->
     k = schedule[0][2]
     kept = []
     for b in sorted(results):
-        rows = [r for r in results[b].results if r.config.draft.name == draft and r.config.gamma > 0]
-        best = max(rows, key=lambda r: r.metrics.speedup, default=None)
+        rows, best = _draft_rows(draft, results[b])
         if best is not None and best.config.gamma != k:
             mine = next((r for r in rows if r.config.gamma == k), None)
             if mine is not None:
