@@ -128,6 +128,7 @@ def record_reference(
     sliced: bool = False,
     rows: int = 1,
     first: int = 1,
+    startup_s: float = 0.0,
 ) -> tuple[list[dict[str, Any]], str]:
     """Measure the reference in up to `processes` fresh processes, one after the other, within
     `budget_s` (each process's length estimated from `pass_s`, one plain pass). Returns the quiet
@@ -140,9 +141,10 @@ def record_reference(
     `sliced`: each on the check slice instead (measure.narrow), every batch-table row too (`rows`
     of them, the first included: each process may then take that many times its estimate before it
     is killed; the budget plans the rows apart, app.session_plan.keep_for_reference_rows). `first`:
-    the number the notes give the first process."""
+    the number the notes give the first process. `startup_s`: what each process spends starting its
+    engine's servers beside that (`server_startup_s`)."""
     extra = policy.extra_processes if extra is None else extra
-    estimate = process_seconds(pass_s) if pass_s else 60.0
+    estimate = (process_seconds(pass_s) if pass_s else 60.0) + startup_s
     started = time.monotonic()
     kept: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -248,8 +250,9 @@ def rebase(
     pass_s = p.noise.plain_pass_s if p.noise is not None else None
     cap = max(processes, policy.reference_max_processes)
     settled = settle(
-        path, processes, cap, None, pass_s, None, device=device, sliced=sliced, rows=rows, policy=policy
-    )
+        path, processes, cap, None, pass_s, None, device=device, sliced=sliced, rows=rows, policy=policy,
+        startup_s=server_startup_s(p),
+    )  # fmt: skip
     kept, group, notes = settled.kept, settled.group, settled.notes
     if len(group) < policy.min_reference_processes:
         raise Unsettled(
@@ -265,6 +268,13 @@ def rebase(
         out, [k["speedup"] for k in chosen if k.get("speedup")], [k["baseline_tokens_per_s"] for k in chosen],
         sliced, "; ".join(notes),
     )  # fmt: skip
+
+
+def server_startup_s(p: Profile) -> float:
+    """What one reference process of a server engine spends starting its servers (the plain one and
+    the best config's, each the profile's median start, `backend.start_s`): a vLLM server takes tens
+    of seconds where a pass takes a few, so an estimate by the passes alone timed the process out."""
+    return 2 * (p.backend.start_s or 0.0)
 
 
 def slice_rows(p: Profile) -> int:
@@ -302,6 +312,7 @@ def settle(
     rows: int = 1,
     policy: CheckPolicy = CHECK_POLICY,
     run: Any = subprocess.run,
+    startup_s: float = 0.0,
 ) -> Settled:
     """Reference processes (`record_reference`), one at a time, until `processes` quiet ones agree
     within the policy's `reference_agreement`, at most `cap` started and within `budget_s`; where the
@@ -317,7 +328,7 @@ def settle(
         if left is None or left > 0:
             got, note = record_reference(
                 path, 1, left, pass_s, threads, device=device, sliced=sliced, rows=rows, extra=0,
-                first=started + 1, policy=policy, run=run,
+                first=started + 1, policy=policy, run=run, startup_s=startup_s,
             )  # fmt: skip
         if not got and "did not fit the budget" in note:
             notes.append(f"reference processes {started + 1} to {cap} did not fit the budget")

@@ -364,3 +364,34 @@ def test_agreeing_is_the_largest_group_within_the_bound():
     assert agreeing([1.866, 1.985, 2.071, 1.97], 0.04) == [1, 3]
     assert agreeing([2.0, 1.0, 1.02, 1.03, 2.05], 0.04) == [1, 2, 3]
     assert agreeing([], 0.04) == []
+
+
+def test_a_server_engines_process_is_given_time_for_its_server_starts(tmp_path):
+    """A vLLM reference process starts two servers (tens of seconds each) before passes of a few:
+    its timeout counts the starts, where an estimate by the passes alone killed it mid-start."""
+    run, calls = _runner([_line(110.0, 88.0), _line(110.0, 88.0)])
+    record_reference(tmp_path / "p.yaml", processes=1, pass_s=3.3, run=run)
+    record_reference(tmp_path / "p.yaml", processes=1, pass_s=3.3, run=run, startup_s=100.0)
+    plain, with_starts = (kwargs["timeout"] for _, kwargs in calls)
+    assert plain < 4 * 100.0 < with_starts
+    assert with_starts == pytest.approx(4 * (process_seconds(3.3) + 100.0))
+
+
+def test_reference_of_a_server_profile_plans_on_its_server_starts(tmp_path, monkeypatch):
+    """`specdec-tune reference` on a profile whose engine runs as servers passes each process two
+    of the profile's median starts (the plain server's and the best config's); our engine's none."""
+    from helpers import invoke
+
+    from specdec_tune.store.yamlio import load_profile, save_profile
+
+    kept = [{"tokens_per_s": 90.0, "baseline_tokens_per_s": 80.0, "speedup": 1.1 + i / 100} for i in range(3)]
+    path, asked = _rebase_setup(tmp_path, monkeypatch, kept, threads=None)
+    assert invoke("reference", path).exit_code == 0
+    assert asked["startup_s"] == 0.0
+    p = load_profile(path)
+    p.backend.start_s = 50.1
+    save_profile(p, path)
+    path, asked = path, _one_at_a_time(monkeypatch, kept)
+    r = invoke("reference", path)
+    assert r.exit_code == 0, r.output
+    assert asked["startup_s"] == pytest.approx(100.2)
