@@ -205,14 +205,12 @@ def answer_for(
 ) -> str:
     """What would make an inconclusive speedup answer, in a few words (`repeats_to_answer`'s count,
     or a quiet machine, and why). On a quiet machine where no count of repeats would: the tolerance
-    its interval's width resolves (a wider one answers either way: regression with the interval
-    narrower than it, pass with the estimate above its floor); `judged`: the floor test already made
-    (`judge_measured`), not bootstrapped again.
+    its interval's width resolves (a wider one answers either way), and a reference where there is
+    none; `judged`: the floor test already made (`judge_measured`), not bootstrapped again.
 
         shared, 1 in 4 prompt pairs unpreempted, 3 repeats run -> "about 9 more repeats (--repeats 12) or a quiet machine"
         shared, no prompt unpreempted                          -> "a quiet machine (our threads waited 48% ...)"
-        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], 5 run      -> "--tolerance 0.70, what a quiet machine
-                                                                   resolves here (the speedup varied 33% ...)"
+        quiet, speedups [0.6, 1.3, 0.85, 1.2, 0.7], no reference -> "`specdec-tune reference` or --tolerance 0.70, ..."
         shared, unpreempted [0.80, 0.88, 0.96, 0.84, 0.92] at 0.75, 3 repeats run
                                                                -> "about 13 more repeats (--repeats 16) or ..."
     """
@@ -221,9 +219,12 @@ def answer_for(
     if more is not None:  # on a quiet machine (the check slice's core included) the repeats alone
         tail = "" if e.environment.quiet else " or a quiet machine"
         return f"about {more} more repeats (--repeats {ran + more}){tail}"
-    if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer
-        lo, hi = (judged or judge_measured(e, tolerance, policy)).interval
-        return f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why}"
+    if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer,
+        lo, hi = (judged or judge_measured(e, tolerance, policy)).interval  # or, judged against one
+        tol = f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why}"
+        # process's stored repeats, a reference in fresh processes (vLLM: 0.854 [0.726, 1.004] so, 0.864
+        # [0.829, 0.916] against 3 server pairs' reference: docs/vllm.md)
+        return tol if reference_speedups(e.reference, policy) else f"`specdec-tune reference` or {tol}"
     return f"a quiet machine{why}"
 
 
