@@ -273,7 +273,7 @@ def rebase(
 def server_startup_s(p: Profile) -> float:
     """What one reference process of a server engine spends starting its servers (the plain one and
     the best config's, each the profile's median start, `backend.start_s`): a vLLM server takes tens
-    of seconds where a pass takes a few, so an estimate by the passes alone timed the process out."""
+    of seconds where a pass takes a few: by the passes alone, a vLLM demo process had 2 minutes."""
     return 2 * (p.backend.start_s or 0.0)
 
 

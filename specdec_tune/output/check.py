@@ -222,8 +222,8 @@ def answer_for(
     if e.environment.quiet:  # quiet already: only a tolerance this check can resolve would answer,
         lo, hi = (judged or judge_measured(e, tolerance, policy)).interval  # or, judged against one
         tol = f"--tolerance {math.ceil(100 * (hi - lo)) / 100:.2f}, what a quiet machine resolves here{why}"
-        # process's stored repeats, a reference in fresh processes (vLLM: 0.854 [0.726, 1.004] so, 0.864
-        # [0.829, 0.916] against 3 server pairs' reference: docs/vllm.md)
+        # process's stored repeats, a reference in fresh processes (a planted vLLM drop read 0.854 [0.726,
+        # 1.004] against 5 stored repeats, 0.864 [0.829, 0.916] against 3 server pairs: docs/vllm.md)
         return tol if reference_speedups(e.reference, policy) else f"`specdec-tune reference` or {tol}"
     return f"a quiet machine{why}"
 
