@@ -162,6 +162,69 @@ def test_a_longer_length_races_each_draft_at_its_own_best_and_an_untried_one_at_
     searched = [(c.draft.name, c.gamma) for c in later_candidates(tune, first_raced=False)]
     assert searched == [("a", 5), ("b", 3), ("c", 7)]
     assert [(c.draft.name, c.gamma) for c in later_candidates(tune, first_raced=True)] == [("a", 5), ("a", 3)]
+    # where the budget asks for fewer (app.session_plan._fewer_later): the two fastest, as after a race
+    assert [(c.draft.name, c.gamma) for c in later_candidates(tune, False, 2)] == [("a", 5), ("a", 3)]
+
+
+def test_later_batch_sizes_race_the_two_fastest_only_where_three_would_not_fit_what_is_left():
+    """app.session_plan: with the trial cut as far as it goes, a run whose later batch sizes' races
+    of CONFIRM_TOP configs (each a side of 5 passes there) are over the budget left races the
+    CONFIRM_RACED fastest there, and says so; where three fit, three race."""
+    import time
+    from dataclasses import replace
+
+    from specdec_tune.app.session_plan import SessionPlan, _fewer_later
+    from specdec_tune.measure.llamacpp.cases import TextCase
+    from specdec_tune.search.budget import Cell, TrialShape, least_seconds, pass_share
+    from specdec_tune.search.space import TuneSettings
+
+    shape = TrialShape(overhead_s=30.0, warmup_passes=1.0, own_baseline=False, plans_speedup=False,
+                       batch_requests=2.0, min_trials=4, finalist_overhead_s=0.0)  # fmt: skip
+
+    class Session:  # what the plan reads of a session
+        trial_shape = shape
+
+        def expected_speedup(self, costs, settings):
+            return None
+
+    notes: list[str] = []
+
+    class Progress:
+        def note(self, text):
+            notes.append(text)
+
+    settings = TuneSettings(repeats=2, finalists=3, final_repeats=5)
+    case = TextCase([[1, 2], [3, 4]], [32, 32], 0.0)  # the trial as cut: 2 of 8 prompts, 32 of 48 tokens
+
+    def plan(budget_s: float) -> SessionPlan:
+        return SessionPlan(
+            settings, None, [1, 4, 16], budget_s, time.monotonic(), 0.0, True, True, None, [],
+            {1: 12.0, 4: 8.0, 16: 24.0}, 8, 48, case,
+        )  # fmt: skip
+
+    def least(top: int) -> float:  # the three cells at the least, each side of B = 16 a 16 s pass
+        def cell(b: int, pinned: int, searched: bool) -> Cell:
+            return Cell(
+                replace(settings, batch_size=b), {1: 12.0, 4: 8.0, 16: 24.0}[b], None, pinned, searched
+            )
+
+        cells = [cell(1, 0, True), cell(4, top, False), cell(16, top, False)]
+        return sum(
+            least_seconds(c, 720.0 / 3, shape, pass_share(shape, c.settings.batch_size, 2, 8, 32, 48))
+            for c in cells
+        )
+
+    assert least(2) < 720.0 < least(3)
+    tight = plan(720.0)
+    _fewer_later(tight, Session(), Progress())
+    assert tight.later_top == 2 and [c.pinned for c in tight.cells(Session(), 2, 32)] == [0, 2, 2]
+    assert notes == [
+        f"budget: each later batch size races the 2 fastest configs of B=1, not 3: the least of every "
+        f"batch size takes about {least(3):.0f} s with 3 ({least(2):.0f} s with 2), 720 s of the budget left"
+    ]
+    roomy = plan(least(3) + 50.0)
+    _fewer_later(roomy, Session(), Progress())
+    assert roomy.later_top == 3 and len(notes) == 1
 
 
 @pytest.mark.slow  # the CLI end to end

@@ -14,7 +14,7 @@ from ..domain import Config, Costs
 from ..measure.seam import Case
 from ..measurepolicy import MEASURE_POLICY
 from ..runtime.workloads import stratified
-from ..search.budget import Cell, cells_trial_size, first_cell_share, fit_budget, pass_share
+from ..search.budget import Cell, cells_trial_size, first_cell_share, fit_budget, least_seconds, pass_share
 from ..search.cells import CONFIRM_RACED, CONFIRM_TOP, every_draft, union
 from ..search.pruning import screen_prompts, screened_share
 from ..search.space import TuneSettings
@@ -45,6 +45,7 @@ class SessionPlan:
     tokens: int  # its longest reply
     case: Case  # what a pass sends: the whole workload, or the first k prompts of t tokens
     cut: str = ""  # how the budget cut a trial ("" when it did not)
+    later_top: int = CONFIRM_TOP  # configs a later batch size races after a search (`_fewer_later`)
 
     def confirms(self, i: int) -> bool:
         """Whether the i-th batch size races configs that won elsewhere instead of searching."""
@@ -69,7 +70,7 @@ class SessionPlan:
                 if searched
                 else CONFIRM_RACED
                 if self.first_from
-                else CONFIRM_TOP
+                else self.later_top
             )
             out.append(
                 Cell(
@@ -115,7 +116,34 @@ def plan_session(
         _cut_trial(plan, s, progress)
     if budgeted and len(batch_sizes) > 1 and isinstance(s, Schedules):
         _keep_for_schedule(plan, s, progress)
+    if confirming and first_from is None and len(batch_sizes) > 1:
+        _fewer_later(plan, s, progress)
     return plan
+
+
+def _fewer_later(plan: SessionPlan, s: MeasuringSession, progress: Progress) -> None:
+    """Where the least of every cell, the trial as cut, is still over what is left, a later batch
+    size races the CONFIRM_RACED fastest configs of the first (not the best of each draft first):
+    a side of such a race is `final_repeats` passes at that size, and those are the run's longest
+    (vLLM on a 2-core AVX2 CPU: 16.6 s a plain pass at B = 16, whose race of three configs took
+    438 s of a 1 123 s run against a 600 s budget). The fastest two are also what a batch-size
+    schedule chooses between (backends.vllm.schedule: the first size's best draft)."""
+    k, t = len(plan.case.prompts), max(plan.case.max_new_tokens)
+    left = plan.left_s()
+
+    def least(cells: list[Cell]) -> float:  # each cell's pass already cut to k prompts of t tokens
+        return sum(least_seconds(c, left / len(cells), s.trial_shape) for c in cells)
+
+    whole = least(plan.cells(s, k, t))
+    if whole <= left:
+        return
+    plan.later_top = CONFIRM_RACED
+    fewer = least(plan.cells(s, k, t))
+    progress.note(
+        f"budget: each later batch size races the {CONFIRM_RACED} fastest configs of B={plan.batch_sizes[0]}, "
+        f"not {CONFIRM_TOP}: the least of every batch size takes about {whole:.0f} s with {CONFIRM_TOP} "
+        f"({fewer:.0f} s with {CONFIRM_RACED}), {max(left, 0.0):.0f} s of the budget left"
+    )
 
 
 def _keep_for_schedule(plan: SessionPlan, s: MeasuringSession, progress: Progress) -> None:

@@ -245,7 +245,7 @@ def _search_cell(c: _Cells, i: int, b: int) -> None:
         candidates = (
             plan.first_pinned
             if i == 0
-            else later_candidates(c.results[plan.batch_sizes[0]], bool(plan.first_from))
+            else later_candidates(c.results[plan.batch_sizes[0]], bool(plan.first_from), plan.later_top)
         )
     if plan.budgeted:
         pinned = len(candidates) if plan.confirms(i) else len(c.defaults) if i == 0 else 0

@@ -18,12 +18,14 @@ CONFIRM_TOP = 3  # how many configs of the searched cell a confirming cell races
 CONFIRM_RACED = 2
 
 
-def later_candidates(result: TuneResult, first_raced: bool) -> list[Config]:
-    """What a later batch size races: `confirm_candidates` of a searched first batch size, or the
-    CONFIRM_RACED fastest of a raced one (its ranking alone: each draft was raced there)."""
-    if first_raced:
-        return _speculative(result)[:CONFIRM_RACED]
-    return confirm_candidates(result, CONFIRM_TOP)
+def later_candidates(result: TuneResult, first_raced: bool, top: int = CONFIRM_TOP) -> list[Config]:
+    """What a later batch size races: `confirm_candidates` of a searched first batch size (`top` of
+    them; the budget may ask for CONFIRM_RACED, app.session_plan), or the CONFIRM_RACED fastest of a
+    raced one (its ranking alone: each draft was raced there). Fewer than CONFIRM_TOP after a
+    search: the fastest, whatever their drafts."""
+    if first_raced or top <= CONFIRM_RACED:
+        return _speculative(result)[: min(top, CONFIRM_RACED)]
+    return confirm_candidates(result, top)
 
 
 def confirm_candidates(result: TuneResult, k: int) -> list[Config]:
