@@ -91,7 +91,10 @@ def cost_model_fit(result: TuneResult, predictor: Predictor) -> dict[str, Any]:
     return out
 
 
-def batched(predictor: Predictor | None, batch_size: int) -> BatchedPredictor | None:
+def batched(
+    predictor: Predictor | None, batch_size: int, costs: Costs | None = None
+) -> BatchedPredictor | None:
     """The B = 1 engine predictor's view at a later batch size (search.enginepredictor.
-    BatchedPredictor), or None where there is none."""
-    return BatchedPredictor(predictor, batch_size) if predictor is not None else None
+    BatchedPredictor, with the engine's C_ver at that size where `costs` hold it), or None where
+    there is none."""
+    return BatchedPredictor(predictor, batch_size, costs) if predictor is not None else None

@@ -230,7 +230,7 @@ class _Cells:
     notes: list[str] = field(default_factory=list)  # the budget's, one per cell
 
     def predictor_at(self, i: int, batch_size: int) -> Predictor | None:
-        return self.predictor if i == 0 else batched(self.predictor, batch_size)
+        return self.predictor if i == 0 else batched(self.predictor, batch_size, self.costs)
 
 
 def _search_cell(c: _Cells, i: int, b: int) -> None:

@@ -25,22 +25,30 @@ The final round is never fed to the model, so a carried prediction is out of sam
 
 A batch size above one is predicted from the same model (`BatchedPredictor`): B rows decode in one
 forward a step, so a row-forward costs the plain pass's wall ms per token at B (t_B, its own
-baseline trial's, measured before anything speculative at B), and each drafted token verified adds
-k as at B = 1 (a forward over more tokens is compute on a CPU: batching the rows did not make a
-token cheaper, plain decoding at B = 4 made 122 tokens/s against 111 at B = 1 with 256 tokens of
-context, and fewer at 2 048). Coverage, acceptance and the drafted length per emitted token are the
-B = 1 model's (at T = 0 a slot generates the same text as one request alone):
+baseline trial's, measured before anything speculative at B). Coverage, acceptance and the drafted
+length per emitted token are the B = 1 model's (at T = 0 a slot generates the same text as one
+request alone):
 
-    ms per token = F t_B + S c + D k      speedup = t_B / ms
+    ms per token = F t_B + S c + D k_B      speedup = t_B / ms
+
+k_B, a drafted token verified at B, is the B = 1 fit's k times what the engine's own C_ver(B, γ)
+says one more drafted token costs at B against B = 1 (`verify_scale`: the slope of C_ver(B, γ)
+over γ, per row, over the slope of C_ver(1, γ); both raw, as the engine measured them, so a path
+the prefill takes and a decode step does not cancels out). Where the costs have no C_ver at B, k_B
+is k: a forward over more tokens is compute on a CPU, and batching the rows did not make a token
+cheaper in llama.cpp (plain decoding at B = 4 made 122 tokens/s against 111 at B = 1 with 256
+tokens of context, and fewer at 2 048). In vLLM it made one dearer: SmolLM2 at B = 4 measured 1.38x
+with `ngram:2-4` γ 8 where k predicted 2.53x (backends/vllm/costs.py).
 
 No speculative measurement at B is fed to it, so its predictions there are out of sample. On a GPU,
-where a batched verification is memory-bound until it is not, k at B is not k at 1: what the error
-of its predictions then shows.
+where a batched verification is memory-bound until it is not, k_B departs from k both ways: what
+the measured C_ver(B, γ) is for.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Protocol
 
 from ..domain import Config, Costs
@@ -142,13 +150,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 class BatchedPredictor:
     """Predicts at `batch_size` > 1 from a B = 1 `EnginePredictor` (its current model, own or
-    carried) and the plain wall ms per token measured at this batch size (module docstring). It
-    observes plain measurements only; `rank` and `explain` as EnginePredictor's."""
+    carried), the plain wall ms per token measured at this batch size, and, where `costs` hold
+    C_ver at this batch size and at B = 1 raw, what a drafted token's verification costs here
+    against B = 1 (module docstring). It observes plain measurements only; `rank` and `explain` as
+    EnginePredictor's."""
 
-    def __init__(self, single: EnginePredictor, batch_size: int) -> None:
+    def __init__(self, single: EnginePredictor, batch_size: int, costs: Costs | None = None) -> None:
         self.single = single
         self.batch_size = batch_size
         self.t_batch_ms: float | None = None  # plain wall ms per token at this batch size
+        self.k_scale = verify_scale(costs, batch_size)  # None: a drafted token verified as at B = 1
 
     def observe(self, config: Config, m: Measurement) -> None:
         if config.gamma == 0 and m.metrics.tokens_per_s > 0:
@@ -161,8 +172,11 @@ class BatchedPredictor:
         if p is None or p.fit is None or p.verify is None:
             return None
         t = self.t_batch_ms
+        verify = p.verify
+        if self.k_scale is not None:
+            verify = replace(verify, ms_per_token=verify.ms_per_token * self.k_scale)
         ms = ms_per_token(
-            p.fit.token_share, p.accepted_per_draft, p.drafted_per_draft, t, p.verify, p.t_draft_ms
+            p.fit.token_share, p.accepted_per_draft, p.drafted_per_draft, t, verify, p.t_draft_ms
         )
         return t / ms, ms
 
@@ -181,8 +195,26 @@ class BatchedPredictor:
             return f"{config.label}: no prediction at B={self.batch_size}"
         return (
             f"{config.label}: {out[0]:.2f}x predicted at B={self.batch_size} (plain {self.t_batch_ms:.1f} ms "
-            f"a token there, verification as at B=1)"
+            f"a token there, "
+            + (
+                "verification as at B=1)"
+                if self.k_scale is None
+                else f"a drafted token verified at {self.k_scale:.2f}x its B=1 cost, C_ver(B, γ) measured)"
+            )
         )
+
+
+def verify_scale(costs: Costs | None, batch_size: int) -> float | None:
+    """What one more drafted token verified costs a row at `batch_size` against B = 1, from the
+    engine's raw C_ver curves (`Costs.batch` at B, `Costs.verify_raw_ms` at 1): (slope at B / B) /
+    slope at 1. None where either is missing or not rising."""
+    at_b = costs.at_batch(batch_size) if costs is not None and batch_size > 1 else None
+    if at_b is None or costs is None or not costs.verify_raw_ms:
+        return None
+    slope_b, slope_1 = _slope(at_b.verify_ms), _slope(costs.verify_raw_ms)
+    if slope_b is None or slope_1 is None or slope_b <= 0 or slope_1 <= 0:
+        return None
+    return slope_b / batch_size / slope_1
 
 
 class Predictor(Protocol):

@@ -193,7 +193,7 @@ class VllmSession(ServerSession):
         """T_target and C_ver(γ) measured in the plain vLLM server (acceptance and a draft model's
         T_draft come from the trials: `with_trial_acceptance`, the engine model)."""
         progress.stage("vLLM costs: T_target, C_ver(γ)", 0.0)
-        return measure_costs(self.backend, self.case.head(2), self.specs, max_gamma, repeats)
+        return measure_costs(self.backend, self.case.head(2), self.specs, max_gamma, repeats, batch_sizes)
 
     def first_trials(self, max_gamma: int) -> list[dict[str, Any]]:
         """Every draft once first (its acceptance in this engine feeds the cost model): vLLM's
