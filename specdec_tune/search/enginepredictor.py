@@ -31,14 +31,24 @@ request alone):
 
     ms per token = F t_B + S c + D k_B      speedup = t_B / ms
 
-k_B, a drafted token verified at B, is the B = 1 fit's k times what the engine's own C_ver(B, γ)
-says one more drafted token costs at B against B = 1 (`verify_scale`: the slope of C_ver(B, γ)
-over γ, per row, over the slope of C_ver(1, γ); both raw, as the engine measured them, so a path
-the prefill takes and a decode step does not cancels out). Where the costs have no C_ver at B, k_B
-is k: a forward over more tokens is compute on a CPU, and batching the rows did not make a token
-cheaper in llama.cpp (plain decoding at B = 4 made 122 tokens/s against 111 at B = 1 with 256
-tokens of context, and fewer at 2 048). In vLLM it made one dearer: SmolLM2 at B = 4 measured 1.38x
-with `ngram:2-4` γ 8 where k predicted 2.53x (backends/vllm/costs.py).
+k_B, a drafted token verified at B, is the B = 1 fit's k plus what the engine's own C_ver(B, γ)
+says one more drafted token costs a row at B beyond what it costs at B = 1 (`verify_extra_ms`: the
+slope of C_ver(B, γ) over γ, per row, minus the slope of C_ver(1, γ); both raw, as the engine
+measured them, so a path the prefill takes and a decode step does not cancels out; a difference, as
+along L, so that a B = 1 fit of k = 0 still grows). Where the costs have no C_ver at B, k_B is k: a
+forward over more tokens is compute on a CPU, and batching the rows did not make a token cheaper
+in llama.cpp (plain decoding at B = 4 made 122 tokens/s against 111 at B = 1 with 256 tokens of
+context, and fewer at 2 048).
+
+What the forward explains in vLLM is little. SmolLM2 on a 2-core AVX-512 CPU in bfloat16 (stop
+66): C_ver(16, γ) rose 22.5 ms a γ (1.4 ms a drafted token a row), C_ver(4, γ) 2.2 ms, C_ver(1, γ)
+not at all (k fitted 0); `ngram:4` γ 5 measured 1.06x at B = 4 and 1.01x at B = 16 where this
+predicted 2.02x and 1.63x. Two things the model does not have: vLLM accepted fewer of the same
+draft's tokens there (0.76 of those proposed at B = 4 and 16, 0.92 at B = 1; τ 2.13 against 3.88),
+and a speculative batch step at B = 4 (8.5 tokens at 11.2 ms) cost about 48 ms more than a plain
+one (4 tokens at 11.8 ms), of which the forward (C_ver(4, 5) - C_ver(4, 0)) is about 10: the rest
+is per step on the host (no async scheduling in a speculative server, the proposer, the rejection
+sampler), which no cost pass here measures yet.
 
 No speculative measurement at B is fed to it, so its predictions there are out of sample. On a GPU,
 where a batched verification is memory-bound until it is not, k_B departs from k both ways: what
@@ -159,7 +169,7 @@ class BatchedPredictor:
         self.single = single
         self.batch_size = batch_size
         self.t_batch_ms: float | None = None  # plain wall ms per token at this batch size
-        self.k_scale = verify_scale(costs, batch_size)  # None: a drafted token verified as at B = 1
+        self.k_extra_ms = verify_extra_ms(costs, batch_size)  # None: a drafted token verified as at B = 1
 
     def observe(self, config: Config, m: Measurement) -> None:
         if config.gamma == 0 and m.metrics.tokens_per_s > 0:
@@ -173,8 +183,8 @@ class BatchedPredictor:
             return None
         t = self.t_batch_ms
         verify = p.verify
-        if self.k_scale is not None:
-            verify = replace(verify, ms_per_token=verify.ms_per_token * self.k_scale)
+        if self.k_extra_ms is not None:
+            verify = replace(verify, ms_per_token=max(0.0, verify.ms_per_token + self.k_extra_ms))
         ms = ms_per_token(
             p.fit.token_share, p.accepted_per_draft, p.drafted_per_draft, t, verify, p.t_draft_ms
         )
@@ -198,23 +208,24 @@ class BatchedPredictor:
             f"a token there, "
             + (
                 "verification as at B=1)"
-                if self.k_scale is None
-                else f"a drafted token verified at {self.k_scale:.2f}x its B=1 cost, C_ver(B, γ) measured)"
+                if self.k_extra_ms is None
+                else f"a drafted token verified at {self.k_extra_ms:+.2f} ms against B=1, C_ver(B, γ) measured)"
             )
         )
 
 
-def verify_scale(costs: Costs | None, batch_size: int) -> float | None:
-    """What one more drafted token verified costs a row at `batch_size` against B = 1, from the
-    engine's raw C_ver curves (`Costs.batch` at B, `Costs.verify_raw_ms` at 1): (slope at B / B) /
-    slope at 1. None where either is missing or not rising."""
+def verify_extra_ms(costs: Costs | None, batch_size: int) -> float | None:
+    """What one more drafted token verified costs a row at `batch_size` beyond B = 1, from the
+    engine's raw C_ver curves (`Costs.batch` at B, `Costs.verify_raw_ms` at 1): slope at B / B minus
+    slope at 1, each at least 0 (a flat or falling curve costs a drafted token nothing). None where
+    either curve is missing."""
     at_b = costs.at_batch(batch_size) if costs is not None and batch_size > 1 else None
     if at_b is None or costs is None or not costs.verify_raw_ms:
         return None
     slope_b, slope_1 = _slope(at_b.verify_ms), _slope(costs.verify_raw_ms)
-    if slope_b is None or slope_1 is None or slope_b <= 0 or slope_1 <= 0:
+    if slope_b is None or slope_1 is None:
         return None
-    return slope_b / batch_size / slope_1
+    return max(0.0, slope_b) / batch_size - max(0.0, slope_1)
 
 
 class Predictor(Protocol):

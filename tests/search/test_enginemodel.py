@@ -334,29 +334,35 @@ def test_a_later_batch_size_is_predicted_from_the_b1_model_and_its_own_plain_pas
 
 def test_a_later_batch_size_verifies_a_drafted_token_at_the_cost_the_engine_measured_there():
     """BatchedPredictor with the engine's C_ver(B, γ) (vLLM's `Costs.batch`, raw, and the raw B = 1
-    curve): k at B is the B = 1 fit's k times (slope at B / B) / slope at B = 1. A slope of B times
-    B = 1's (a compute-bound forward, linear in its tokens) predicts as before; twice that doubles k,
-    and the prediction falls to what the model's equations give with 2k. No curve at B: k as at 1."""
+    curve): k at B is the B = 1 fit's k plus (slope at B / B - slope at B = 1). A slope of B times
+    B = 1's (a compute-bound forward, linear in its tokens) predicts as before; twice that adds B =
+    1's slope to k, and the prediction falls to what the model's equations give with that k. A flat
+    B = 1 curve (k fitted 0 there) still lets B's slope count. No curve at B: k as at 1."""
     from types import SimpleNamespace
 
     from specdec_tune.domain import BatchCosts, Costs
-    from specdec_tune.search.enginepredictor import BatchedPredictor, EnginePredictor, verify_scale
+    from specdec_tune.search.enginepredictor import BatchedPredictor, EnginePredictor, verify_extra_ms
 
     single = EnginePredictor()
     for g in (4, 8, 12):
         single.model.add(fabricate(Config(LOOKUP, g), 0.3, 0.75, 0.9, 0.4, vary=False))
     raw_1 = [10.0 + 2.0 * g for g in range(1, 9)]  # 2 ms a drafted token at B = 1
 
-    def costs(slope_b: float) -> Costs:
+    def costs(slope_b: float, raw: list[float] = raw_1) -> Costs:
         at_4 = BatchCosts(4, 30.0, [30.0 + slope_b * g for g in range(1, 9)])
-        return Costs(11.0, 0.0, raw_1, 0.0, 100, batch=[at_4], verify_raw_ms=raw_1)
+        return Costs(11.0, 0.0, raw, 0.0, 100, batch=[at_4], verify_raw_ms=raw)
 
     plain = SimpleNamespace(metrics=SimpleNamespace(tokens_per_s=125.0))  # 8 ms a token at B = 4
-    assert verify_scale(costs(8.0), 4) == pytest.approx(1.0)
-    assert verify_scale(costs(16.0), 4) == pytest.approx(2.0)
-    assert verify_scale(costs(16.0), 16) is None and verify_scale(None, 4) is None  # nothing at B = 16
-    assert verify_scale(costs(0.0), 4) is None  # a flat curve says nothing of a drafted token's cost
-    assert verify_scale(Costs(11.0, 0.0, raw_1, 0.0, 100, batch=costs(8.0).batch), 4) is None  # no raw B = 1
+    assert verify_extra_ms(costs(8.0), 4) == pytest.approx(0.0)
+    assert verify_extra_ms(costs(16.0), 4) == pytest.approx(2.0)
+    assert verify_extra_ms(costs(16.0, [30.0 - 0.5 * g for g in range(1, 9)]), 4) == pytest.approx(
+        4.0
+    )  # flat at 1
+    assert verify_extra_ms(costs(-4.0), 4) == pytest.approx(-2.0)  # falling at B: cheaper than at 1
+    assert verify_extra_ms(costs(16.0), 16) is None and verify_extra_ms(None, 4) is None  # nothing at B = 16
+    assert (
+        verify_extra_ms(Costs(11.0, 0.0, raw_1, 0.0, 100, batch=costs(8.0).batch), 4) is None
+    )  # no raw B = 1
 
     linear, dearer, none = (BatchedPredictor(single, 4, c) for c in (costs(8.0), costs(16.0), None))
     for p in (linear, dearer, none):
@@ -364,10 +370,10 @@ def test_a_later_batch_size_verifies_a_drafted_token_at_the_cost_the_engine_meas
     for g in (4, 8, 16):
         config = Config(LOOKUP, g)
         assert linear.predict(config) == pytest.approx(none.predict(config), rel=1e-9)
-        ms, *_ = truth(g, 0.3, 0.75, 2 * 0.9, 0.4, t_plain=8.0)
+        ms, *_ = truth(g, 0.3, 0.75, 0.9 + 2.0, 0.4, t_plain=8.0)
         assert dearer.predict(config) == pytest.approx(8.0 / ms, rel=1e-6)
         assert dearer.predict(config) < linear.predict(config)
-    assert "2.00x its B=1 cost" in dearer.explain(Config(LOOKUP, 8))
+    assert "+2.00 ms against B=1" in dearer.explain(Config(LOOKUP, 8))
     assert "verification as at B=1" in none.explain(Config(LOOKUP, 8))
 
 

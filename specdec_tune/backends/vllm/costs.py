@@ -8,9 +8,8 @@ At each batch size B > 1 of the run, the same forward for B rows at once (`batch
 requests sent together, so that the scheduler runs them in one step of B x (gamma + 1) tokens, their
 mean prefill time the step's. Kept raw, as the engine measured it (`Costs.batch`: C_ver(B, 0) is one
 new token a row): what the engine model reads of it is the slope, the cost of one more drafted token
-verified at B against B = 1's (search.enginepredictor.BatchedPredictor). SmolLM2 on a 2-core CPU
-made 51 tokens/s at B = 4 with `ngram:2-4` gamma 8, where the model with B = 1's slope said 2.53x
-over plain for the measured 1.38x: a drafted token verified at B = 4 cost about twice one at B = 1.
+verified at B against B = 1's (search.enginepredictor.BatchedPredictor, which says what it
+explains: on a 2-core CPU, little of what speculation loses at B > 1).
 """
 
 from __future__ import annotations
