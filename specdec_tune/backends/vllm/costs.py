@@ -21,6 +21,7 @@ from typing import Any
 
 from ...domain import BatchCosts, Costs, DraftCosts
 from ...measure.llamacpp.cases import TextCase
+from ...measure.llamacpp.costs import interpolated_curve
 from ...measure.timing import median, spread
 from .measuring import DECODE_S, VllmBackend
 from .server import VllmServer, counters_since
@@ -60,7 +61,7 @@ def verify_curve_ms(
     prefix of whole blocks, median of `repeats`, measured at GAMMAS and max_gamma, the rest
     interpolated linearly; and the worst relative spread."""
     points, worst = _prefill_points(server, prompt, _measured_gammas(max_gamma), repeats, 1)
-    return _curve(points, max_gamma), worst
+    return interpolated_curve(points, max_gamma), worst
 
 
 def batch_costs(
@@ -69,23 +70,13 @@ def batch_costs(
     """C_ver(B, gamma) for gamma = 0..max_gamma with `batch_size` rows sent together (module
     docstring), raw: C_ver(B, 0) as `t_target_ms`, gamma = 1..max_gamma as `verify_ms`."""
     points, _ = _prefill_points(server, prompt, [0, *_measured_gammas(max_gamma)], repeats, batch_size)
-    return BatchCosts(batch_size, points[0], _curve(points, max_gamma))
+    return BatchCosts(
+        batch_size, points[0], interpolated_curve({g: v for g, v in points.items() if g > 0}, max_gamma)
+    )
 
 
 def _measured_gammas(max_gamma: int) -> list[int]:
     return sorted({g for g in GAMMAS if g < max_gamma} | {max_gamma})
-
-
-def _curve(points: dict[int, float], max_gamma: int) -> list[float]:
-    """gamma = 1..max_gamma from the measured `points` (gamma 0 aside), linear between them."""
-    known = sorted(g for g in points if g > 0)
-    curve = []
-    for g in range(1, max_gamma + 1):
-        lo = max((k for k in known if k <= g), default=known[0])
-        hi = min((k for k in known if k >= g), default=known[-1])
-        w = 0.0 if hi == lo else (g - lo) / (hi - lo)
-        curve.append(points[lo] + w * (points[hi] - points[lo]))
-    return curve
 
 
 def _prefill_points(

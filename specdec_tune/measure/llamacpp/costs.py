@@ -46,11 +46,12 @@ def verify_curve_ms(
         samples = samples[1:] or samples
         points[gamma] = median(samples)
         worst = max(worst, spread(samples))
-    return _interpolated(points, max_gamma), worst
+    return interpolated_curve(points, max_gamma), worst
 
 
-def _interpolated(points: dict[int, float], max_gamma: int) -> list[float]:
-    """A curve over gamma = 1..max_gamma through `points` (linear between measured gammas)."""
+def interpolated_curve(points: dict[int, float], max_gamma: int) -> list[float]:
+    """A curve over gamma = 1..max_gamma through `points` (linear between measured gammas; gamma 1
+    among them); vLLM's cost pass draws its curves with it too."""
     known = sorted(points)
     out = []
     for g in range(1, max_gamma + 1):
